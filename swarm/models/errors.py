@@ -1,0 +1,13 @@
+"""Errors raised while locating, converting or loading model weights."""
+
+
+class ModelError(Exception):
+    """Base class for every model-related failure the user should see as one line."""
+
+
+class ModelNotFoundError(ModelError):
+    """The model file or package is not installed where we looked."""
+
+
+class ModelFormatError(ModelError):
+    """The model file exists but cannot be read or is not a supported layout."""
