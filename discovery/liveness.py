@@ -1,0 +1,74 @@
+"""Is a peer still there? A plain TCP connect to its peer port.
+
+mDNS alone learns of a crash only when records expire (minutes). A connect
+works against any TCP listener, so the node's real transport needs nothing
+special for it: accept success = alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Callable
+
+from .profile import NodeProfile
+from .profile_exchange import MAGIC, answer_profile_request
+
+# Defaults keep the worst case under 3 s: a crash right after a successful
+# probe is noticed after FAILURES probes, INTERVAL apart, the last one taking
+# at most TIMEOUT: 3 * 0.75 + 0.5 = 2.75 s.
+PROBE_INTERVAL = 0.75
+PROBE_TIMEOUT = 0.5
+PROBE_FAILURES = 3
+
+
+async def probe(host: str, port: int, timeout: float = PROBE_TIMEOUT) -> bool:
+    """True when a TCP connection to host:port is accepted within `timeout`."""
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    except (OSError, asyncio.TimeoutError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True
+
+
+class FailureCounter:
+    """Counts consecutive failed probes; `dead` after `limit` in a row."""
+
+    def __init__(self, limit: int = PROBE_FAILURES) -> None:
+        self.limit = limit
+        self.failures = 0
+
+    def record(self, alive: bool) -> bool:
+        """Record a probe result; returns True when the peer is now considered dead."""
+        self.failures = 0 if alive else self.failures + 1
+        return self.failures >= self.limit
+
+
+async def serve_liveness_port(
+    host: str, port: int, profile: NodeProfile | Callable[[], NodeProfile]
+) -> asyncio.Server:
+    """A stand-in peer-port listener for standalone use (CLI, tests).
+
+    Accepts connections; answers SWPF profile requests; closes anything else.
+    The real node serves its transport on this port instead.
+    """
+
+    def current() -> NodeProfile:
+        return profile() if callable(profile) else profile
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            first = await asyncio.wait_for(reader.readexactly(len(MAGIC)), 2.0)
+        except (asyncio.IncompleteReadError, asyncio.TimeoutError, OSError):
+            first = b""  # a bare liveness probe: connect and close
+        if first == MAGIC:
+            await answer_profile_request(reader, writer, current())
+            return
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+    return await asyncio.start_server(handle, host, port, reuse_address=True)

@@ -1,0 +1,79 @@
+"""SWPF: ask a node for its profile over its peer port.
+
+This is how static peers (no multicast: VPNs, other subnets) are learned and
+how a peer that was declared gone is re-admitted.
+
+Wire format (TCP, on the peer port):
+    client -> server: the 4 bytes b"SWPF"
+    server -> client: 4-byte big-endian length N, then N bytes of UTF-8 JSON
+                      (NodeProfile.to_dict()), then the server closes.
+
+The peer port belongs to the node's transport, which routes connections by
+their first bytes: when it reads MAGIC it must call `answer_profile_request`
+with the same reader/writer (the magic already consumed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+from .profile import MalformedProfile, NodeProfile
+
+MAGIC = b"SWPF"
+MAX_PROFILE_BYTES = 64 * 1024
+_LENGTH = struct.Struct(">I")
+
+
+class ProfileExchangeError(Exception):
+    """The peer could not be reached or did not answer with a valid profile."""
+
+
+async def answer_profile_request(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, profile: NodeProfile
+) -> None:
+    """Send `profile` to a client that has sent MAGIC (already read), then close."""
+    del reader  # nothing more to read: the request is the magic alone
+    body = profile.to_json().encode()
+    try:
+        writer.write(_LENGTH.pack(len(body)) + body)
+        await writer.drain()
+    except (ConnectionError, OSError):
+        pass  # the asker went away; nothing to do
+    finally:
+        writer.close()
+        try:
+            await writer.wait_closed()
+        except (ConnectionError, OSError):
+            pass
+
+
+async def fetch_profile(host: str, port: int, timeout: float = 1.0) -> NodeProfile:
+    """Connect to host:port, request the profile, return it (ProfileExchangeError otherwise)."""
+    try:
+        return await asyncio.wait_for(_fetch(host, port), timeout)
+    except ProfileExchangeError:
+        raise
+    except (asyncio.TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
+        raise ProfileExchangeError(f"{host}:{port}: {type(exc).__name__}: {exc}") from exc
+
+
+async def _fetch(host: str, port: int) -> NodeProfile:
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(MAGIC)
+        await writer.drain()
+        (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
+        if length > MAX_PROFILE_BYTES:
+            raise ProfileExchangeError(f"{host}:{port}: profile of {length} bytes is too large")
+        body = await reader.readexactly(length)
+    finally:
+        writer.close()
+        try:
+            await writer.wait_closed()
+        except (ConnectionError, OSError):
+            pass
+    try:
+        return NodeProfile.from_json(body)
+    except MalformedProfile as exc:
+        raise ProfileExchangeError(f"{host}:{port}: {exc}") from exc
