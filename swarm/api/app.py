@@ -1,0 +1,32 @@
+"""The node's HTTP server: OpenAI-compatible chat plus health and models."""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+
+from .completions import CompletionRoutes
+from .errors import error_middleware
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+def make_app(node) -> web.Application:
+    app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
+    CompletionRoutes(node).add_to(app)
+    started = int(time.time())
+
+    async def models(_request):
+        return web.json_response({"object": "list", "data": [
+            {"id": node.model_id, "object": "model", "created": started, "owned_by": "swarm"}]})
+
+    async def health(_request):
+        body = node.health()
+        return web.json_response(body, status=200 if node.service is not None else 503)
+
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    for extra in getattr(node, "extra_routes", lambda: [])():
+        extra(app)
+    return app

@@ -1,0 +1,138 @@
+"""POST /v1/chat/completions and /v1/completions, streaming or not."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from contextlib import aclosing
+
+from aiohttp import web
+
+from ..inference.service import Finished, InferenceService, TextDelta
+from .errors import ApiError
+from .request_parsing import CompletionParams, parse_messages, parse_params, parse_prompt, read_json_object
+from .sse import open_event_stream, send_event
+
+
+class CompletionRoutes:
+    def __init__(self, node):
+        self.node = node  # provides .model_id and .service (None until it can serve)
+
+    def add_to(self, app: web.Application) -> None:
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.completions)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await read_json_object(request)
+        messages = parse_messages(body)
+        service, params = self._prepare(body)
+        prompt = service.encode_chat(messages)
+        return await self._respond(request, service, prompt, params, chat=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await read_json_object(request)
+        text = parse_prompt(body)
+        service, params = self._prepare(body)
+        return await self._respond(request, service, service.encode_text(text), params, chat=False)
+
+    def _prepare(self, body: dict) -> tuple[InferenceService, CompletionParams]:
+        service = self.node.service
+        if service is None:
+            raise ApiError(503, f"this node cannot serve yet: {self.node.status_reason}", "service_unavailable")
+        params = parse_params(body, service.context_length)
+        if params.model is not None and params.model != self.node.model_id:
+            raise ApiError(404, f"model {params.model!r} is not served here; this swarm serves "
+                                f"{self.node.model_id!r}", param="model", code="model_not_found")
+        return service, params
+
+    async def _respond(self, request, service: InferenceService, prompt: list[int],
+                       params: CompletionParams, chat: bool) -> web.StreamResponse:
+        try:
+            max_tokens = service.budget(len(prompt), params.max_tokens)
+        except ValueError as e:
+            raise ApiError(400, str(e), param="max_tokens", code="context_length_exceeded")
+        events = service.complete(prompt, params.sampling, max_tokens, params.stop)
+        shape = _ChatShape(self.node.model_id) if chat else _TextShape(self.node.model_id)
+        if params.stream:
+            return await _stream(request, events, shape, params.include_usage)
+        return await _collect(events, shape)
+
+
+async def _collect(events, shape) -> web.Response:
+    parts, done = [], None
+    async for ev in events:
+        if isinstance(ev, TextDelta):
+            parts.append(ev.text)
+        else:
+            done = ev
+    return web.json_response(shape.whole("".join(parts), done))
+
+
+async def _stream(request, events, shape, include_usage: bool) -> web.StreamResponse:
+    resp = await open_event_stream(request)
+    # A client that goes away makes a write raise; leaving the loop closes the event
+    # generator, whose cleanup frees the request's KV caches on every stage.
+    async with aclosing(events):
+        if first := shape.opening():
+            await send_event(resp, first)
+        async for ev in events:
+            if isinstance(ev, TextDelta):
+                await send_event(resp, shape.delta(ev.text))
+            else:
+                await send_event(resp, shape.delta("", ev.reason))
+                if include_usage:
+                    await send_event(resp, shape.usage_chunk(ev))
+    await send_event(resp, "[DONE]")
+    await resp.write_eof()
+    return resp
+
+
+def _usage(done: Finished) -> dict:
+    return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
+            "total_tokens": done.prompt_tokens + done.completion_tokens}
+
+
+class _ChatShape:
+    def __init__(self, model: str):
+        self.id, self.model, self.created = f"chatcmpl-{uuid.uuid4().hex}", model, int(time.time())
+
+    def _chunk(self, choices: list) -> dict:
+        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                "model": self.model, "choices": choices}
+
+    def opening(self) -> dict:
+        return self._chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+
+    def delta(self, text: str, finish: str | None = None) -> dict:
+        return self._chunk([{"index": 0, "delta": {"content": text} if text else {}, "finish_reason": finish}])
+
+    def usage_chunk(self, done: Finished) -> dict:
+        return {**self._chunk([]), "usage": _usage(done)}
+
+    def whole(self, text: str, done: Finished) -> dict:
+        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "finish_reason": done.reason, "logprobs": None}],
+                "usage": _usage(done)}
+
+
+class _TextShape:
+    def __init__(self, model: str):
+        self.id, self.model, self.created = f"cmpl-{uuid.uuid4().hex}", model, int(time.time())
+
+    def _chunk(self, choices: list) -> dict:
+        return {"id": self.id, "object": "text_completion", "created": self.created,
+                "model": self.model, "choices": choices}
+
+    def opening(self) -> None:
+        return None
+
+    def delta(self, text: str, finish: str | None = None) -> dict:
+        return self._chunk([{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}])
+
+    def usage_chunk(self, done: Finished) -> dict:
+        return {**self._chunk([]), "usage": _usage(done)}
+
+    def whole(self, text: str, done: Finished) -> dict:
+        return {**self._chunk([{"index": 0, "text": text, "finish_reason": done.reason, "logprobs": None}]),
+                "usage": _usage(done)}

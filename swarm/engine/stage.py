@@ -1,0 +1,71 @@
+"""A stage: one shard serving many requests, each with its own KV caches."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from .sampling import SamplingParams, sample
+from .shard import Shard
+
+
+class CacheMismatch(Exception):
+    """A frame arrived for a position this stage's cache does not hold (e.g. lost state)."""
+
+
+@dataclass
+class _RequestState:
+    caches: list
+    last_used: float = field(default_factory=time.monotonic)
+
+    @property
+    def offset(self) -> int:
+        return self.caches[0].offset
+
+
+class Stage:
+    """Synchronous: call only from the node's MLX worker thread."""
+
+    def __init__(self, shard: Shard):
+        self.shard = shard
+        self._requests: dict[str, _RequestState] = {}
+
+    @property
+    def range(self):
+        return self.shard.range
+
+    def forward(self, request_id: str, x: mx.array, start_pos: int,
+                sampling: SamplingParams | None = None) -> mx.array | int:
+        """Run positions [start_pos, start_pos + L) of a request through this shard.
+
+        start_pos 0 always starts the request afresh (a replay after churn does that).
+        On the last stage with `sampling`, returns the sampled token for the next position.
+        """
+        state = self._requests.get(request_id)
+        if state is None or start_pos == 0:
+            state = self._requests[request_id] = _RequestState(self.shard.make_caches())
+        if state.offset != start_pos:
+            raise CacheMismatch(f"request {request_id}: cache holds {state.offset} positions, frame starts at {start_pos}")
+        state.last_used = time.monotonic()
+        out = self.shard(x, state.caches)
+        mx.eval(out, [c.state for c in state.caches])
+        if not self.range.is_last or sampling is None:
+            return out
+        return sample(out, sampling, start_pos + x.shape[1])
+
+    def release(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)
+
+    def release_idle(self, max_idle_s: float) -> list[str]:
+        """Free the caches of requests nobody has touched for a while (their entry died)."""
+        now = time.monotonic()
+        stale = [rid for rid, s in self._requests.items() if now - s.last_used > max_idle_s]
+        for rid in stale:
+            del self._requests[rid]
+        return stale
+
+    @property
+    def active_requests(self) -> int:
+        return len(self._requests)

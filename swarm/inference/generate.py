@@ -1,0 +1,83 @@
+"""The entry node's generation loop: prompt in, token ids out.
+
+The entry node keeps the whole token history of a request. If the pipeline breaks
+mid-request (a stage died), it waits for a whole pipeline again and replays the
+history to rebuild the KV caches, then continues where it stopped: tokens already
+sent to the client are never drawn or sent twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Awaitable, Callable
+
+from ..engine.sampling import SamplingParams
+from .pipeline import Pipeline, PipelineBroken
+
+log = logging.getLogger(__name__)
+
+# Same prefill schedule as mlx_lm.generate (prompt[:-1] in chunks, then the last
+# token alone), so that greedy output matches it token for token.
+PREFILL_STEP = 2048
+
+
+@dataclass
+class GenerationJob:
+    request_id: str
+    prompt: list[int]
+    sampling: SamplingParams
+    max_tokens: int
+    eos_ids: frozenset[int] = frozenset()
+    generated: list[int] = field(default_factory=list)
+    cached: int = 0  # positions the current pipeline's KV caches hold
+
+
+# Returns the pipeline to use now; raises when none can be had in time.
+PipelineSource = Callable[[], Awaitable[Pipeline]]
+
+
+async def generate_tokens(job: GenerationJob, get_pipeline: PipelineSource,
+                          max_replays: int = 20) -> AsyncIterator[int]:
+    replays = 0
+    pipeline = await get_pipeline()
+    try:
+        while len(job.generated) < job.max_tokens:
+            try:
+                token = await _next_token(job, pipeline)
+            except PipelineBroken as e:
+                replays += 1
+                if replays > max_replays:
+                    raise
+                log.warning("request %s: pipeline broke (%s); replaying %d tokens",
+                            job.request_id, e, len(job.prompt) + len(job.generated))
+                await _release_quietly(pipeline, job.request_id)
+                pipeline = await get_pipeline()
+                job.cached = 0
+                continue
+            job.generated.append(token)
+            yield token
+            if token in job.eos_ids:
+                return
+    finally:
+        await _release_quietly(pipeline, job.request_id)
+
+
+async def _next_token(job: GenerationJob, pipeline: Pipeline) -> int:
+    history = job.prompt + job.generated
+    # Everything but the last known token goes through as prefill (no sampling).
+    while len(history) - 1 - job.cached > 0:
+        n = min(PREFILL_STEP, len(history) - 1 - job.cached)
+        await pipeline.forward(job.request_id, history[job.cached:job.cached + n], job.cached, None)
+        job.cached += n
+    token = await pipeline.forward(job.request_id, history[-1:], job.cached, job.sampling)
+    job.cached += 1
+    return int(token)
+
+
+async def _release_quietly(pipeline: Pipeline, request_id: str) -> None:
+    try:
+        await asyncio.shield(pipeline.release(request_id))
+    except Exception as e:  # a dead stage frees its caches by dying
+        log.debug("release of %s failed: %s", request_id, e)

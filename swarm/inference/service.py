@@ -1,0 +1,70 @@
+"""The node's inference service: prompts in, text events out, any pipeline behind."""
+
+from __future__ import annotations
+
+import uuid
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from ..engine.sampling import SamplingParams
+from .generate import GenerationJob, PipelineSource, generate_tokens
+from .stats import RequestStats
+from .text_output import TextOutput
+
+
+@dataclass
+class TextDelta:
+    text: str
+
+
+@dataclass
+class Finished:
+    reason: str  # "stop" or "length"
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class InferenceService:
+    def __init__(self, tokenizer, context_length: int, get_pipeline: PipelineSource,
+                 stats: RequestStats, default_max_tokens: int = 512):
+        self.tokenizer = tokenizer
+        self.context_length = context_length
+        self.get_pipeline = get_pipeline
+        self.stats = stats
+        self.default_max_tokens = default_max_tokens
+        self.eos_ids = frozenset(tokenizer.eos_token_ids)
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        return list(self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True))
+
+    def encode_text(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text))
+
+    def budget(self, prompt_len: int, max_tokens: int | None) -> int:
+        """Tokens this request may generate; raises ValueError when the prompt leaves no room."""
+        room = self.context_length - prompt_len
+        if room < 1 or (max_tokens is not None and max_tokens > room):
+            wanted = max_tokens if max_tokens is not None else 1
+            raise ValueError(f"this model's context is {self.context_length} tokens; the prompt has "
+                             f"{prompt_len} and {wanted} more were requested")
+        return max_tokens if max_tokens is not None else min(self.default_max_tokens, room)
+
+    async def complete(self, prompt: list[int], sampling: SamplingParams, max_tokens: int,
+                       stop: list[str]) -> AsyncIterator[TextDelta | Finished]:
+        job = GenerationJob(uuid.uuid4().hex, prompt, sampling, max_tokens, self.eos_ids)
+        out = TextOutput(self.tokenizer, stop)
+        reason = "length"
+        with self.stats.track(job.request_id):
+            async with aclosing(generate_tokens(job, self.get_pipeline)) as tokens:
+                async for token in tokens:
+                    self.stats.token()
+                    eos = token in self.eos_ids
+                    if text := out.add(token, eos=eos):
+                        yield TextDelta(text)
+                    if eos or out.stopped:
+                        reason = "stop"
+                        break
+            if tail := out.finish():
+                yield TextDelta(tail)
+            yield Finished(reason, len(prompt), len(job.generated))
