@@ -1,0 +1,153 @@
+"""`balanced`: minimize the pipeline's slowest stage, within memory caps.
+
+Search space: every subset of the nodes, in every order. That is affordable
+because stage times do not depend on position, only memory does (first and
+last stages carry extra bytes). So a plan is fully described by which node
+is first, which is last, and how many layers each node runs; the stage order
+is then first, the middles in canonical order, last.
+
+Objective, lexicographic:
+  1. the bottleneck (slowest stage time), exact minimum;
+  2. total time, sum of stage times incl. hops (a single token's latency),
+     which prefers fewer hops and fast nodes when the bottleneck allows;
+  3. sum of squared stage times, which spreads layers evenly on ties;
+  4. walking nodes in canonical order (speed, -memory, hop, id): prefer the
+     role ALONE < FIRST < MIDDLE < LAST < IDLE, then more layers.
+With equal speeds and no binding memory that gives an even split, remainder
+layers on the earliest stages.
+
+Two phases: binary search over candidate stage times for the least feasible
+bottleneck (a greedy capacity check), then a dynamic program over nodes x
+layers-placed x (first taken, last taken) for objectives 2-4 under it.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from .costs import Clock, max_layers_in_memory
+from .model import ModelSpec, NodeCapacity
+from .roles import Role, pipeline_order
+
+PLACING_ROLES = (Role.ALONE, Role.FIRST, Role.MIDDLE, Role.LAST)
+
+
+def canonical_key(node: NodeCapacity) -> tuple:
+    return (node.seconds_per_layer, -node.memory_bytes, node.hop_latency_s, node.node_id)
+
+
+def balanced_split(
+    model: ModelSpec, nodes: Sequence[NodeCapacity], clock: Clock
+) -> Optional[list[tuple[str, int]]]:
+    """(node_id, n_layers) in stage order, or None if the nodes cannot hold the model."""
+    order = sorted(nodes, key=canonical_key)
+    budget = _least_bottleneck(model, order, clock)
+    if budget is None:
+        return None
+    return pipeline_order(_best_assignment(model, order, clock, budget))
+
+
+def _cap(model: ModelSpec, node: NodeCapacity, role: Role, clock: Clock, budget: Optional[int]) -> int:
+    """Most layers `node` can take in `role` without breaking memory or the time budget."""
+    cap = min(max_layers_in_memory(model, node, role.is_first, role.is_last), model.n_layers)
+    if budget is not None:
+        cap = min(cap, clock.max_layers_within(node.node_id, budget, alone=role is Role.ALONE))
+    return cap
+
+
+def _feasible(model: ModelSpec, order: Sequence[NodeCapacity], clock: Clock, budget: Optional[int]) -> bool:
+    """Can every stage finish within `budget` ticks (None: no time limit)?"""
+    n = model.n_layers
+    if any(_cap(model, node, Role.ALONE, clock, budget) >= n for node in order):
+        return True
+    middle = [max(_cap(model, node, Role.MIDDLE, clock, budget), 0) for node in order]
+    first = [_cap(model, node, Role.FIRST, clock, budget) for node in order]
+    last = [_cap(model, node, Role.LAST, clock, budget) for node in order]
+    total_middle = sum(middle)
+    for f in range(len(order)):
+        if first[f] < 1:
+            continue
+        for g in range(len(order)):
+            if g == f or last[g] < 1:
+                continue
+            if total_middle - middle[f] - middle[g] + first[f] + last[g] >= n:
+                return True
+    return False
+
+
+def _least_bottleneck(model: ModelSpec, order: Sequence[NodeCapacity], clock: Clock) -> Optional[int]:
+    if not _feasible(model, order, clock, None):
+        return None
+    # The optimum is the time of some stage: some node running some layer count.
+    candidates = sorted(
+        {
+            clock.stage_ticks(node.node_id, x, alone=alone)
+            for node in order
+            for x in range(1, model.n_layers + 1)
+            for alone in (False, True)
+        }
+    )
+    lo, hi = 0, len(candidates) - 1  # candidates[hi] covers every stage, so it is feasible
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _feasible(model, order, clock, candidates[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return candidates[lo]
+
+
+State = tuple[int, bool, bool]  # layers placed so far, first taken, last taken
+
+
+def _best_assignment(
+    model: ModelSpec, order: Sequence[NodeCapacity], clock: Clock, budget: int
+) -> list[tuple[str, Role, int]]:
+    n = model.n_layers
+    # options[i]: (role, layers, ticks) node i may take under the budget.
+    options: list[list[tuple[Role, int, int]]] = []
+    for node in order:
+        opts = [(Role.IDLE, 0, 0)]
+        for role in PLACING_ROLES:
+            for x in range(1, _cap(model, node, role, clock, budget) + 1):
+                if role is Role.ALONE and x != n:
+                    continue
+                opts.append((role, x, clock.stage_ticks(node.node_id, x, alone=role is Role.ALONE)))
+        options.append(opts)
+
+    # Backward DP: value[state] = (total, sum of squares) for the remaining nodes.
+    value: dict[State, tuple[int, int]] = {(n, True, True): (0, 0)}
+    choice: list[dict[State, tuple[Role, int]]] = [{} for _ in order]
+    for i in reversed(range(len(order))):
+        here: dict[State, tuple[int, int]] = {}
+        for placed in range(n + 1):
+            for has_first in (False, True):
+                for has_last in (False, True):
+                    best = None
+                    for role, x, ticks in options[i]:
+                        if placed + x > n:
+                            continue
+                        if role.is_first and has_first or role.is_last and has_last:
+                            continue
+                        if role is Role.ALONE and placed != 0:
+                            continue
+                        after = (placed + x, has_first or role.is_first, has_last or role.is_last)
+                        rest = value.get(after)
+                        if rest is None:
+                            continue
+                        key = (rest[0] + ticks, rest[1] + ticks * ticks, role, -x)
+                        if best is None or key < best:
+                            best = key
+                    if best is not None:
+                        state = (placed, has_first, has_last)
+                        here[state] = (best[0], best[1])
+                        choice[i][state] = (best[2], -best[3])
+        value = here
+
+    assignment = []
+    state: State = (0, False, False)
+    for i, node in enumerate(order):
+        role, x = choice[i][state]
+        assignment.append((node.node_id, role, x))
+        state = (state[0] + x, state[1] or role.is_first, state[2] or role.is_last)
+    return assignment
