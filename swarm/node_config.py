@@ -1,0 +1,30 @@
+"""Everything a node is told at start, from the command line or a test."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_API_PORT = 8800
+DEFAULT_PEER_PORT = 8801
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    return Path(base).expanduser() / "swarm"
+
+
+@dataclass
+class NodeConfig:
+    model: str | None = None  # None: the built-in default model
+    api_host: str = "0.0.0.0"
+    api_port: int = DEFAULT_API_PORT
+    peer_host: str = "0.0.0.0"
+    peer_port: int = DEFAULT_PEER_PORT
+    state_dir: Path = field(default_factory=default_state_dir)
+    cache_dir: Path | None = None  # None: $SWARM_CACHE_DIR / XDG cache
+    node_id: str | None = None  # None: kept in state_dir
+    name: str | None = None  # display name; None: the host name
+    dtype: str = "auto"  # weights dtype: auto = float32 on CPU, as stored on Metal
+    default_max_tokens: int = 512
