@@ -1,0 +1,218 @@
+"""Discovery: advertise this node, learn its peers, report joins/updates/leaves.
+
+Sources of knowledge, all funnelled into one PeerTable:
+  * mDNS (unless mdns=False): announcements and TXT updates of other nodes;
+    an mDNS goodbye is an immediate leave.
+  * liveness: every admitted peer's peer port is TCP-probed every
+    `probe_interval`; `probe_failures` failures in a row is a leave (< 3 s).
+  * endpoint polling: static peers, and mDNS peers declared gone, are asked
+    for their profile (SWPF) every `probe_interval` until they answer.
+
+The caller serves the peer port (answering SWPF, see profile_exchange).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import os
+from typing import Any, Awaitable, Callable, Iterable, Union
+
+from . import liveness
+from .mdns import MdnsAgent, local_ipv4_addresses, resolve_interfaces
+from .node_id import must_remint, remint_node_id
+from .profile import NodeProfile
+from .static_peers import Endpoint, poll_endpoints
+from .view import PeerEvent, PeerInfo, PeerTable
+
+log = logging.getLogger(__name__)
+
+EventSink = Union[Callable[[PeerEvent], Union[None, Awaitable[None]]], "asyncio.Queue[PeerEvent]"]
+
+
+class Discovery:
+    def __init__(
+        self,
+        profile: NodeProfile,
+        *,
+        interfaces: list[str] | None = None,
+        static_peers: Iterable[tuple[str, int]] = (),
+        mdns: bool = True,
+        on_event: EventSink | None = None,
+        state_dir: str | os.PathLike[str] | None = None,
+        probe_interval: float = liveness.PROBE_INTERVAL,
+        probe_timeout: float = liveness.PROBE_TIMEOUT,
+        probe_failures: int = liveness.PROBE_FAILURES,
+    ) -> None:
+        """`profile.swarm` is the swarm we join; `interfaces` (IPs or names) restricts
+        mDNS, None = all interfaces; `state_dir` is where a re-minted id is stored."""
+        if not profile.instance:
+            raise ValueError("profile.instance must be set (see local_profile.build_local_profile)")
+        self._table = PeerTable(profile)
+        self._interfaces = resolve_interfaces(interfaces)
+        self._mdns = MdnsAgent(self._interfaces, self._on_mdns_found, self._on_mdns_lost) if mdns else None
+        self._addresses = tuple(self._interfaces or local_ipv4_addresses())
+        self._static = [Endpoint(h, p, "static") for h, p in static_peers]
+        self._mdns_endpoints: dict[str, tuple[Endpoint, str, str]] = {}  # name -> (endpoint, node_id, instance)
+        self._gone_instances: set[str] = set()  # ignore stale mDNS records of these
+        self._failures: dict[tuple[str, str], liveness.FailureCounter] = {}
+        self._on_event = on_event
+        self._events: asyncio.Queue[PeerEvent] = asyncio.Queue()
+        self._state_dir = state_dir
+        self._interval, self._timeout, self._failure_limit = probe_interval, probe_timeout, probe_failures
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._reminting = False
+        self._profile_lock = asyncio.Lock()
+
+    # -- public ---------------------------------------------------------
+    @property
+    def profile(self) -> NodeProfile:
+        return self._table.own
+
+    @property
+    def node_id(self) -> str:
+        return self._table.own.node_id
+
+    def view(self, include_self: bool = False) -> list[PeerInfo]:
+        """Current peers (copies), sorted by node id; self first when included."""
+        peers = [PeerInfo(p.profile, p.addresses, p.source, p.last_seen) for p in self._table.peers.values()]
+        peers.sort(key=lambda p: p.node_id)
+        if include_self:
+            peers.insert(0, PeerInfo(self.profile, self._addresses, "self"))
+        return peers
+
+    async def start(self) -> None:
+        if self._mdns is not None:
+            await self._mdns.start(self.profile)
+        # Events seen while registering wait in the queue until start() returns.
+        self._tasks.append(asyncio.create_task(self._dispatch_events(), name="discovery-events"))
+        self._tasks.append(asyncio.create_task(self._liveness_loop(), name="discovery-liveness"))
+        self._tasks.append(asyncio.create_task(self._poll_loop(), name="discovery-poll"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self._mdns is not None:
+            await self._mdns.stop()
+
+    async def update_profile(self, **changes: Any) -> NodeProfile:
+        """Change fields (unknown names go to `extra`) and re-announce."""
+        async with self._profile_lock:
+            self._table.own = self.profile.replace(**changes)
+            if self._mdns is not None:
+                await self._mdns.update(self.profile)
+            return self.profile
+
+    async def __aenter__(self) -> Discovery:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- observations ---------------------------------------------------
+    def _observe(self, profile: NodeProfile, addresses: tuple[str, ...], source: str) -> None:
+        if profile.node_id == self.node_id and profile.instance != self.profile.instance:
+            self._on_duplicate_of_self(profile, addresses)
+            return
+        self._emit(self._table.admit(profile, addresses, source))
+
+    def _on_mdns_found(self, name: str, profile: NodeProfile, addresses: tuple[str, ...]) -> None:
+        if profile.swarm == self.profile.swarm:
+            self._mdns_endpoints[name] = (Endpoint(addresses[0], profile.peer_port, "mdns"),
+                                          profile.node_id, profile.instance)
+        if profile.instance in self._gone_instances:
+            return  # liveness said it is gone; only a successful poll brings it back
+        self._observe(profile, addresses, "mdns")
+
+    def _on_mdns_lost(self, name: str) -> None:
+        known = self._mdns_endpoints.pop(name, None)
+        if known is not None:
+            _, node_id, instance = known
+            self._emit(self._table.mark_gone(node_id, instance))
+
+    def _on_duplicate_of_self(self, other: NodeProfile, addresses: tuple[str, ...]) -> None:
+        if other.peer_port == self.profile.peer_port and set(addresses) & set(self._addresses):
+            return  # a stale record of our own former instance at our endpoint
+        log.warning(
+            "DUPLICATE NODE ID %s: another node (instance %s at %s:%d) uses our id; %s",
+            self.node_id, other.instance, addresses[0], other.peer_port,
+            "we started later and take a new id" if must_remint(self.profile, other) else "it will take a new id",
+        )
+        if must_remint(self.profile, other) and not self._reminting:
+            self._reminting = True
+            self._tasks.append(asyncio.create_task(self._remint(), name="discovery-remint"))
+
+    async def _remint(self) -> None:
+        try:
+            old = self.node_id
+            new_id = remint_node_id(self._state_dir)
+            profile = await self.update_profile(node_id=new_id)
+            log.warning("node id changed %s -> %s", old, new_id)
+            self._emit([PeerEvent("remint", new_id, profile, self._addresses, old_node_id=old)])
+        finally:
+            self._reminting = False
+
+    # -- loops ----------------------------------------------------------
+    async def _liveness_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            peers = list(self._table.peers.values())
+            results = await asyncio.gather(*(liveness.probe(*p.endpoint, self._timeout) for p in peers))
+            for peer, alive in zip(peers, results):
+                if self._table.get(peer.node_id) is not peer:
+                    continue  # replaced or removed while we probed
+                key = (peer.node_id, peer.profile.instance)
+                counter = self._failures.setdefault(key, liveness.FailureCounter(self._failure_limit))
+                if alive:
+                    self._table.touch(peer.node_id)
+                if counter.record(alive):
+                    log.info("peer %s (%s) failed %d probes: gone", peer.node_id, peer.endpoint, counter.failures)
+                    self._gone_instances.add(peer.profile.instance)
+                    self._emit(self._table.mark_gone(*key))
+            live_keys = {(p.node_id, p.profile.instance) for p in self._table.peers.values()}
+            for key in set(self._failures) - live_keys:
+                del self._failures[key]
+            await asyncio.sleep(max(0.0, self._interval - (loop.time() - started)))
+
+    async def _poll_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            admitted = {p.endpoint for p in self._table.peers.values()}
+            candidates = {e for e in self._static + [e for e, _, _ in self._mdns_endpoints.values()]
+                          if (e.host, e.port) not in admitted}
+            for endpoint, profile in await poll_endpoints(candidates, max(self._timeout, 1.0)):
+                self._gone_instances.discard(profile.instance)
+                self._observe(profile, (endpoint.host,), endpoint.source)
+            await asyncio.sleep(max(0.0, self._interval - (loop.time() - started)))
+
+    # -- events ---------------------------------------------------------
+    def _emit(self, events: list[PeerEvent]) -> None:
+        for event in events:
+            log.info("%s %s %s", event.kind, event.node_id, event.profile.name)
+            self._events.put_nowait(event)
+
+    async def _dispatch_events(self) -> None:
+        # One consumer keeps events in order even when the callback is async.
+        while True:
+            event = await self._events.get()
+            sink = self._on_event
+            if sink is None:
+                continue
+            if isinstance(sink, asyncio.Queue):
+                sink.put_nowait(event)
+                continue
+            try:
+                result = sink(event)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("discovery event callback failed for %s", event)
