@@ -36,6 +36,7 @@ def memory_split(model: ModelSpec, nodes: Sequence[NodeCapacity]) -> Optional[li
         given = [i for i in range(len(order)) if shares[i] > 0]
         spare = [i for i in range(len(order)) if shares[i] == 0]
         pairs = [(f, g) for f in given + spare for g in given[::-1] + spare if f != g]
+        pairs += [(i, i) for i in given + spare]  # a lone node, if no pair fits
 
     for f, g in pairs:
         roles = [Role.MIDDLE] * len(order)

@@ -1,0 +1,168 @@
+"""Worked examples for the partitioner: each pins one documented behaviour."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from partitioner import (
+    InsufficientMemoryError,
+    ModelSpec,
+    NodeCapacity,
+    Stage,
+    make_plan,
+)
+from partitioner.by_memory import largest_remainder
+
+GB = 10**9
+
+
+def node(node_id: str, memory: int = 100 * GB, speed: float = 1.0, hop: float = 0.0) -> NodeCapacity:
+    return NodeCapacity(node_id, memory, speed, hop)
+
+
+def layer_counts(plan) -> list[tuple[str, int]]:
+    return [(s.node_id, s.n_layers) for s in plan.stages]
+
+
+def test_equal_speeds_split_evenly_with_remainder_on_first_stages():
+    model = ModelSpec(n_layers=30, bytes_per_layer=GB)
+    plan = make_plan(model, [node("d"), node("b"), node("c"), node("a")])
+    assert [s.n_layers for s in plan.stages] == [8, 8, 7, 7]
+    assert plan.stages[0] == Stage("a", 0, 8)
+    assert plan.stages[-1] == Stage("d", 23, 30)
+    assert plan.bottleneck_s == 8.0
+    assert plan.idle == ()
+
+
+def test_three_to_one_speeds_give_about_three_to_one_layers():
+    model = ModelSpec(n_layers=30, bytes_per_layer=GB)
+    plan = make_plan(model, [node("slow", speed=3.0), node("fast", speed=1.0)])
+    assert layer_counts(plan) == [("fast", 23), ("slow", 7)]
+    assert plan.bottleneck_s == 23.0  # 22 + 8 would cost 24 on the slow node
+
+
+def test_hop_latency_can_make_one_node_faster_than_two():
+    model = ModelSpec(n_layers=4, bytes_per_layer=GB)
+    plan = make_plan(model, [node("a", hop=10.0), node("b", hop=10.0)])
+    assert layer_counts(plan) == [("a", 4)]  # alone: 4 s; split: 2 s + 10 s hop
+    assert plan.bottleneck_s == 4.0
+    assert [(i.node_id, i.reason) for i in plan.idle] == [("b", "not needed: faster without it")]
+
+
+def test_memory_forces_a_slow_node_in_and_speed_decides_the_rest():
+    model = ModelSpec(n_layers=10, bytes_per_layer=GB)
+    fast = node("fast", memory=6 * GB, speed=1.0)
+    slow = node("slow", memory=10 * GB, speed=2.0)
+    plan = make_plan(model, [slow, fast])
+    assert layer_counts(plan) == [("fast", 6), ("slow", 4)]
+    assert plan.bottleneck_s == 8.0
+
+
+def test_first_and_last_positions_go_where_the_extra_bytes_fit():
+    # Only "big" has room for the embedding (first) and only "head" for the head (last).
+    model = ModelSpec(n_layers=4, bytes_per_layer=GB, embedding_bytes=3 * GB, head_bytes=2 * GB)
+    nodes = [node("head", memory=4 * GB), node("big", memory=5 * GB), node("mid", memory=1 * GB)]
+    for strategy in ("balanced", "memory"):
+        plan = make_plan(model, nodes, strategy)
+        assert plan.stages[0].node_id == "big", strategy
+        assert plan.stages[-1].node_id == "head", strategy
+        assert sum(s.n_layers for s in plan.stages) == 4
+
+
+def test_node_that_cannot_hold_one_layer_is_idle_with_the_numbers():
+    model = ModelSpec(n_layers=2, bytes_per_layer=1000, kv_bytes_per_token_per_layer=2, context_tokens=100)
+    plan = make_plan(model, [node("ok", memory=10_000), node("tiny", memory=999)])
+    assert layer_counts(plan) == [("ok", 2)]
+    assert [(i.node_id, i.reason) for i in plan.idle] == [
+        ("tiny", "cannot hold one layer: needs 1,200 bytes, has 999")
+    ]
+
+
+def test_model_too_big_names_needed_and_available_bytes():
+    model = ModelSpec(n_layers=10, bytes_per_layer=100, embedding_bytes=50, head_bytes=50)
+    nodes = [node("a", memory=400), node("b", memory=500)]
+    for strategy in ("balanced", "memory"):
+        with pytest.raises(InsufficientMemoryError) as err:
+            make_plan(model, nodes, strategy)
+        assert isinstance(err.value, ValueError)
+        assert err.value.needed_bytes == 1100
+        assert err.value.available_bytes == 900
+        assert "1,100" in str(err.value) and "900" in str(err.value)
+
+
+def test_enough_bytes_in_total_but_not_splittable_still_raises():
+    # 2 x 150 bytes = 300 >= 200 needed, but each node holds one 100-byte layer
+    # and nobody has room for a layer plus the 60-byte embedding.
+    model = ModelSpec(n_layers=1, bytes_per_layer=100, embedding_bytes=60)
+    with pytest.raises(InsufficientMemoryError, match="enough in total"):
+        make_plan(model, [node("a", memory=150), node("b", memory=150)])
+
+
+def test_memory_strategy_is_proportional_to_memory():
+    model = ModelSpec(n_layers=12, bytes_per_layer=1)
+    plan = make_plan(model, [node("small", memory=100), node("big", memory=300)], "memory")
+    assert layer_counts(plan) == [("big", 9), ("small", 3)]
+
+
+def test_memory_strategy_never_rounds_a_node_over_its_memory():
+    # Largest remainder alone gives the 19-byte node 2 layers of 10 bytes (exo's bug).
+    model = ModelSpec(n_layers=5, bytes_per_layer=10)
+    memories = {"a": 33, "b": 19, "c": 19}
+    assert largest_remainder(5, list(memories.values())) == [2, 2, 1]  # the trap is real
+    plan = make_plan(model, [node(k, memory=m) for k, m in memories.items()], "memory")
+    assert layer_counts(plan) == [("a", 3), ("b", 1), ("c", 1)]
+
+
+def test_plan_id_is_short_hex_and_tracks_model_and_stages():
+    model = ModelSpec(n_layers=8, bytes_per_layer=GB)
+    nodes = [node("a"), node("b")]
+    plan = make_plan(model, nodes)
+    assert len(plan.plan_id) == 12 and int(plan.plan_id, 16) >= 0
+    assert make_plan(model, list(reversed(nodes))).plan_id == plan.plan_id
+    # A speed change that moves no layer keeps the id; a different model does not.
+    assert make_plan(model, [node("a"), node("b", speed=1.01)]).plan_id == plan.plan_id
+    other = ModelSpec(n_layers=8, bytes_per_layer=GB, context_tokens=1)
+    assert make_plan(other, nodes).plan_id != plan.plan_id
+    assert make_plan(model, [node("a"), node("c")]).plan_id != plan.plan_id
+
+
+def test_to_dict_round_trips_through_json():
+    model = ModelSpec(n_layers=3, bytes_per_layer=10, embedding_bytes=5, head_bytes=5)
+    plan = make_plan(model, [node("a", memory=30), node("b", memory=30), node("c", memory=1)])
+    data = json.loads(json.dumps(plan.to_dict()))
+    assert data["plan_id"] == plan.plan_id
+    assert data["strategy"] == "balanced"
+    assert data["model"]["n_layers"] == 3
+    assert [(s["node_id"], s["start"], s["end"]) for s in data["stages"]] == [
+        (s.node_id, s.start, s.end) for s in plan.stages
+    ]
+    assert data["idle"][0]["node_id"] == "c"
+    assert data["bottleneck_s"] == plan.bottleneck_s
+
+
+@pytest.mark.parametrize(
+    "model, nodes, message",
+    [
+        (ModelSpec(0, 10), [node("a")], "positive number of layers"),
+        (ModelSpec(-3, 10), [node("a")], "positive number of layers"),
+        (ModelSpec(2, 0), [node("a")], "bytes_per_layer"),
+        (ModelSpec(2, 10, embedding_bytes=-1), [node("a")], "embedding_bytes"),
+        (ModelSpec(2, 10), [], "at least one node"),
+        (ModelSpec(2, 10), [node("a"), node("a")], "duplicate node id 'a'"),
+        (ModelSpec(2, 10), [node("a", memory=-1)], "memory must not be negative"),
+        (ModelSpec(2, 10), [node("a", speed=0.0)], "seconds_per_layer"),
+        (ModelSpec(2, 10), [node("a", speed=-1.0)], "seconds_per_layer"),
+        (ModelSpec(2, 10), [node("a", speed=float("nan"))], "seconds_per_layer"),
+        (ModelSpec(2, 10), [node("a", hop=-0.1)], "hop_latency_s"),
+    ],
+)
+def test_malformed_input_is_rejected_with_a_clear_message(model, nodes, message):
+    with pytest.raises(ValueError, match=message):
+        make_plan(model, nodes)
+
+
+def test_unknown_strategy_is_rejected():
+    with pytest.raises(ValueError, match="unknown strategy 'fastest'"):
+        make_plan(ModelSpec(2, 10), [node("a")], "fastest")
