@@ -89,6 +89,7 @@ class Node:
     def health(self) -> dict:
         return {"status": "ok" if self.service else self.status_reason, "node_id": self.node_id,
                 "name": self.name, "model": self.model_id, "backend": self.backend,
+                "cached_requests": self.stage.active_requests if self.stage else 0,
                 **self.stats.to_dict()}
 
     async def stop(self) -> None:

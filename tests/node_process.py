@@ -1,0 +1,77 @@
+"""Start a real `swarm-node` process on loopback for a test, and always stop it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_json(url: str, timeout: float = 5.0) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+class NodeProcess:
+    def __init__(self, proc: subprocess.Popen, api_port: int, peer_port: int, log: Path):
+        self.proc, self.api_port, self.peer_port, self.log = proc, api_port, peer_port, log
+        self.url = f"http://127.0.0.1:{api_port}"
+
+    def health(self) -> tuple[int, dict]:
+        return get_json(self.url + "/health")
+
+    def wait_ready(self, timeout: float = 120.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"node exited with {self.proc.returncode}:\n{self.log.read_text()}")
+            try:
+                status, body = self.health()
+                if status == 200:
+                    return body
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"node not ready after {timeout}s:\n{self.log.read_text()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@contextmanager
+def running_node(tmp_path: Path, *extra: str, env: dict | None = None):
+    api_port, peer_port = free_port(), free_port()
+    log = tmp_path / f"node-{api_port}.log"
+    argv = [sys.executable, "-m", "swarm.cli", "--api-host", "127.0.0.1", "--api-port", str(api_port),
+            "--peer-port", str(peer_port), "--state-dir", str(tmp_path / f"state-{api_port}"), *extra]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    node = NodeProcess(proc, api_port, peer_port, log)
+    try:
+        node.wait_ready()
+        yield node
+    finally:
+        node.stop()

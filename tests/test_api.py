@@ -1,0 +1,149 @@
+"""The chat API of one real node process, driven by the official openai client and raw HTTP."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.request
+
+import openai
+import pytest
+from model_fixtures import default_model, tiny_models  # noqa: F401
+from node_process import get_json, running_node
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory, tiny_models):
+    with running_node(tmp_path_factory.mktemp("api"), "--model", str(tiny_models["llama"])) as n:
+        yield n
+
+
+@pytest.fixture
+def client(node):
+    return openai.OpenAI(base_url=node.url + "/v1", api_key="none", max_retries=0, timeout=60)
+
+
+def test_health_and_models(node, client):
+    status, body = node.health()
+    assert status == 200 and body["status"] == "ok" and body["node_id"]
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["llama"]
+
+
+def test_chat_non_streaming(client):
+    r = client.chat.completions.create(model="llama", messages=[{"role": "user", "content": "hello"}],
+                                       max_tokens=12, temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.completion_tokens <= 12 and r.usage.prompt_tokens > 3
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    again = client.chat.completions.create(model="llama", messages=[{"role": "user", "content": "hello"}],
+                                           max_tokens=12, temperature=0)
+    assert again.choices[0].message.content == r.choices[0].message.content
+
+
+def test_chat_streaming_equals_non_streaming(client):
+    kwargs = dict(model="llama", messages=[{"role": "user", "content": "tell me"}], max_tokens=16, temperature=0)
+    whole = client.chat.completions.create(**kwargs)
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [whole.choices[0].finish_reason]
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_seeded_sampling_reproducible(client):
+    kwargs = dict(model="llama", messages=[{"role": "user", "content": "x"}], max_tokens=16,
+                  temperature=1.0, top_p=0.9, seed=7)
+    a = client.chat.completions.create(**kwargs).choices[0].message.content
+    assert client.chat.completions.create(**kwargs).choices[0].message.content == a
+    assert client.chat.completions.create(**{**kwargs, "seed": 8}).choices[0].message.content != a
+
+
+def test_stop_strings_cut_the_text(client):
+    base = client.completions.create(model="llama", prompt="abc", max_tokens=20, temperature=0)
+    text = base.choices[0].text
+    assert len(text) > 4
+    stop = text[3:5]
+    cut = client.completions.create(model="llama", prompt="abc", max_tokens=20, temperature=0, stop=[stop])
+    assert cut.choices[0].text == text[: text.find(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+
+
+def test_completions_streaming(client):
+    chunks = list(client.completions.create(model="llama", prompt="hello", max_tokens=5, temperature=0, stream=True))
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def post_raw(node, path: str, body: bytes, content_type="application/json") -> tuple[int, dict]:
+    req = urllib.request.Request(node.url + path, data=body, headers={"Content-Type": content_type})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+BAD_BODIES = [
+    (b"{not json", 400, None),
+    (b"", 400, None),
+    (b"[1, 2]", 400, None),
+    (json.dumps({"messages": []}).encode(), 400, "messages"),
+    (json.dumps({"messages": "hi"}).encode(), 400, "messages"),
+    (json.dumps({"messages": [{"role": "wizard", "content": "x"}]}).encode(), 400, "messages[0].role"),
+    (json.dumps({"messages": [{"role": "user", "content": 5}]}).encode(), 400, "messages[0].content"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"}).encode(), 400, "max_tokens"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}).encode(), 400, "max_tokens"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**12}).encode(), 400, "max_tokens"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "temperature": -1}).encode(), 400, "temperature"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "top_p": "a"}).encode(), 400, "top_p"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "stop": 5}).encode(), 400, "stop"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}).encode(), 400, "stream"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 3}).encode(), 400, "n"),
+    (json.dumps({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}).encode(), 404, "model"),
+]
+
+
+@pytest.mark.parametrize("body,status,param", BAD_BODIES)
+def test_bad_chat_bodies_get_openai_errors(node, body, status, param):
+    got, payload = post_raw(node, "/v1/chat/completions", body)
+    assert got == status
+    assert payload["error"]["message"] and payload["error"]["type"]
+    assert payload["error"]["param"] == param
+
+
+def test_oversized_body_and_unknown_routes(node):
+    got, payload = post_raw(node, "/v1/chat/completions", b'{"x": "' + b"a" * (5 * 1024 * 1024) + b'"}')
+    assert got == 413 and "too large" in payload["error"]["message"]
+    assert get_json(node.url + "/v1/nothing")[0] == 404
+    got, payload = post_raw(node, "/v1/completions", json.dumps({"prompt": ""}).encode())
+    assert got == 400 and payload["error"]["param"] == "prompt"
+    assert node.health()[0] == 200, "the node keeps serving after bad input"
+
+
+def test_disconnect_mid_stream_frees_caches(node):
+    body = json.dumps({"messages": [{"role": "user", "content": "go on"}], "max_tokens": 4000,
+                       "temperature": 0.8, "stream": True}).encode()
+    with socket.create_connection(("127.0.0.1", node.api_port)) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        seen = b""
+        while seen.count(b"data:") < 3:
+            seen += s.recv(4096)
+        assert node.health()[1]["active_requests"] == 1
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        health = node.health()[1]
+        if health["active_requests"] == 0 and health["cached_requests"] == 0:
+            break
+        time.sleep(0.1)
+    assert health["active_requests"] == 0 and health["cached_requests"] == 0
+
+
+def test_default_model_answers_through_the_api(tmp_path, default_model):
+    with running_node(tmp_path) as node:
+        client = openai.OpenAI(base_url=node.url + "/v1", api_key="none", max_retries=0, timeout=120)
+        r = client.chat.completions.create(model="SmolLM2-135M-Instruct", max_tokens=12, temperature=0,
+                                           messages=[{"role": "user", "content": "What is the capital of France?"}])
+        assert "Paris" in r.choices[0].message.content

@@ -1,0 +1,45 @@
+"""A missing or broken model gives one clear error line and exit code 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def run_node(*args: str, tmp_path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "swarm.cli", "--api-port", "0", "--state-dir", str(tmp_path / "s"),
+                           *args], capture_output=True, text=True, timeout=60)
+
+
+def broken_dirs(tmp_path):
+    no_config = tmp_path / "empty"
+    no_config.mkdir()
+    bad_json = tmp_path / "badjson"
+    bad_json.mkdir()
+    (bad_json / "config.json").write_text("{nope")
+    no_weights = tmp_path / "noweights"
+    no_weights.mkdir()
+    (no_weights / "config.json").write_text('{"num_hidden_layers": 2, "model_type": "llama"}')
+    (no_weights / "tokenizer.json").write_text("{}")
+    bad_gguf = tmp_path / "bad.gguf"
+    bad_gguf.write_bytes(b"GGUF" + b"\x00" * 100)
+    not_model = tmp_path / "notes.txt"
+    not_model.write_text("hi")
+    return [tmp_path / "does-not-exist", no_config, bad_json, no_weights, bad_gguf, not_model]
+
+
+def test_broken_models_exit_2_with_one_line(tmp_path):
+    for path in broken_dirs(tmp_path):
+        r = run_node("--model", str(path), tmp_path=tmp_path)
+        assert r.returncode == 2, (path, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("swarm-node: error:"), (path, r.stderr)
+        assert "Traceback" not in r.stderr
+
+
+def test_help_explains_the_flags():
+    r = subprocess.run([sys.executable, "-m", "swarm.cli", "--help"], capture_output=True, text=True)
+    for flag in ["--model", "--api-host", "--api-port", "--peer-port", "--state-dir", "--node-id", "--log-level"]:
+        assert flag in r.stdout

@@ -1,0 +1,92 @@
+"""Chaining K shards in one process gives exactly mlx_lm.generate's greedy tokens."""
+
+from __future__ import annotations
+
+import asyncio
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step
+from mlx_lm.utils import load_model
+from model_fixtures import FAMILIES, default_model, tiny_models  # noqa: F401
+
+from swarm.engine.sampling import SamplingParams
+from swarm.engine.shard import load_shard
+from swarm.engine.stage import Stage
+from swarm.engine.worker import MlxWorker
+from swarm.inference.generate import GenerationJob, generate_tokens
+from swarm.inference.pipeline import LocalPipeline
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def reference_tokens(model_dir, prompt: list[int], n: int) -> list[int]:
+    model, _ = load_model(model_dir)
+    out = []
+    for (token, _), _ in zip(generate_step(mx.array(prompt), model, max_tokens=n), range(n)):
+        out.append(int(token))
+    return out
+
+
+def splits_to_ranges(sizes: list[int]) -> list[tuple[int, int]]:
+    bounds = [0]
+    for s in sizes:
+        bounds.append(bounds[-1] + s)
+    return list(zip(bounds, bounds[1:]))
+
+
+def chained_tokens(model_dir, sizes: list[int], prompt: list[int], n: int,
+                   sampling: SamplingParams = GREEDY) -> list[int]:
+    worker = MlxWorker()
+    try:
+        stages = [Stage(worker.run_sync(load_shard, model_dir, a, b)) for a, b in splits_to_ranges(sizes)]
+        pipeline = LocalPipeline(stages, worker)
+
+        async def pipe():
+            return pipeline
+
+        async def run():
+            job = GenerationJob("r1", prompt, sampling, n)
+            return [t async for t in generate_tokens(job, pipe)]
+
+        tokens = asyncio.run(run())
+        assert all(s.active_requests == 0 for s in stages), "caches must be freed at the end"
+        return tokens
+    finally:
+        worker.close()
+
+
+TINY_SPLITS = [[6], [1, 5], [4, 2], [2, 3, 1], [1, 1, 3, 1], [1, 2, 2, 1]]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tiny_families_match_mlx_lm_for_1_to_4_stages(tiny_models, family):
+    model_dir = tiny_models[family]
+    prompt = [3, 17, 42, 5, 99, 23, 7, 64, 12]
+    expected = reference_tokens(model_dir, prompt, 24)
+    assert len(set(expected)) > 3, "the test model must not collapse into one token"
+    for sizes in TINY_SPLITS:
+        assert chained_tokens(model_dir, sizes, prompt, 24) == expected, f"split {sizes}"
+
+
+DEFAULT_SPLITS = [[30], [7, 23], [1, 14, 15], [3, 9, 11, 7]]
+
+
+def test_default_model_matches_mlx_lm_for_1_to_4_stages(default_model):
+    from mlx_lm.utils import load_tokenizer
+    tok = load_tokenizer(default_model.path)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Name three colours."}],
+                                     add_generation_prompt=True)
+    expected = reference_tokens(default_model.path, prompt, 10)
+    for sizes in DEFAULT_SPLITS:
+        assert chained_tokens(default_model.path, sizes, prompt, 10) == expected, f"split {sizes}"
+
+
+def test_seeded_sampling_is_the_same_across_splits(tiny_models):
+    model_dir = tiny_models["qwen3"]
+    prompt = [5, 6, 7, 8]
+    sampling = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=1234)
+    one = chained_tokens(model_dir, [6], prompt, 16, sampling)
+    assert chained_tokens(model_dir, [2, 4], prompt, 16, sampling) == one
+    other_seed = chained_tokens(model_dir, [6], prompt, 16, SamplingParams(0.9, 0.95, 50, 99))
+    assert other_seed != one
