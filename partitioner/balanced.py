@@ -8,9 +8,12 @@ is then first, the middles in canonical order, last.
 
 Objective, lexicographic:
   1. the bottleneck (slowest stage time), exact minimum;
-  2. total time, sum of stage times incl. hops (a single token's latency),
-     which prefers fewer hops and fast nodes when the bottleneck allows;
-  3. sum of squared stage times, which spreads layers evenly on ties;
+  2. closeness to the speed-proportional split: sum over nodes that can hold
+     a layer of |layers - n * (1/speed) / sum(1/speed)|. Many splits share
+     the optimal bottleneck; this picks the even-handed one (and keeps every
+     node within a layer of its ideal share when memory does not bind);
+  3. total time, sum of stage times incl. hops (one token's latency), which
+     prefers fewer hops and faster nodes;
   4. walking nodes in canonical order (speed, -memory, hop, id): prefer the
      role ALONE < FIRST < MIDDLE < LAST < IDLE, then more layers.
 With equal speeds and no binding memory that gives an even split, remainder
@@ -18,11 +21,12 @@ layers on the earliest stages.
 
 Two phases: binary search over candidate stage times for the least feasible
 bottleneck (a greedy capacity check), then a dynamic program over nodes x
-layers-placed x (first taken, last taken) for objectives 2-4 under it.
+layers placed x (first taken, last taken) for objectives 2-4 under it.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 from .costs import Clock, max_layers_in_memory
@@ -115,7 +119,13 @@ def _best_assignment(
                 opts.append((role, x, clock.stage_ticks(node.node_id, x, alone=role is Role.ALONE)))
         options.append(opts)
 
-    # Backward DP: value[state] = (total, sum of squares) for the remaining nodes.
+    # Ideal share of node i is n * w[i] / w_sum, w[i] proportional to 1/speed;
+    # scaled by w_sum, its distance from x layers is an exact integer.
+    lcm = math.lcm(*(clock.speed_ticks(node.node_id) for node in order))
+    w = [lcm // clock.speed_ticks(node.node_id) for node in order]
+    w_sum = sum(w)
+
+    # Backward DP: value[state] = (deviation, total) for the remaining nodes.
     value: dict[State, tuple[int, int]] = {(n, True, True): (0, 0)}
     choice: list[dict[State, tuple[Role, int]]] = [{} for _ in order]
     for i in reversed(range(len(order))):
@@ -135,7 +145,8 @@ def _best_assignment(
                         rest = value.get(after)
                         if rest is None:
                             continue
-                        key = (rest[0] + ticks, rest[1] + ticks * ticks, role, -x)
+                        deviation = abs(x * w_sum - n * w[i])
+                        key = (rest[0] + deviation, rest[1] + ticks, role, -x)
                         if best is None or key < best:
                             best = key
                     if best is not None:

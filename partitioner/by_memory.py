@@ -79,8 +79,11 @@ def _fit(
         return None
     if sum(caps) < model.n_layers:
         return None
-    if any(role is Role.ALONE for role in roles):
-        return [model.n_layers if role is Role.ALONE else 0 for role in roles]
+    if Role.ALONE in roles:
+        alone = roles.index(Role.ALONE)
+        if caps[alone] < model.n_layers:
+            return None
+        return [model.n_layers if i == alone else 0 for i in range(len(roles))]
 
     layers = list(shares)
     # First and last must run at least one layer: take it from the richest donor.

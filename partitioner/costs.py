@@ -31,6 +31,9 @@ class Clock:
         self._speed = {k: int(s * self.scale) for k, (s, _) in exact.items()}
         self._hop = {k: int(h * self.scale) for k, (_, h) in exact.items()}
 
+    def speed_ticks(self, node_id: str) -> int:
+        return self._speed[node_id]
+
     def stage_ticks(self, node_id: str, n_layers: int, alone: bool = False) -> int:
         hop = 0 if alone else self._hop[node_id]
         return n_layers * self._speed[node_id] + hop

@@ -43,6 +43,16 @@ def test_three_to_one_speeds_give_about_three_to_one_layers():
     assert plan.bottleneck_s == 23.0  # 22 + 8 would cost 24 on the slow node
 
 
+def test_exact_bottleneck_can_leave_the_proportional_ideal_by_more_than_a_layer():
+    # Ideal shares are 1.38 / 0.69 / 6.92 layers, bottleneck 0.69 s. Rounding
+    # to (1, 1, 7) costs 1.0 s on "mid"; giving "fast" 8 layers costs 0.8 s.
+    model = ModelSpec(n_layers=9, bytes_per_layer=GB)
+    nodes = [node("fast", speed=0.1), node("mid", speed=0.5), node("slow", speed=1.0)]
+    plan = make_plan(model, nodes)
+    assert layer_counts(plan) == [("fast", 8), ("mid", 1)]
+    assert plan.bottleneck_s == 0.8
+
+
 def test_hop_latency_can_make_one_node_faster_than_two():
     model = ModelSpec(n_layers=4, bytes_per_layer=GB)
     plan = make_plan(model, [node("a", hop=10.0), node("b", hop=10.0)])
