@@ -62,6 +62,17 @@ def story(f32_model) -> str:
     return _greedy(*f32_model, PROMPT, 4)
 
 
+@pytest.fixture(scope="session")
+def good_perplexity(f32_model) -> float:
+    return _perplexity(*f32_model)
+
+
+def _perplexity(model, tokenizer, text: str = PARAGRAPH) -> float:
+    ids = mx.array(tokenizer.encode(text))[None]
+    logits = model(ids[:, :-1]).astype(mx.float32)
+    return float(mx.exp(nn.losses.cross_entropy(logits, ids[:, 1:], reduction="mean")))
+
+
 def _greedy(model, tokenizer, prompt: str, n: int) -> str:
     return "".join(r.text for r in stream_generate(model, tokenizer, prompt, max_tokens=n))
 
@@ -79,7 +90,7 @@ def test_unpermute_inverts_llama_cpp_permutation(n_heads, rows):
     assert mx.array_equal(unpermute_rows(permuted.astype(mx.uint32), n_heads), w.astype(mx.uint32))
 
 
-def test_without_unpermutation_the_model_says_something_else(f32_dir, story):
+def test_without_unpermutation_the_model_fits_text_worse(f32_dir, good_perplexity):
     model, tokenizer = load(str(f32_dir))  # private copy: we corrupt it
     heads, kv_heads = model.args.num_attention_heads, model.args.num_key_value_heads
     for layer in model.model.layers:
@@ -87,8 +98,8 @@ def test_without_unpermutation_the_model_says_something_else(f32_dir, story):
         attn.q_proj.weight = permute_rows(attn.q_proj.weight, heads)
         attn.k_proj.weight = permute_rows(attn.k_proj.weight, kv_heads)
     # q.k is invariant to permuting both alike; only the rotary pairing breaks,
-    # which shows after a few tokens rather than at once.
-    assert _greedy(model, tokenizer, PROMPT, 4) != story
+    # so greedy text stays plausible for a few tokens, but the fit degrades.
+    assert _perplexity(model, tokenizer) > 1.8 * good_perplexity
 
 
 # --- weights and generation ------------------------------------------------
@@ -114,13 +125,8 @@ def test_greedy_story_continuation(story):
     assert "girl" in story, story
 
 
-def test_perplexity_on_plain_english(f32_model):
-    model, tokenizer = f32_model
-    ids = mx.array(tokenizer.encode(PARAGRAPH))[None]
-    logits = model(ids[:, :-1]).astype(mx.float32)
-    nll = nn.losses.cross_entropy(logits, ids[:, 1:], reduction="mean")
-    ppl = float(mx.exp(nll))
-    assert 1.0 < ppl < 40, ppl
+def test_perplexity_on_plain_english(good_perplexity):
+    assert 1.0 < good_perplexity < 40, good_perplexity  # ~27 here
 
 
 def test_quantized_conversion_keeps_gguf_bits(gguf, cache_root):
