@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +14,9 @@ from partitioner import (
     Stage,
     make_plan,
 )
+from partitioner.__main__ import main
 from partitioner.by_memory import largest_remainder
+from partitioner.examples import smollm2_135m
 
 GB = 10**9
 
@@ -176,3 +179,19 @@ def test_malformed_input_is_rejected_with_a_clear_message(model, nodes, message)
 def test_unknown_strategy_is_rejected():
     with pytest.raises(ValueError, match="unknown strategy 'fastest'"):
         make_plan(ModelSpec(2, 10), [node("a")], "fastest")
+
+
+def test_smollm2_sizes_match_its_published_shape():
+    model = smollm2_135m()
+    assert model.bytes_per_layer == 14_160_384
+    assert model.kv_bytes_per_token_per_layer == 1536
+    weights = model.n_layers * model.bytes_per_layer + model.embedding_bytes
+    assert 530 * 10**6 < weights < 545 * 10**6  # ~540 MB in float32
+
+
+def test_docs_show_exactly_what_the_examples_script_prints(capsys):
+    assert main(["--examples"]) == 0
+    printed = capsys.readouterr().out
+    doc = (Path(__file__).parent.parent / "docs" / "partitioning.md").read_text()
+    assert "InsufficientMemoryError" in printed and "| studio-7 |" in printed
+    assert doc.endswith(printed), "regenerate the table: python -m partitioner --examples"
