@@ -104,20 +104,22 @@ def _least_bottleneck(model: ModelSpec, order: Sequence[NodeCapacity], clock: Cl
 State = tuple[int, bool, bool]  # layers placed so far, first taken, last taken
 
 
+def _options(model: ModelSpec, node: NodeCapacity, clock: Clock, budget: int) -> list[tuple[Role, int, int]]:
+    """Every (role, layers, stage ticks) the node may take within memory and the budget."""
+    options = [(Role.IDLE, 0, 0)]
+    for role in PLACING_ROLES:
+        alone = role is Role.ALONE
+        for x in range(1, _cap(model, node, role, clock, budget) + 1):
+            if not alone or x == model.n_layers:
+                options.append((role, x, clock.stage_ticks(node.node_id, x, alone=alone)))
+    return options
+
+
 def _best_assignment(
     model: ModelSpec, order: Sequence[NodeCapacity], clock: Clock, budget: int
 ) -> list[tuple[str, Role, int]]:
     n = model.n_layers
-    # options[i]: (role, layers, ticks) node i may take under the budget.
-    options: list[list[tuple[Role, int, int]]] = []
-    for node in order:
-        opts = [(Role.IDLE, 0, 0)]
-        for role in PLACING_ROLES:
-            for x in range(1, _cap(model, node, role, clock, budget) + 1):
-                if role is Role.ALONE and x != n:
-                    continue
-                opts.append((role, x, clock.stage_ticks(node.node_id, x, alone=role is Role.ALONE)))
-        options.append(opts)
+    options = [_options(model, node, clock, budget) for node in order]
 
     # Ideal share of node i is n * w[i] / w_sum, w[i] proportional to 1/speed;
     # scaled by w_sum, its distance from x layers is an exact integer.
@@ -137,7 +139,7 @@ def _best_assignment(
                     for role, x, ticks in options[i]:
                         if placed + x > n:
                             continue
-                        if role.is_first and has_first or role.is_last and has_last:
+                        if (role.is_first and has_first) or (role.is_last and has_last):
                             continue
                         if role is Role.ALONE and placed != 0:
                             continue
