@@ -19,6 +19,11 @@ STRATEGIES: dict[str, Callable[[ModelSpec, Sequence[NodeCapacity], Clock], Split
     "memory": lambda model, nodes, clock: memory_split(model, nodes),
 }
 
+UNUSED_REASON = {
+    "balanced": "not needed: faster without it",
+    "memory": "not needed: its memory share rounds to zero layers",
+}
+
 
 def make_plan(model: ModelSpec, nodes: Sequence[NodeCapacity], strategy: str = "balanced") -> Plan:
     """Split the model's layers over the nodes.
@@ -47,19 +52,21 @@ def make_plan(model: ModelSpec, nodes: Sequence[NodeCapacity], strategy: str = "
         model=model,
         strategy=strategy,
         stages=tuple(stages),
-        idle=_idle(model, nodes, {s.node_id for s in stages}),
+        idle=_idle(model, nodes, {s.node_id for s in stages}, UNUSED_REASON[strategy]),
         bottleneck_s=clock.seconds(bottleneck),
         plan_id=plan_id(model, stages),
     )
 
 
-def _idle(model: ModelSpec, nodes: Sequence[NodeCapacity], used: set[str]) -> tuple[IdleNode, ...]:
+def _idle(
+    model: ModelSpec, nodes: Sequence[NodeCapacity], used: set[str], unused_reason: str
+) -> tuple[IdleNode, ...]:
     idle = []
     for node in sorted(nodes, key=lambda n: n.node_id):
         if node.node_id in used:
             continue
         if can_hold_one_layer(model, node):
-            reason = "not needed: faster without it"
+            reason = unused_reason
         else:
             reason = (
                 f"cannot hold one layer: needs {model.layer_bytes:,} bytes, "

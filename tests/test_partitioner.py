@@ -119,6 +119,15 @@ def test_memory_strategy_is_proportional_to_memory():
     assert layer_counts(plan) == [("big", 9), ("small", 3)]
 
 
+def test_memory_strategy_leaves_a_node_whose_share_rounds_to_zero_idle():
+    model = ModelSpec(n_layers=2, bytes_per_layer=1)
+    plan = make_plan(model, [node("big", memory=100), node("small", memory=10)], "memory")
+    assert layer_counts(plan) == [("big", 2)]
+    assert [(i.node_id, i.reason) for i in plan.idle] == [
+        ("small", "not needed: its memory share rounds to zero layers")
+    ]
+
+
 def test_memory_strategy_never_rounds_a_node_over_its_memory():
     # Largest remainder alone gives the 19-byte node 2 layers of 10 bytes (exo's bug).
     model = ModelSpec(n_layers=5, bytes_per_layer=10)
