@@ -3,6 +3,9 @@
 stdout carries one JSON object per line: first {"event": "ready", ...}, then
 {"event": "join"|"update"|"leave"|"remint", "node_id": ..., "profile": {...},
 "addresses": [...]}. Logs go to stderr.
+
+stdin may carry commands, one JSON object per line, for tests and debugging:
+{"update": {"plan": "p1", "layers": "0-15"}} calls update_profile(**fields).
 """
 
 from __future__ import annotations
@@ -43,6 +46,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+async def follow_stdin_commands(discovery: Discovery) -> None:
+    loop = asyncio.get_running_loop()
+    while line := await loop.run_in_executor(None, sys.stdin.readline):
+        try:
+            command = json.loads(line)
+            await discovery.update_profile(**command["update"])
+        except Exception as exc:  # a bad command must not kill the node
+            logging.getLogger("discovery.cli").warning("ignoring command %r: %s", line.strip(), exc)
+
+
 def print_line(obj: dict) -> None:
     sys.stdout.write(json.dumps(obj, sort_keys=True) + "\n")
     sys.stdout.flush()
@@ -64,7 +77,9 @@ async def run(args: argparse.Namespace) -> None:
     try:
         await discovery.start()
         print_line({"event": "ready", "node_id": discovery.node_id, "profile": discovery.profile.to_dict()})
+        commands = asyncio.create_task(follow_stdin_commands(discovery))
         await stop.wait()
+        commands.cancel()
     finally:
         await discovery.stop()  # sends mDNS goodbyes
         server.close()

@@ -24,6 +24,7 @@ from . import liveness
 from .mdns import MdnsAgent, local_ipv4_addresses, resolve_interfaces
 from .node_id import must_remint, remint_node_id
 from .profile import NodeProfile
+from .profile_exchange import ProfileExchangeError, fetch_profile
 from .static_peers import Endpoint, poll_endpoints
 from .view import PeerEvent, PeerInfo, PeerTable
 
@@ -165,7 +166,7 @@ class Discovery:
         while True:
             started = loop.time()
             peers = list(self._table.peers.values())
-            results = await asyncio.gather(*(liveness.probe(*p.endpoint, self._timeout) for p in peers))
+            results = await asyncio.gather(*(self._check(p) for p in peers))
             for peer, alive in zip(peers, results):
                 if self._table.get(peer.node_id) is not peer:
                     continue  # replaced or removed while we probed
@@ -181,6 +182,18 @@ class Discovery:
             for key in set(self._failures) - live_keys:
                 del self._failures[key]
             await asyncio.sleep(max(0.0, self._interval - (loop.time() - started)))
+
+    async def _check(self, peer: PeerInfo) -> bool:
+        if peer.source != "static":
+            return await liveness.probe(*peer.endpoint, self._timeout)
+        # A static peer answers SWPF anyway (that is how it was admitted), and
+        # without mDNS this is the only way to see its profile change.
+        try:
+            profile = await fetch_profile(*peer.endpoint, self._timeout)
+        except ProfileExchangeError:
+            return False
+        self._observe(profile, (peer.endpoint[0],), "static")
+        return True
 
     async def _poll_loop(self) -> None:
         loop = asyncio.get_running_loop()

@@ -68,6 +68,9 @@ class MdnsAgent:
         self._browser: AsyncServiceBrowser | None = None
         self._info: AsyncServiceInfo | None = None
         self._resolving: dict[str, asyncio.Task[None]] = {}
+        # An update racing the registration would be overwritten by the old
+        # record when registration completes, so updates wait for it.
+        self._registered = asyncio.Event()
 
     async def start(self, profile: NodeProfile) -> None:
         self._azc = AsyncZeroconf(
@@ -76,9 +79,13 @@ class MdnsAgent:
         )
         self._browser = AsyncServiceBrowser(self._azc.zeroconf, [SERVICE_TYPE], handlers=[self._on_change])
         self._info = self._service_info(profile)
-        await (await self._azc.async_register_service(self._info, allow_name_change=True))
+        try:
+            await (await self._azc.async_register_service(self._info, allow_name_change=True))
+        finally:
+            self._registered.set()
 
     async def update(self, profile: NodeProfile) -> None:
+        await self._registered.wait()
         if self._azc is None or self._info is None:
             return
         self._info = self._service_info(profile, name=self._info.name)

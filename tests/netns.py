@@ -89,6 +89,12 @@ class Proc:
         with self._cond:
             self._cond.notify_all()
 
+    def send(self, obj: Any) -> None:
+        """Write one JSON line to the process's stdin (spawn with stdin=True)."""
+        assert self.popen.stdin is not None, "spawn(..., stdin=True) to send"
+        self.popen.stdin.write(json.dumps(obj) + "\n")
+        self.popen.stdin.flush()
+
     def mark(self) -> int:
         """A position in the event stream, for wait_for(after=...)."""
         with self._cond:
@@ -177,14 +183,14 @@ class Host:
         return _in_ns(self.ns, *argv, check=check)
 
     def spawn(self, argv: list[str], env: dict[str, str] | None = None, label: str | None = None,
-              cwd: str | os.PathLike[str] | None = None) -> Proc:
+              cwd: str | os.PathLike[str] | None = None, stdin: bool = False) -> Proc:
         """Start `argv` inside this host; stdout/stderr go to log files in the network's log dir."""
         label = label or f"{self.name}-{len(self.procs)}"
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         stderr = open(self.network.log_dir / f"{label}.stderr", "w")
         popen = subprocess.Popen(
             ["ip", "netns", "exec", self.ns, *argv],  # ip execs argv: popen.pid is the process itself
-            stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             env=full_env, text=True, start_new_session=True, cwd=cwd,
         )
         stderr.close()
@@ -251,8 +257,12 @@ class Network:
                     proc.popen.wait(timeout=10)
                 except (ProcessLookupError, subprocess.TimeoutExpired):
                     pass
-                if proc.popen.stdout:
-                    proc.popen.stdout.close()
+                for stream in (proc.popen.stdout, proc.popen.stdin):
+                    if stream:
+                        try:
+                            stream.close()
+                        except OSError:
+                            pass
         for ns in reversed(self._namespaces):
             # Anything still inside (grandchildren) would keep the namespace alive.
             pids = _run(["ip", "netns", "pids", ns], check=False).stdout.split()
