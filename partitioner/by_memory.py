@@ -28,15 +28,18 @@ def memory_split(model: ModelSpec, nodes: Sequence[NodeCapacity]) -> Optional[li
     order = sorted(nodes, key=canonical_key)
     shares = largest_remainder(model.n_layers, [node.memory_bytes for node in order])
 
-    if model.n_layers == 1 or len(order) == 1:
-        pairs = [(i, i) for i in range(len(order))]
+    # Prefer keeping the rounded shares: roles among nodes that got layers
+    # first (last taken from the far end, so stages follow canonical order),
+    # then pairs that pull in a node whose share rounded to zero.
+    given = [i for i in range(len(order)) if shares[i] > 0]
+    spare = [i for i in range(len(order)) if shares[i] == 0]
+    alone = [(i, i) for i in given + spare]
+    if model.n_layers == 1:
+        pairs = alone
     else:
-        # Prefer nodes that already have layers; last from the far end, so
-        # the stage order follows canonical order.
-        given = [i for i in range(len(order)) if shares[i] > 0]
-        spare = [i for i in range(len(order)) if shares[i] == 0]
-        pairs = [(f, g) for f in given + spare for g in given[::-1] + spare if f != g]
-        pairs += [(i, i) for i in given + spare]  # a lone node, if no pair fits
+        within = [(f, g) for f in given for g in given[::-1] if f != g] or alone[:1]
+        pulled = [(f, g) for f in given + spare for g in given[::-1] + spare if f != g]
+        pairs = within + [p for p in pulled + alone if p not in within]
 
     for f, g in pairs:
         roles = [Role.MIDDLE] * len(order)
