@@ -81,15 +81,15 @@ class Shard(nn.Module):
         return sum(v.nbytes for _, v in tree_flatten(self.parameters()))
 
 
-def load_shard(model_dir: Path, start: int, end: int, dtype: mx.Dtype | None = None) -> Shard:
+def load_shard(model_dir: Path, start: int, end: int | None, dtype: mx.Dtype | None = None) -> Shard:
     """Build the model lazily, keep only this shard's modules, then evaluate them.
 
     `dtype` casts floating (non-quantized) weights, e.g. to float32 on a CPU backend
-    where float16 matmuls are several times slower.
+    where float16 matmuls are several times slower. `end` None means the last layer.
     """
     model, config = load_model(Path(model_dir), lazy=True, strict=True)
     n_layers = len(model.model.layers)
-    shard = Shard(model, LayerRange(start, end, n_layers))
+    shard = Shard(model, LayerRange(start, n_layers if end is None else end, n_layers))
     del model
     if dtype is not None:
         shard.update(
