@@ -125,8 +125,6 @@ def build_random_model(
     tie_embeddings: bool = True,
 ) -> Path:
     """Write an mlx-lm model directory loadable with mlx_lm.utils.load."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
     vocab = vocab or tokenizer.get_vocab_size()
     if vocab < tokenizer.get_vocab_size():
@@ -136,6 +134,8 @@ def build_random_model(
         family, n_layers=n_layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
         intermediate=intermediate, vocab=vocab, tie_embeddings=tie_embeddings, eos_token_id=eos_id,
     )
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(out_dir / "model.safetensors"), random_weights(config, seed), {"format": "mlx"})
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     _write_tokenizer(tokenizer, out_dir)
