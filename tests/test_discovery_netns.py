@@ -109,6 +109,14 @@ def test_cut_link_drops_then_readmits(netns_hosts, tmp_path):
     for other in ids[:2]:
         joined(procs[2], other, DISCOVER_WITHIN, marks[2])
 
+    # A clean stop sends an mDNS goodbye: faster than liveness could ever be
+    # (three refused probes take at least 1.5 s).
+    mark, t_stop = procs[0].mark(), time.monotonic()
+    assert procs[2].terminate() == 0
+    event = left(procs[0], ids[2], DROP_WITHIN, mark)
+    print(f"clean stop: goodbye noticed after {event['_t'] - t_stop:.2f}s")
+    assert event["_t"] - t_stop < 1.2
+
 
 def test_two_swarms_on_one_lan_stay_apart(netns_hosts, tmp_path):
     hosts = netns_hosts(4)
