@@ -255,3 +255,12 @@ def test_cache_root_precedence(monkeypatch, tmp_path):
     assert default_cache_root() == tmp_path / "xdg" / "swarm"
     monkeypatch.setenv("SWARM_CACHE_DIR", str(tmp_path / "mine"))
     assert default_cache_root() == tmp_path / "mine"
+
+
+def test_float16_conversion_dtypes(gguf, tmp_path):
+    out = gguf_convert.convert_gguf(gguf, tmp_path / "f16", dtype="float16")
+    weights = mx.load(str(out / "model.safetensors"))
+    assert len(weights) == 30 * 9 + 2
+    assert {w.dtype for w in weights.values()} == {mx.float16}
+    with pytest.raises(ValueError):
+        gguf_convert.convert_gguf(gguf, tmp_path / "bf", dtype="int8")
