@@ -1,0 +1,97 @@
+"""Wire format of the peer protocol: a magic, then length-prefixed frames.
+
+    connection: b"SWRM" frame*
+    frame:      u32 header_len | u32 payload_len | header | payload   (big-endian)
+
+The header is a msgpack map with str keys and at least "t" (the message type);
+the payload is raw bytes (activations), never parsed here. msgpack only: no
+pickle, no ext types, so a hostile peer can make us build nothing but plain
+dicts/lists/str/bytes/numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from .errors import ProtocolError
+
+MAGIC = b"SWRM"
+MAX_HEADER_BYTES = 64 * 1024
+DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024 * 1024
+_PREFIX = struct.Struct(">II")
+
+
+@dataclass(frozen=True)
+class Frame:
+    header: dict[str, Any]
+    payload: bytes | memoryview = b""
+
+    @property
+    def type(self) -> str:
+        return self.header["t"]
+
+
+def _reject_ext(code: int, data: bytes) -> Any:
+    raise ProtocolError(f"msgpack ext type {code} in header")
+
+
+def encode_frame(header: dict[str, Any], payload: bytes | memoryview = b"") -> list[bytes | memoryview]:
+    """The pieces of one frame, for `writer.writelines` (the payload is not copied here)."""
+    if not isinstance(header.get("t"), str):
+        raise ValueError(f"frame header needs a str 't', got {header!r}")
+    packed = msgpack.packb(header, use_bin_type=True)
+    if len(packed) > MAX_HEADER_BYTES:
+        raise ValueError(f"frame header is {len(packed)} bytes (max {MAX_HEADER_BYTES})")
+    payload_len = memoryview(payload).nbytes
+    return [_PREFIX.pack(len(packed), payload_len) + packed, payload]
+
+
+def decode_header(packed: bytes) -> dict[str, Any]:
+    try:
+        header = msgpack.unpackb(packed, raw=False, strict_map_key=True, ext_hook=_reject_ext)
+    except ProtocolError:
+        raise
+    except Exception as exc:  # msgpack raises a zoo of types for bad input
+        raise ProtocolError(f"undecodable frame header: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(header, dict):
+        raise ProtocolError(f"frame header is a {type(header).__name__}, not a map")
+    if not isinstance(header.get("t"), str):
+        raise ProtocolError("frame header has no str 't' (message type)")
+    return header
+
+
+async def read_frame(reader: asyncio.StreamReader, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -> Frame:
+    """Read one frame; ProtocolError for anything malformed, truncated or oversized.
+
+    Lengths are checked before anything is read, so a lying length prefix
+    costs no memory.
+    """
+    try:
+        header_len, payload_len = _PREFIX.unpack(await reader.readexactly(_PREFIX.size))
+        if header_len > MAX_HEADER_BYTES:
+            raise ProtocolError(f"frame header of {header_len} bytes (max {MAX_HEADER_BYTES})")
+        if payload_len > max_payload:
+            raise ProtocolError(f"frame payload of {payload_len} bytes (max {max_payload})")
+        header = decode_header(await reader.readexactly(header_len))
+        payload = await reader.readexactly(payload_len) if payload_len else b""
+    except asyncio.IncompleteReadError as exc:
+        raise ProtocolError(f"connection closed mid-frame ({len(exc.partial)} of {exc.expected} bytes)") from exc
+    return Frame(header, payload)
+
+
+async def read_magic(reader: asyncio.StreamReader) -> bytes:
+    """The first 4 bytes of a connection; b"" when the peer closed without sending any.
+
+    Raises ProtocolError when it closed after 1-3 bytes (garbage, not a probe).
+    """
+    try:
+        return await reader.readexactly(len(MAGIC))
+    except asyncio.IncompleteReadError as exc:
+        if exc.partial:
+            raise ProtocolError(f"connection closed after {len(exc.partial)} bytes: {exc.partial!r}") from exc
+        return b""
