@@ -20,12 +20,29 @@ DROP_WITHIN = 5.0
 
 pytestmark = pytest.mark.timeout(60)
 
+JUNK_ADVERTISER = """
+import asyncio, json, socket, sys
+from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
+async def main(ip):
+    azc = AsyncZeroconf(interfaces=[ip])
+    info = AsyncServiceInfo("_swarm._tcp.local.", "junk._swarm._tcp.local.", port=9,
+                            addresses=[socket.inet_aton(ip)], properties={"id": "x", "api": "nope"})
+    await (await azc.async_register_service(info))
+    print(json.dumps({"event": "ready"}), flush=True)
+    await asyncio.sleep(3600)
+asyncio.run(main(sys.argv[1]))
+"""
+
 
 def start_node(host: Host, state_dir: Path, *args: str, name: str | None = None,
-               peer_port: int = PEER_PORT, mdns: bool = True, stdin: bool = False) -> Proc:
+               peer_port: int = PEER_PORT, mdns: bool = True, stdin: bool = False,
+               all_interfaces: bool = False) -> Proc:
     argv = [sys.executable, "-m", "discovery", "--name", name or host.name, "--state-dir", str(state_dir),
             "--peer-port", str(peer_port), "--listen", host.ip, *args]
-    argv += ["--interface", host.ip] if mdns else ["--no-mdns"]
+    if not mdns:
+        argv.append("--no-mdns")
+    elif not all_interfaces:
+        argv += ["--interface", host.ip]
     return host.spawn(argv, cwd=REPO, label=name, stdin=stdin)
 
 
@@ -114,14 +131,19 @@ def test_cut_link_drops_then_readmits(netns_hosts, tmp_path):
     mark, t_stop = procs[0].mark(), time.monotonic()
     assert procs[2].terminate() == 0
     event = left(procs[0], ids[2], DROP_WITHIN, mark)
-    print(f"clean stop: goodbye noticed after {event['_t'] - t_stop:.2f}s")
+    print(f"clean stop: goodbye noticed after {event['_t'] - t_stop:.3f}s")
     assert event["_t"] - t_stop < 1.2
 
 
 def test_two_swarms_on_one_lan_stay_apart(netns_hosts, tmp_path):
     hosts = netns_hosts(4)
     swarms = ["alpha", "alpha", "beta", "beta"]
-    procs = [start_node(h, tmp_path / h.name, "--swarm", s, stdin=True) for h, s in zip(hosts, swarms)]
+    # Another program's service of our type with a junk TXT record must be ignored.
+    junk = hosts[0].spawn([sys.executable, "-c", JUNK_ADVERTISER, hosts[0].ip], label="junk")
+    junk.wait_event("ready", 10.0)
+    # beta uses the default (all interfaces) to cover that path too.
+    procs = [start_node(h, tmp_path / h.name, "--swarm", s, stdin=True, all_interfaces=s == "beta")
+             for h, s in zip(hosts, swarms)]
     ids = [ready(p) for p in procs]
     joined(procs[0], ids[1], DISCOVER_WITHIN)
     joined(procs[1], ids[0], DISCOVER_WITHIN)
@@ -130,12 +152,13 @@ def test_two_swarms_on_one_lan_stay_apart(netns_hosts, tmp_path):
     time.sleep(2.0)  # give a wrong cross-swarm join time to show up
     assert joined_ids(procs[0]) == {ids[1]} and joined_ids(procs[1]) == {ids[0]}
     assert joined_ids(procs[2]) == {ids[3]} and joined_ids(procs[3]) == {ids[2]}
+    assert all(p.popen.poll() is None for p in procs)
 
     # A profile change is re-announced over mDNS, within the swarm only.
     marks, t_update = [p.mark() for p in procs], time.monotonic()
     procs[0].send({"update": {"plan": "p1", "layers": "0-15"}})
     event = updated_with(procs[1], ids[0], {"plan": "p1", "layers": "0-15"}, 3.0, marks[1])
-    print(f"\nmDNS profile update seen after {event['_t'] - t_update:.2f}s")
+    print(f"\nmDNS profile update seen after {event['_t'] - t_update:.3f}s")
     time.sleep(0.5)
     assert not [e for p, m in zip(procs[2:], marks[2:]) for e in p.events[m:]]
 
