@@ -7,6 +7,10 @@ class ProtocolError(Exception):
     """A peer sent something that is not our wire protocol (or not this version/swarm)."""
 
 
+class ConnectionClosed(ProtocolError):
+    """The peer closed the connection cleanly, between two frames."""
+
+
 class HandshakeRejected(ProtocolError):
     """The hello exchange failed: wrong protocol version, wrong swarm or wrong node."""
 

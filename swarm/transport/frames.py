@@ -18,7 +18,7 @@ from typing import Any
 
 import msgpack
 
-from .errors import ProtocolError
+from .errors import ConnectionClosed, ProtocolError
 
 MAGIC = b"SWRM"
 MAX_HEADER_BYTES = 64 * 1024
@@ -68,6 +68,9 @@ def decode_header(packed: bytes) -> dict[str, Any]:
 async def read_frame(reader: asyncio.StreamReader, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -> Frame:
     """Read one frame; ProtocolError for anything malformed, truncated or oversized.
 
+    A clean close between two frames raises ConnectionClosed (a ProtocolError
+    too, so callers that only care about "no more frames" catch one type).
+
     Lengths are checked before anything is read, so a lying length prefix
     costs no memory.
     """
@@ -80,6 +83,8 @@ async def read_frame(reader: asyncio.StreamReader, max_payload: int = DEFAULT_MA
         header = decode_header(await reader.readexactly(header_len))
         payload = await reader.readexactly(payload_len) if payload_len else b""
     except asyncio.IncompleteReadError as exc:
+        if not exc.partial and exc.expected == _PREFIX.size:
+            raise ConnectionClosed("connection closed between frames") from exc
         raise ProtocolError(f"connection closed mid-frame ({len(exc.partial)} of {exc.expected} bytes)") from exc
     return Frame(header, payload)
 
