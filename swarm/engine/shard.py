@@ -81,16 +81,21 @@ class Shard(nn.Module):
         return sum(v.nbytes for _, v in tree_flatten(self.parameters()))
 
 
-def load_shard(model_dir: Path, start: int, end: int | None, dtype: mx.Dtype | None = None) -> Shard:
+def load_shard(model_dir: Path, start: int, end: int | None, dtype: mx.Dtype | None = None,
+               reuse: Shard | None = None) -> Shard:
     """Build the model lazily, keep only this shard's modules, then evaluate them.
 
     `dtype` casts floating (non-quantized) weights, e.g. to float32 on a CPU backend
     where float16 matmuls are several times slower. `end` None means the last layer.
+    Modules that `reuse` (the shard this node held before a re-plan) already has are
+    taken over as they are, so a node only reads the layers it newly owns.
     """
     model, config = load_model(Path(model_dir), lazy=True, strict=True)
     n_layers = len(model.model.layers)
     shard = Shard(model, LayerRange(start, n_layers if end is None else end, n_layers))
     del model
+    if reuse is not None:
+        _take_over(shard, reuse)
     if dtype is not None:
         shard.update(
             _cast_floats(shard.parameters(), dtype, quantized=_quantized_paths(shard))
@@ -98,6 +103,14 @@ def load_shard(model_dir: Path, start: int, end: int | None, dtype: mx.Dtype | N
     mx.eval(shard.parameters())
     shard.eval()
     return shard
+
+
+def _take_over(shard: Shard, old: Shard) -> None:
+    for i in range(max(shard.range.start, old.range.start), min(shard.range.end, old.range.end)):
+        shard.layers[i - shard.range.start] = old.layers[i - old.range.start]
+    for name in ("embed_tokens", "norm", "lm_head"):
+        if name in shard and name in old:
+            shard[name] = old[name]
 
 
 def _quantized_paths(shard: Shard) -> set[str]:
@@ -111,6 +124,6 @@ def _cast_floats(params, dtype, quantized: set[str], prefix: str = ""):
     if isinstance(params, list):
         return [_cast_floats(v, dtype, quantized, f"{prefix}{i}.") for i, v in enumerate(params)]
     module_path = prefix.rsplit(".", 2)[0]
-    if module_path in quantized or not mx.issubdtype(params.dtype, mx.floating):
+    if module_path in quantized or not mx.issubdtype(params.dtype, mx.floating) or params.dtype == dtype:
         return params
     return params.astype(dtype)
