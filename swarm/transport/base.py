@@ -13,7 +13,8 @@ Delivery contract:
     connection is not read (which is the backpressure).
   * Every message type is delivered, including ones the transport does not
     know: the coordinator decides what to do with them. Only the handshake
-    ("hello", and "error" during the handshake) is consumed by the transport.
+    is consumed by the transport: "hello", and "error" as the first frame
+    after it (see handshake.py), so name application errors differently.
   * A failure to deliver raises PeerUnreachable; the coordinator decides
     whether to retry, re-plan or fail the request.
 

@@ -3,6 +3,11 @@
     client -> server: MAGIC, {"t": "hello", "v": 1, "node_id": ..., "swarm": ...}
     server -> client: its own hello, or {"t": "error", "kind": ..., "message": ...} and close
 
+The client checks the server's hello in turn; if it rejects it, the error
+frame is the first (and last) frame the server reads after the handshake.
+So "error" is reserved for the handshake: the coordinator should name its
+own failure messages differently.
+
 The server validates before answering, so a rejected client learns why from
 the reply instead of from a silently closed socket. Error kinds: "version",
 "swarm", "protocol" (not a hello at all), and "node" (the client reached a
@@ -48,6 +53,13 @@ def check_hello(frame: Frame, swarm: str) -> str:
     if not isinstance(node_id, str) or not node_id:
         raise HandshakeRejected("protocol", f"hello without a node_id: {header!r}")
     return node_id
+
+
+def raise_if_rejected(first_frame: Frame) -> None:
+    """Server side: the first frame after our hello may be the client's rejection of it."""
+    if first_frame.header["t"] == "error":
+        header = first_frame.header
+        raise HandshakeRejected(str(header.get("kind")), f"peer says: {header.get('message')}")
 
 
 async def _send(writer: asyncio.StreamWriter, header: dict[str, Any], prefix: bytes = b"") -> None:
@@ -107,8 +119,7 @@ async def offer_hello(
         frame = await asyncio.wait_for(exchange(), timeout)
     except asyncio.TimeoutError as exc:
         raise ProtocolError(f"no hello within {timeout} s") from exc
-    if frame.header["t"] == "error":
-        raise HandshakeRejected(str(frame.header.get("kind")), f"peer says: {frame.header.get('message')}")
+    raise_if_rejected(frame)
     try:
         peer_id = check_hello(frame, swarm)
         if peer_id != expected_peer:

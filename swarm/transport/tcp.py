@@ -24,7 +24,7 @@ from discovery.profile_exchange import answer_profile_request
 from .base import Address, OnMessage, Transport
 from .errors import ConnectionClosed, PeerUnreachable, ProtocolError
 from .frames import DEFAULT_MAX_PAYLOAD_BYTES, MAGIC, encode_frame, read_frame, read_magic
-from .handshake import HANDSHAKE_TIMEOUT, accept_hello
+from .handshake import HANDSHAKE_TIMEOUT, accept_hello, raise_if_rejected
 from .outgoing import OutgoingConnection, open_connection
 from .streams import close_quietly, set_nodelay
 
@@ -163,7 +163,9 @@ class TcpTransport(Transport):
     async def _receive_frames(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, where: str) -> None:
         sender = await accept_hello(reader, writer, self.node_id, self.swarm, self.handshake_timeout)
         log.debug("peer %s connected from %s", sender, where)
+        frame = await read_frame(reader, self.max_payload)
+        raise_if_rejected(frame)
         while True:
-            frame = await read_frame(reader, self.max_payload)
             if self._on_message is not None:
                 await self._on_message(sender, frame)
+            frame = await read_frame(reader, self.max_payload)
