@@ -1,0 +1,92 @@
+"""The nodes panel: pipeline stages in order (with arrows between them), then idle nodes.
+
+Each node takes two lines so everything fits in 80 columns:
+    1  mac-studio        cpu  0.5G/24G  4.2ms/L   7.1 t/s  [0, 11)  11 layers
+    ↓  10.0.0.2:8800     █▒▒·······     serving   1 req    ████████···········
+The layer bar spans the remaining width and is drawn over [0, n_layers).
+"""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.widgets import Static
+
+from ..topology import NodeInfo, Topology
+from .bars import human_bytes, layer_bar, memory_bar
+
+STATE_STYLE = {"serving": "green", "loading": "yellow", "joining": "yellow", "idle": "blue",
+               "gone": "red", "unreachable": "bold red"}
+FIXED = {"#": 2, "node": 16, "memory": 12, "speed": 9, "live": 9}
+PADDING = 2 * len(FIXED)   # one space each side of every column but the table's edges
+
+
+def _speed(node: NodeInfo) -> str:
+    if node.speed is None:
+        return "?"
+    return f"{node.speed * 1000:.1f}ms/L" if node.speed < 1 else f"{node.speed:.1f}s/L"
+
+
+def _two(first, second) -> Text:
+    a = first if isinstance(first, Text) else Text(str(first))
+    b = second if isinstance(second, Text) else Text(str(second))
+    return Text("\n").join([a, b])
+
+
+class NodeTable(Static):
+    DEFAULT_CSS = "NodeTable { height: auto; }"
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.topology: Topology | None = None
+        self.unreachable: str | None = None   # node id we watched and lost
+
+    def set_topology(self, topo: Topology | None, unreachable: str | None = None) -> None:
+        self.topology, self.unreachable = topo, unreachable
+        self.update(self._table())
+
+    def on_resize(self) -> None:
+        self.update(self._table())
+
+    def _state(self, node: NodeInfo) -> Text:
+        state = "unreachable" if node.id == self.unreachable else node.state
+        return Text(state, STATE_STYLE.get(state, ""))
+
+    def _cells(self, node: NodeInfo, link: Text, layers: Text) -> list[Text]:
+        name = Text(node.name, "bold" if node.is_self else "")
+        if node.is_self:
+            name.append(" *", "cyan")
+        mem = Text(f"{node.backend} {human_bytes(node.memory_used)}/{human_bytes(node.memory_total)}")
+        live = Text(f"{node.stats.tokens_per_second:.1f} t/s")
+        reqs = Text(f"{node.stats.active_requests} req", "bold magenta" if node.stats.active_requests else "dim")
+        return [link, _two(name, Text(node.address, "dim")),
+                _two(mem, memory_bar(node.memory_used, node.memory_available, node.memory_total,
+                                     FIXED["memory"])),
+                _two(_speed(node), self._state(node)), _two(live, reqs), layers]
+
+    def _table(self) -> Table | Text:
+        t = self.topology
+        if t is None:
+            return Text("no topology yet", "dim")
+        bar_w = max(8, (self.size.width or 80) - sum(FIXED.values()) - PADDING - 1)
+        table = Table(box=None, padding=(0, 1), pad_edge=False, expand=False, show_edge=False,
+                      header_style="bold dim")
+        for col, w in FIXED.items():
+            table.add_column(col if col != "#" else "", width=w, no_wrap=True, overflow="ellipsis")
+        table.add_column("layers", width=bar_w, no_wrap=True, overflow="ellipsis")
+        pipe = t.pipeline()
+        # Arrows follow the API's links when it gives them, else stage order.
+        nxt = dict(t.links) if t.links else {a.id: b.id for (a, _), (b, _) in zip(pipe, pipe[1:])}
+        for i, (node, span) in enumerate(pipe):
+            down = "↓" if node.id in nxt else ("↺" if len(pipe) > 1 else " ")
+            link = _two(Text(str(i + 1), "bold"), Text(down, "bold cyan"))
+            start, end = span if span else (0, 0)
+            head = Text(f"[{start}, {end})", "bold").append(f" {end - start} layers", "dim")
+            table.add_row(*self._cells(node, link, _two(head, layer_bar(start, end, t.n_layers, bar_w))))
+        for node, reason in t.others():
+            link = _two(Text("·", "dim"), Text(" "))
+            why = _two(Text("idle", "blue"), Text(reason or "", "dim italic"))
+            table.add_row(*self._cells(node, link, why))
+        if not pipe and not t.others():
+            return Text("no nodes reported", "dim")
+        return table
