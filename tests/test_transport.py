@@ -108,6 +108,13 @@ async def raw_session(port: int, data: bytes, *, close_write: bool = False, time
         writer.close()
 
 
+async def eventually(predicate, timeout: float = 2.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
 def transport_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "swarm.transport" and r.levelno >= logging.WARNING]
 
@@ -182,12 +189,14 @@ def test_decode_array_rejects_inconsistent_descriptions(dtype, shape, nbytes: in
 def test_large_activation_round_trips_fast() -> None:
     a = mx.random.normal((1, 2048, 576))
     mx.eval(a)
-    decode_array(*encode_array(a))  # warm-up
-    start = time.perf_counter()
-    name, shape, data = encode_array(a)
-    b = decode_array(name, shape, data)
-    mx.eval(b)
-    assert time.perf_counter() - start < 0.010
+    best = float("inf")
+    for _ in range(5):  # best of 5: what the code costs, not what the scheduler did
+        start = time.perf_counter()
+        name, shape, data = encode_array(a)
+        b = decode_array(name, shape, bytes(data))  # bytes: as it arrives off the socket
+        mx.eval(b)
+        best = min(best, time.perf_counter() - start)
+    assert best < 0.010, f"{best * 1e3:.1f} ms"
     assert mx.array_equal(a, b).item()
 
 
@@ -329,8 +338,9 @@ async def test_on_message_failure_closes_only_that_connection(caplog) -> None:
     sender, _ = await started("node-b")
     try:
         await sender.send("node-a", (HOST, receiver.port), {"t": "boom"})
-        await asyncio.sleep(0.2)  # the receiver closes; the sender's watcher notices
-        assert any("handler bug" in w for w in transport_warnings(caplog))
+        first = sender._outgoing["node-a"]
+        await eventually(lambda: any("handler bug" in w for w in transport_warnings(caplog)))
+        await eventually(lambda: first.closed)  # the sender noticed the close: next send reconnects
         await sender.send("node-a", (HOST, receiver.port), {"t": "fine"})
         [(_, frame)] = await inbox.wait_for(1)
         assert frame.type == "fine"
@@ -352,7 +362,7 @@ async def test_send_to_dead_port_raises_peer_unreachable() -> None:
         start = time.monotonic()
         with pytest.raises(PeerUnreachable) as info:
             await sender.send("node-x", (HOST, free_port()), {"t": "x"})
-        assert info.value.node_id == "node-x" and time.monotonic() - start < 0.5 + 0.2
+        assert info.value.node_id == "node-x" and time.monotonic() - start < 0.5 + 0.5
     finally:
         await sender.stop()
 
@@ -365,7 +375,7 @@ async def test_send_to_silent_listener_times_out() -> None:
         start = time.monotonic()
         with pytest.raises(PeerUnreachable, match="within"):
             await sender.send("node-x", (HOST, server.sockets[0].getsockname()[1]), {"t": "x"})
-        assert time.monotonic() - start < 0.3 + 0.2
+        assert time.monotonic() - start < 0.3 + 0.5
     finally:
         await sender.stop()
         server.close()
