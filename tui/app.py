@@ -9,7 +9,10 @@ falls back to polling GET /v1/topology, and fails over to any other known node.
 from __future__ import annotations
 
 import argparse
+import io
 import time
+
+from rich.console import Console
 
 from textual import work
 from textual.app import App, ComposeResult
@@ -52,6 +55,7 @@ class SwarmTUI(App):
         self.client = NodeClient()
         self.topology: Topology | None = None
         self.connected = False
+        self._last_status: str | None = None
         self.watcher = Watcher(self.client, self.urls, self._on_snapshot, self._on_event, self._on_status)
 
     def compose(self) -> ComposeResult:
@@ -75,6 +79,13 @@ class SwarmTUI(App):
     async def on_unmount(self) -> None:
         await self.client.close()
 
+    def screen_text(self) -> str:
+        """The screen as plain text, as a terminal would show it (tests, screenshots)."""
+        console = Console(width=self.size.width, height=self.size.height, file=io.StringIO(),
+                          force_terminal=True, record=True, legacy_windows=False)
+        console.print(self.screen._compositor.render_update(full=True))
+        return console.export_text()
+
     # -- watcher callbacks (run on the app's event loop) --
 
     def _on_snapshot(self, raw: dict) -> None:
@@ -92,8 +103,9 @@ class SwarmTUI(App):
         if not connected and self.topology is not None:
             # Keep the last snapshot on screen, marking the node we lost.
             self.query_one(NodeTable).set_topology(self.topology, unreachable=self.topology.node_id)
-        if message:
+        if message and message != self._last_status:   # retries repeat themselves every second
             self.query_one(EventLog).add("connect" if connected else "disconnect", message)
+        self._last_status = message
 
     # -- actions --
 
@@ -125,7 +137,8 @@ class SwarmTUI(App):
                     swarm = chunk.swarm
         except NodeError as e:
             error = f"error from {url}: {e}"
-        pane.finish(self._path_text(swarm, url, n, time.monotonic() - started), error)
+        path = "" if error and not swarm else self._path_text(swarm, url, n, time.monotonic() - started)
+        pane.finish(path, error)
 
     def _path_text(self, swarm: dict, url: str, n: int, seconds: float) -> str:
         name_of = self.topology.name_of if self.topology else (lambda i: i[:8])

@@ -45,22 +45,22 @@ class ChatPane(Vertical):
     def start(self, prompt: str) -> None:
         self.prompt, self.answer, self.error, self.busy = prompt, "", "", True
         self.set_path("waiting for the first token…")
-        self._render()
+        self._redraw()
 
     def append(self, text: str) -> None:
         self.answer += text
-        self._render()
+        self._redraw()
 
     def finish(self, path: str, error: str = "") -> None:
         self.busy, self.error = False, error
         self.set_path(path)
-        self._render()
+        self._redraw()
 
     def set_path(self, text: str) -> None:
         self.path_text = text
         self.query_one("#chat-path", Static).update(Text(text, no_wrap=True, overflow="ellipsis"))
 
-    def _render(self) -> None:
+    def _redraw(self) -> None:
         out = Text.assemble(("> ", "bold cyan"), (self.prompt + "\n", "bold"), (self.answer, ""))
         if self.busy:
             out.append("▌", "blink")

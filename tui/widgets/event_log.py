@@ -15,7 +15,7 @@ class EventLog(RichLog):
     DEFAULT_CSS = "EventLog { border: round $primary-darken-2; }"
 
     def __init__(self, **kw):
-        super().__init__(wrap=True, markup=False, max_lines=500, **kw)
+        super().__init__(wrap=True, markup=False, max_lines=500, min_width=20, **kw)
         self.border_title = "events"
         self.lines_text: list[str] = []   # plain copy, for tests and the screenshot script
 

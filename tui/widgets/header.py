@@ -52,6 +52,11 @@ class SwarmHeader(Static):
         bottom.append("   ").append(self.url or "?", "dim").append(f" [{label}]", style)
         if self.note:
             bottom.append(f" {self.note}", "dim")
-        out = Text("\n", no_wrap=True, overflow="ellipsis").join([top, bottom])
-        out.no_wrap, out.overflow = True, "ellipsis"
-        return out
+        width = self.size.width - 2   # minus padding; 0 before the first layout
+        if width > 0:
+            for line in (top, bottom):
+                line.truncate(width, overflow="ellipsis")
+        return Text("\n").join([top, bottom])
+
+    def on_resize(self) -> None:
+        self.update(self._text())

@@ -17,7 +17,7 @@ from .bars import human_bytes, layer_bar, memory_bar
 
 STATE_STYLE = {"serving": "green", "loading": "yellow", "joining": "yellow", "idle": "blue",
                "gone": "red", "unreachable": "bold red"}
-FIXED = {"#": 2, "node": 16, "memory": 12, "speed": 9, "live": 9}
+FIXED = {"#": 2, "node": 16, "memory": 14, "speed": 9, "live": 9}
 PADDING = 2 * len(FIXED)   # one space each side of every column but the table's edges
 
 
@@ -81,7 +81,7 @@ class NodeTable(Static):
             down = "↓" if node.id in nxt else ("↺" if len(pipe) > 1 else " ")
             link = _two(Text(str(i + 1), "bold"), Text(down, "bold cyan"))
             start, end = span if span else (0, 0)
-            head = Text(f"[{start}, {end})", "bold").append(f" {end - start} layers", "dim")
+            head = Text(f"[{start},{end})", "bold").append(f" {end - start} layers", "dim")
             table.add_row(*self._cells(node, link, _two(head, layer_bar(start, end, t.n_layers, bar_w))))
         for node, reason in t.others():
             link = _two(Text("·", "dim"), Text(" "))

@@ -1,0 +1,171 @@
+"""swarm-tui against real nodes: what is on screen matches /v1/topology, disconnects and
+failover show, the chat pane streams the same answer as a non-streamed request, and the
+real console script runs in a real terminal (tmux)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+
+import pytest
+from model_fixtures import tiny_models  # noqa: F401  (fixture)
+from node_process import get_json, running_node
+
+from tui.app import SwarmTUI
+from tui.topology import Topology
+from tui.widgets.bars import layer_cells
+from tui.widgets.chat_pane import ChatPane
+from tui.widgets.event_log import EventLog
+
+SIZE = (100, 30)
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory, tiny_models):  # noqa: F811
+    tmp = tmp_path_factory.mktemp("tui-node")
+    with running_node(tmp, "--model", str(tiny_models["llama"]), "--name", "tui-node-a") as n:
+        yield n
+
+
+async def wait_for(pilot, cond, timeout: float = 20.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        await pilot.pause(0.1)
+    raise AssertionError(f"timed out waiting for {what or cond}:\n{pilot.app.screen_text()}")
+
+
+def post_json(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+async def test_nodes_and_layer_ranges_match_topology(node):
+    app = SwarmTUI([node.url])
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.topology is not None and app.topology.nodes, what="a topology")
+        status, raw = get_json(node.url + "/v1/topology")
+        assert status == 200
+        topo = Topology.parse(raw)
+        await pilot.pause(0.2)
+        text = app.screen_text()
+        assert topo.model_id in text and topo.swarm in text
+        if topo.plan:
+            assert topo.plan.id in text
+        assert ("can serve" in text) == topo.can_serve
+        pipe = topo.pipeline()
+        assert pipe, raw
+        lines = text.splitlines()
+        for i, (n, (start, end)) in enumerate(pipe):
+            assert n.name in text
+            # The stage's row: its number, name and range on one line, its bar on the next.
+            row = next(j for j, line in enumerate(lines) if n.name in line and f"[{start},{end})" in line)
+            bar = lines[row + 1].split("│")[-2].rstrip().split()[-1]
+            a, b = layer_cells(start, end, topo.n_layers, len(bar))
+            assert bar[a:b] == "█" * (b - a) and set(bar[:a] + bar[b:]) <= {"·"}, (bar, start, end)
+            assert n.address in lines[row + 1]
+        for n, _reason in topo.others():
+            assert n.name in text
+
+
+async def test_chat_streams_the_same_answer_as_a_plain_request(node):
+    prompt = "Tell me about swarms."
+    want = post_json(node.url + "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": 24})
+    app = SwarmTUI([node.url], temperature=0, max_tokens=24)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.topology is not None, what="a topology")
+        await pilot.press("c")
+        await pilot.press(*prompt)
+        await pilot.press("enter")
+        pane = app.query_one(ChatPane)
+        await wait_for(pilot, lambda: pane.prompt == prompt and not pane.busy, timeout=60, what="the answer")
+        assert not pane.error
+        assert pane.answer == want["choices"][0]["message"]["content"]
+        assert pane.answer.strip()
+        assert pane.path_text.startswith("via ")
+        if isinstance(want.get("swarm"), dict):   # the nodes it passed through, by name
+            for nid in want["swarm"].get("path", []):
+                assert app.topology.name_of(nid) in pane.path_text
+        await pilot.pause(0.2)
+        assert pane.answer.strip().split()[0] in app.screen_text()
+
+
+async def test_killed_node_shows_disconnected(tmp_path, tiny_models):  # noqa: F811
+    with running_node(tmp_path, "--model", str(tiny_models["llama"]), "--name", "doomed") as n:
+        app = SwarmTUI([n.url])
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: "doomed" in app.screen_text(), what="the node on screen")
+            n.stop()
+            await wait_for(pilot, lambda: "DISCONNECTED" in app.screen_text(), timeout=15, what="DISCONNECTED")
+            text = app.screen_text()
+            assert "unreachable" in text and "doomed" in text       # last snapshot kept, node marked
+            assert any(f"lost {n.url}" in line for line in app.query_one(EventLog).lines_text)
+
+
+async def test_switches_to_the_other_url_when_its_node_dies(tmp_path, tiny_models):  # noqa: F811
+    with running_node(tmp_path, "--model", str(tiny_models["llama"]), "--name", "first") as a, \
+            running_node(tmp_path, "--model", str(tiny_models["qwen2"]), "--name", "second") as b:
+        app = SwarmTUI([a.url, b.url])
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: "first" in app.screen_text(), what="the first node")
+            assert app.watcher.url == a.url
+            a.stop()
+            await wait_for(pilot, lambda: "second" in app.screen_text() and app.watcher.url == b.url,
+                           timeout=15, what="the second node")
+            log = app.query_one(EventLog).lines_text
+            assert any(f"lost {a.url}" in line for line in log), log
+            assert any(f"reconnected to {b.url}" in line for line in log), log
+            text = app.screen_text()
+            assert b.url in text and "DISCONNECTED" not in text
+
+
+def _tmux(sock: str, *args: str) -> str:
+    return subprocess.run(["tmux", "-L", sock, *args], check=True, capture_output=True, text=True).stdout
+
+
+def _alive(sock: str) -> bool:
+    return subprocess.run(["tmux", "-L", sock, "has-session", "-t", "t"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_runs_in_a_real_terminal_under_tmux(node):
+    exe = shutil.which("swarm-tui")
+    cmd = f"{exe} {node.url}" if exe else f"{sys.executable} -m tui.app {node.url}"
+    sock = f"swarm-tui-test-{uuid.uuid4().hex[:8]}"    # a private tmux server, not the user's
+    _tmux(sock, "new-session", "-d", "-s", "t", "-x", "100", "-y", "30", cmd + " --temperature 0 --max-tokens 8")
+
+    def wait_screen(cond, timeout=30.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            screen = _tmux(sock, "capture-pane", "-p", "-t", "t")
+            if cond(screen):
+                return screen
+            time.sleep(0.2)
+        raise AssertionError(f"screen never matched:\n{screen}")
+
+    try:
+        _, raw = get_json(node.url + "/v1/topology")
+        topo = Topology.parse(raw)
+        (first, (start, end)) = topo.pipeline()[0]
+        screen = wait_screen(lambda s: first.name in s and f"[{start},{end})" in s and "live" in s)
+        assert "q quit" in screen and topo.model_id in screen
+        _tmux(sock, "send-keys", "-t", "t", "c")
+        _tmux(sock, "send-keys", "-t", "t", "-l", "hello")
+        _tmux(sock, "send-keys", "-t", "t", "Enter")
+        screen = wait_screen(lambda s: "> hello" in s and "via " in s)
+        _tmux(sock, "send-keys", "-t", "t", "Escape")
+        _tmux(sock, "send-keys", "-t", "t", "q")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _alive(sock):
+            time.sleep(0.2)
+        assert not _alive(sock), "q did not quit the app"
+    finally:
+        subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True)
