@@ -51,7 +51,7 @@ def engine_decode_tps(model_dir: Path, prompt: list[int], n: int) -> float:
     pipeline = LocalPipeline([Stage(worker.run_sync(load_shard, model_dir, 0, None, mx.float32))], worker)
 
     async def run():
-        async def source():
+        async def source(_broken=None):
             return pipeline
         times = []
         job = GenerationJob("bench", prompt, SamplingParams(), n)
@@ -91,9 +91,7 @@ def main() -> None:
     prompt = load_tokenizer(model.path).encode(PROMPT)
     engine = [engine_decode_tps(model.path, prompt, args.tokens) for _ in range(args.runs)]
     with tempfile.TemporaryDirectory() as tmp:
-        node_args = ["--no-mdns"] if "--no-mdns" in _node_flags() else []
-        if args.model:
-            node_args += ["--model", args.model]
+        node_args = ["--model", args.model] if args.model else []
         with running_node(Path(tmp), *node_args) as node:
             node_decode_tps_by_tokens(node.url, 4)  # warm-up
             ours = [node_decode_tps_by_tokens(node.url, args.tokens) for _ in range(args.runs)]
@@ -109,11 +107,6 @@ def main() -> None:
     print(f"\nHTTP path cost (node vs engine in process): {100 * (1 - o / e):.1f}% of throughput")
     print("mlx_lm.generate evaluates on a separate generation stream with async_eval; on a 2-core CPU "
           "that is slower than the default stream the swarm engine uses.")
-
-
-def _node_flags() -> str:
-    import subprocess
-    return subprocess.run([sys.executable, "-m", "swarm.cli", "--help"], capture_output=True, text=True).stdout
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ import signal
 import sys
 from pathlib import Path
 
+from discovery.memory import parse_size
+
 from .models.errors import ModelError
 from .node import Node
 from .node_config import DEFAULT_API_PORT, DEFAULT_PEER_PORT, NodeConfig, default_state_dir
@@ -36,16 +38,48 @@ def build_parser() -> argparse.ArgumentParser:
                    help="weights dtype; auto = float32 on a CPU backend, as stored on Metal")
     p.add_argument("--max-tokens-default", type=int, default=512,
                    help="tokens generated when a request gives no max_tokens (default: %(default)s)")
+    p.add_argument("--swarm", default="default",
+                   help="swarm name: nodes only join peers with the same name (default: %(default)s)")
+    p.add_argument("--interface", action="append", dest="interfaces", default=None, metavar="IP_OR_NAME",
+                   help="advertise and browse with mDNS only on this interface (repeatable; default: all)")
+    p.add_argument("--peer", action="append", dest="peers", default=[], type=_host_port, metavar="HOST:PORT",
+                   help="a static peer's peer port, for networks without multicast (repeatable)")
+    p.add_argument("--no-mdns", action="store_true", help="do not use mDNS; only static peers")
+    p.add_argument("--memory-limit", type=_size, default=None, metavar="SIZE",
+                   help="memory offered to the model, e.g. 600M or 8G (default: what is available)")
+    p.add_argument("--strategy", default="balanced", choices=["balanced", "memory"],
+                   help="how layers are split: by speed within memory caps, or by memory share")
+    p.add_argument("--recovery-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="how long a request waits for a whole pipeline before it fails with 503 "
+                        "(default: %(default)s)")
+    p.add_argument("--peer-host", default="0.0.0.0", help="address the peer port listens on (default: %(default)s)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="log verbosity (default: %(default)s)")
     return p
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e))
 
 
 def config_from_args(args: argparse.Namespace) -> NodeConfig:
     return NodeConfig(model=args.model, api_host=args.api_host, api_port=args.api_port,
                       peer_port=args.peer_port, state_dir=args.state_dir, cache_dir=args.cache_dir,
                       node_id=args.node_id, name=args.name, dtype=args.dtype,
-                      default_max_tokens=args.max_tokens_default)
+                      default_max_tokens=args.max_tokens_default, swarm=args.swarm,
+                      interfaces=args.interfaces, peers=args.peers, mdns=not args.no_mdns,
+                      memory_limit=args.memory_limit, strategy=args.strategy,
+                      recovery_timeout=args.recovery_timeout, peer_host=args.peer_host)
 
 
 async def _serve(node: Node) -> None:

@@ -1,26 +1,35 @@
-"""The node daemon: one per machine. Loads its part of the model and serves chat."""
+"""The node daemon: one per machine. Finds peers, holds its share of the layers, serves chat."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 
 import mlx.core as mx
 from aiohttp import web
 from mlx_lm.utils import load_tokenizer
 
-from discovery.node_id import load_or_mint_node_id
+from discovery import Discovery, build_local_profile
+from discovery.node_id import machine_id
+from partitioner import ModelSpec
 
 from .api.app import make_app
-from .engine.shard import load_shard
-from .engine.stage import Stage
+from .coordination.coordinator import Coordinator
+from .coordination.events import EventBus
+from .coordination.pending_tokens import PendingTokens
+from .coordination.router import Router
+from .coordination.stage_host import StageHost
+from .coordination.stage_service import StageService
+from .engine.model_bytes import ModelBytes, measure_model_bytes
+from .engine.speed_probe import cached_speed, measure_speed
 from .engine.worker import MlxWorker
-from .inference.pipeline import LocalPipeline
 from .inference.service import InferenceService
 from .inference.stats import RequestStats
 from .models.resolve import LocalModel, resolve_model
 from .node_config import NodeConfig
+from .peer_stats import PeerStats
+from .topology import topology_snapshot
+from .transport.tcp import TcpTransport
 
 log = logging.getLogger(__name__)
 
@@ -36,24 +45,33 @@ def weights_dtype(choice: str, backend: str):
     return None if choice == "native" else getattr(mx, choice)
 
 
+def model_spec(b: ModelBytes, context_tokens: int) -> ModelSpec:
+    return ModelSpec(n_layers=len(b.per_layer), bytes_per_layer=max(b.per_layer), embedding_bytes=b.embedding,
+                     head_bytes=b.head, kv_bytes_per_token_per_layer=b.kv_per_token_per_layer,
+                     context_tokens=context_tokens)
+
+
 class Node:
     def __init__(self, config: NodeConfig):
         self.config = config
         self.backend = backend_name()
-        self.node_id = config.node_id or load_or_mint_node_id(config.state_dir)
-        self.name = config.name or socket.gethostname()
+        self.dtype = weights_dtype(config.dtype, self.backend)
         self.worker = MlxWorker()
-        self.stats = RequestStats()
+        self.events = EventBus()
+        self.stats = RequestStats(self.events.emit)
         self.model: LocalModel | None = None
         self.tokenizer = None
-        self.stage: Stage | None = None
         self.service: InferenceService | None = None
-        self.status_reason = "starting"
         self._runner: web.AppRunner | None = None
+        self._started: list = []  # what to stop, in reverse
 
     @property
     def model_id(self) -> str:
         return self.model.model_id if self.model else "unknown"
+
+    @property
+    def node_id(self) -> str:
+        return self.discovery.node_id
 
     def prepare_model(self) -> None:
         """Resolve and check the model before serving; raises ModelError with one clear line."""
@@ -61,38 +79,83 @@ class Node:
         self.tokenizer = load_tokenizer(self.model.path, eos_token_ids=self.model.config.get("eos_token_id"))
 
     async def start(self) -> None:
-        if self.model is None:
-            await asyncio.to_thread(self.prepare_model)
+        cfg, model = self.config, self.model
+        sizes = await self.worker.run(measure_model_bytes, model.path, self.dtype)
+        key = f"{machine_id()}:{model.fingerprint}:{self.dtype}:{self.backend}"
+        speed = await self.worker.run(cached_speed, cfg.state_dir, key,
+                                      lambda: measure_speed(model.path, model.n_layers, self.dtype))
+        profile = build_local_profile(
+            state_dir=cfg.state_dir, swarm=cfg.swarm, name=cfg.name, api_port=cfg.api_port,
+            peer_port=cfg.peer_port, backend=self.backend, speed=speed, model_id=model.model_id,
+            model_fingerprint=model.fingerprint, memory_limit=cfg.memory_limit, extra={"state": "joining"})
+        if cfg.node_id:
+            profile = profile.replace(node_id=cfg.node_id)
+
+        self.pending = PendingTokens()
+        self.transport = TcpTransport(profile.node_id, cfg.swarm, cfg.peer_host, cfg.peer_port,
+                                      profile_provider=lambda: self.discovery.profile)
+        self.router = Router(profile.node_id, self.transport, self._address_of)
+        self.host = StageHost(model.path, self.dtype, self.worker)
+        self.stage_service = StageService(self.host, self.router, self.pending, self.worker)
+        self.discovery = Discovery(profile, interfaces=cfg.interfaces, static_peers=cfg.peers, mdns=cfg.mdns,
+                                   on_event=self._on_peer_event, state_dir=cfg.state_dir)
+        self.coordinator = Coordinator(model_spec(sizes, cfg.kv_reserve_tokens), model.fingerprint,
+                                       self.discovery, self.host, self.router, self.pending, self.events,
+                                       strategy=cfg.strategy, token_timeout=cfg.token_timeout,
+                                       recovery_timeout=cfg.recovery_timeout)
+        self.peer_stats = PeerStats(self.discovery)
+        self.service = InferenceService(self.tokenizer, model.context_length, self.coordinator.pipeline,
+                                        self.stats, cfg.default_max_tokens, cfg.recovery_timeout)
+
+        await self.transport.start(self.stage_service.on_message)
+        self._started.append(self.transport.stop)
+        self.stage_service.start()
+        self._started.append(self.stage_service.stop)
         self._runner = web.AppRunner(make_app(self), access_log=None)
         await self._runner.setup()
-        await web.TCPSite(self._runner, self.config.api_host, self.config.api_port).start()
-        log.info("node %s (%s) serving the API on %s:%d", self.node_id, self.name,
-                 self.config.api_host, self.config.api_port)
-        await self._load_all_layers()
+        await web.TCPSite(self._runner, cfg.api_host, cfg.api_port).start()
+        self._started.append(self._runner.cleanup)
+        await self.discovery.start()
+        self._started.append(self.discovery.stop)
+        self.peer_stats.start()
+        self._started.append(self.peer_stats.stop)
+        log.info("node %s (%s): API on %s:%d, peers on %s:%d, %.2f ms/layer/token, swarm %r",
+                 self.node_id, profile.name, cfg.api_host, cfg.api_port, cfg.peer_host, cfg.peer_port,
+                 speed * 1e3, cfg.swarm)
+        await self.coordinator.start()
 
-    async def _load_all_layers(self) -> None:
-        self.status_reason = "loading model"
-        dtype = weights_dtype(self.config.dtype, self.backend)
-        shard = await self.worker.run(load_shard, self.model.path, 0, self.model.n_layers, dtype)
-        self.stage = Stage(shard)
-        pipeline = LocalPipeline([self.stage], self.worker)
+    def _address_of(self, node_id: str) -> tuple[str, int] | None:
+        for peer in self.discovery.view():
+            if peer.node_id == node_id:
+                return peer.endpoint
+        return None
 
-        async def get_pipeline():
-            return pipeline
+    async def _on_peer_event(self, event) -> None:
+        if event.kind == "leave":
+            await self.transport.drop(event.node_id)
+        await self.coordinator.on_peer_event(event)
 
-        self.service = InferenceService(self.tokenizer, self.model.context_length, get_pipeline,
-                                        self.stats, self.config.default_max_tokens)
-        self.status_reason = "ready"
-        log.info("ready: %s, layers [0, %d), %.1f MB of weights", self.model_id, self.model.n_layers,
-                 shard.weight_bytes() / 1e6)
+    def can_serve(self) -> tuple[bool, str]:
+        if self.service is None:
+            return False, "starting"
+        return self.coordinator.status()
 
     def health(self) -> dict:
-        return {"status": "ok" if self.service else self.status_reason, "node_id": self.node_id,
-                "name": self.name, "model": self.model_id, "backend": self.backend,
-                "cached_requests": self.stage.active_requests if self.stage else 0,
-                **self.stats.to_dict()}
+        ok, reason = self.can_serve()
+        stage = getattr(getattr(self, "host", None), "stage", None)
+        return {"status": "ok" if ok else reason, "node_id": self.node_id if self.service else None,
+                "model": self.model_id, "backend": self.backend,
+                "plan_id": self.coordinator.plan.plan_id if self.service and self.coordinator.plan else None,
+                "layers": [stage.range.start, stage.range.end] if stage else None,
+                "cached_requests": stage.active_requests if stage else 0, **self.stats.to_dict()}
+
+    def topology(self) -> dict:
+        return topology_snapshot(self)
 
     async def stop(self) -> None:
-        if self._runner:
-            await self._runner.cleanup()
+        for stop in reversed(self._started):
+            try:
+                await stop()
+            except Exception:
+                log.exception("error while stopping")
         self.worker.close()

@@ -28,3 +28,13 @@ class NodeConfig:
     name: str | None = None  # display name; None: the host name
     dtype: str = "auto"  # weights dtype: auto = float32 on CPU, as stored on Metal
     default_max_tokens: int = 512
+    # swarm membership
+    swarm: str = "default"
+    interfaces: list[str] | None = None  # None: every interface (the user default)
+    peers: list[tuple[str, int]] = field(default_factory=list)  # static peers (host, peer port)
+    mdns: bool = True
+    memory_limit: int | None = None  # bytes offered to the model; None: what is available
+    strategy: str = "balanced"
+    kv_reserve_tokens: int = 4096  # KV cache room reserved per layer when planning
+    recovery_timeout: float = 30.0  # how long a request waits for a whole pipeline
+    token_timeout: float = 120.0  # last-resort bound on one step when no failure is seen

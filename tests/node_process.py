@@ -65,8 +65,10 @@ class NodeProcess:
 def running_node(tmp_path: Path, *extra: str, env: dict | None = None):
     api_port, peer_port = free_port(), free_port()
     log = tmp_path / f"node-{api_port}.log"
+    # A lone node on loopback: no mDNS, which would multicast on the machine's real interfaces.
     argv = [sys.executable, "-m", "swarm.cli", "--api-host", "127.0.0.1", "--api-port", str(api_port),
-            "--peer-port", str(peer_port), "--state-dir", str(tmp_path / f"state-{api_port}"), *extra]
+            "--peer-host", "127.0.0.1", "--peer-port", str(peer_port), "--no-mdns",
+            "--state-dir", str(tmp_path / f"state-{api_port}"), *extra]
     with open(log, "w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     node = NodeProcess(proc, api_port, peer_port, log)

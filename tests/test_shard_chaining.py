@@ -42,7 +42,7 @@ def chained_tokens(model_dir, sizes: list[int], prompt: list[int], n: int,
         stages = [Stage(worker.run_sync(load_shard, model_dir, a, b)) for a, b in splits_to_ranges(sizes)]
         pipeline = LocalPipeline(stages, worker)
 
-        async def pipe():
+        async def pipe(_broken=None):
             return pipeline
 
         async def run():

@@ -8,6 +8,7 @@ from aiohttp import web
 
 from .completions import CompletionRoutes
 from .errors import error_middleware
+from .topology_routes import TopologyRoutes
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 
@@ -22,11 +23,9 @@ def make_app(node) -> web.Application:
             {"id": node.model_id, "object": "model", "created": started, "owned_by": "swarm"}]})
 
     async def health(_request):
-        body = node.health()
-        return web.json_response(body, status=200 if node.service is not None else 503)
+        return web.json_response(node.health(), status=200 if node.can_serve()[0] else 503)
 
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
-    for extra in getattr(node, "extra_routes", lambda: [])():
-        extra(app)
+    TopologyRoutes(node).add_to(app)
     return app

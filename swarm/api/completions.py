@@ -8,6 +8,7 @@ from contextlib import aclosing
 
 from aiohttp import web
 
+from ..inference.pipeline import NoPipeline
 from ..inference.service import Finished, InferenceService, TextDelta
 from .errors import ApiError
 from .request_parsing import CompletionParams, parse_messages, parse_params, parse_prompt, read_json_object
@@ -53,38 +54,61 @@ class CompletionRoutes:
             raise ApiError(400, str(e), param="max_tokens", code="context_length_exceeded")
         events = service.complete(prompt, params.sampling, max_tokens, params.stop)
         shape = _ChatShape(self.node.model_id) if chat else _TextShape(self.node.model_id)
-        if params.stream:
-            return await _stream(request, events, shape, params.include_usage)
-        return await _collect(events, shape)
+        async with aclosing(events):
+            # The first event decides the HTTP status: no pipeline in time is a 503,
+            # which a client can only see before the stream has started.
+            try:
+                first = await anext(events)
+            except NoPipeline as e:
+                raise ApiError(503, str(e), "service_unavailable", code="no_pipeline")
+            if params.stream:
+                return await _stream(request, first, events, shape, params.include_usage)
+            return await _collect(first, events, shape)
 
 
-async def _collect(events, shape) -> web.Response:
+async def _collect(first, events, shape) -> web.Response:
     parts, done = [], None
-    async for ev in events:
-        if isinstance(ev, TextDelta):
-            parts.append(ev.text)
-        else:
-            done = ev
+    try:
+        async for ev in _chain(first, events):
+            if isinstance(ev, TextDelta):
+                parts.append(ev.text)
+            else:
+                done = ev
+    except NoPipeline as e:
+        raise ApiError(503, str(e), "service_unavailable", code="no_pipeline")
     return web.json_response(shape.whole("".join(parts), done))
 
 
-async def _stream(request, events, shape, include_usage: bool) -> web.StreamResponse:
+async def _stream(request, first, events, shape, include_usage: bool) -> web.StreamResponse:
     resp = await open_event_stream(request)
     # A client that goes away makes a write raise; leaving the loop closes the event
-    # generator, whose cleanup frees the request's KV caches on every stage.
-    async with aclosing(events):
-        if first := shape.opening():
-            await send_event(resp, first)
-        async for ev in events:
+    # generator (aclosing above), whose cleanup frees the request's KV caches on every stage.
+    if opening := shape.opening():
+        await send_event(resp, opening)
+    try:
+        async for ev in _chain(first, events):
             if isinstance(ev, TextDelta):
                 await send_event(resp, shape.delta(ev.text))
             else:
-                await send_event(resp, shape.delta("", ev.reason))
+                await send_event(resp, shape.final(ev))
                 if include_usage:
                     await send_event(resp, shape.usage_chunk(ev))
+    except NoPipeline as e:  # the swarm lost capacity mid-stream and did not get it back in time
+        await send_event(resp, {"error": {"message": str(e), "type": "service_unavailable",
+                                          "param": None, "code": "no_pipeline"}})
     await send_event(resp, "[DONE]")
     await resp.write_eof()
     return resp
+
+
+async def _chain(first, rest):
+    yield first
+    async for ev in rest:
+        yield ev
+
+
+def _route(done: Finished) -> dict:
+    return {"swarm": done.route} if done.route else {}
 
 
 def _usage(done: Finished) -> dict:
@@ -106,6 +130,9 @@ class _ChatShape:
     def delta(self, text: str, finish: str | None = None) -> dict:
         return self._chunk([{"index": 0, "delta": {"content": text} if text else {}, "finish_reason": finish}])
 
+    def final(self, done: Finished) -> dict:
+        return {**self.delta("", done.reason), **_route(done)}
+
     def usage_chunk(self, done: Finished) -> dict:
         return {**self._chunk([]), "usage": _usage(done)}
 
@@ -113,7 +140,7 @@ class _ChatShape:
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                              "finish_reason": done.reason, "logprobs": None}],
-                "usage": _usage(done)}
+                "usage": _usage(done), **_route(done)}
 
 
 class _TextShape:
@@ -130,9 +157,12 @@ class _TextShape:
     def delta(self, text: str, finish: str | None = None) -> dict:
         return self._chunk([{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}])
 
+    def final(self, done: Finished) -> dict:
+        return {**self.delta("", done.reason), **_route(done)}
+
     def usage_chunk(self, done: Finished) -> dict:
         return {**self._chunk([]), "usage": _usage(done)}
 
     def whole(self, text: str, done: Finished) -> dict:
         return {**self._chunk([{"index": 0, "text": text, "finish_reason": done.reason, "logprobs": None}]),
-                "usage": _usage(done)}
+                "usage": _usage(done), **_route(done)}

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable
 
 from ..engine.sampling import SamplingParams
-from .pipeline import Pipeline, PipelineBroken
+from .pipeline import NoPipeline, Pipeline, PipelineBroken
 
 log = logging.getLogger(__name__)
 
@@ -32,30 +33,36 @@ class GenerationJob:
     eos_ids: frozenset[int] = frozenset()
     generated: list[int] = field(default_factory=list)
     cached: int = 0  # positions the current pipeline's KV caches hold
+    route: dict | None = None  # the plan and nodes that produced the last token
 
 
-# Returns the pipeline to use now; raises when none can be had in time.
-PipelineSource = Callable[[], Awaitable[Pipeline]]
+# Returns the pipeline to use now (given the one that just broke, if any);
+# raises NoPipeline when none can be had in time.
+PipelineSource = Callable[[Pipeline | None], Awaitable[Pipeline]]
 
 
 async def generate_tokens(job: GenerationJob, get_pipeline: PipelineSource,
-                          max_replays: int = 20) -> AsyncIterator[int]:
-    replays = 0
-    pipeline = await get_pipeline()
+                          recovery_timeout: float = 30.0) -> AsyncIterator[int]:
+    pipeline = await get_pipeline(None)
+    broken_since: float | None = None
     try:
         while len(job.generated) < job.max_tokens:
             try:
                 token = await _next_token(job, pipeline)
             except PipelineBroken as e:
-                replays += 1
-                if replays > max_replays:
-                    raise
+                now = time.monotonic()
+                broken_since = broken_since or now
+                if now - broken_since > recovery_timeout:
+                    raise NoPipeline(f"the pipeline stayed broken for {recovery_timeout:.0f}s: {e}") from None
                 log.warning("request %s: pipeline broke (%s); replaying %d tokens",
                             job.request_id, e, len(job.prompt) + len(job.generated))
                 await _release_quietly(pipeline, job.request_id)
-                pipeline = await get_pipeline()
+                pipeline = await get_pipeline(pipeline)
                 job.cached = 0
                 continue
+            broken_since = None
+            if plan := getattr(pipeline, "plan", None):
+                job.route = {"plan_id": plan.plan_id, "path": [s.node_id for s in plan.stages]}
             job.generated.append(token)
             yield token
             if token in job.eos_ids:

@@ -23,16 +23,18 @@ class Finished:
     reason: str  # "stop" or "length"
     prompt_tokens: int
     completion_tokens: int
+    route: dict | None = None  # which plan and nodes the request went through
 
 
 class InferenceService:
     def __init__(self, tokenizer, context_length: int, get_pipeline: PipelineSource,
-                 stats: RequestStats, default_max_tokens: int = 512):
+                 stats: RequestStats, default_max_tokens: int = 512, recovery_timeout: float = 30.0):
         self.tokenizer = tokenizer
         self.context_length = context_length
         self.get_pipeline = get_pipeline
         self.stats = stats
         self.default_max_tokens = default_max_tokens
+        self.recovery_timeout = recovery_timeout
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
@@ -56,7 +58,7 @@ class InferenceService:
         out = TextOutput(self.tokenizer, stop)
         reason = "length"
         with self.stats.track(job.request_id):
-            async with aclosing(generate_tokens(job, self.get_pipeline)) as tokens:
+            async with aclosing(generate_tokens(job, self.get_pipeline, self.recovery_timeout)) as tokens:
                 async for token in tokens:
                     self.stats.token()
                     eos = token in self.eos_ids
@@ -67,4 +69,4 @@ class InferenceService:
                         break
             if tail := out.finish():
                 yield TextDelta(tail)
-            yield Finished(reason, len(prompt), len(job.generated))
+            yield Finished(reason, len(prompt), len(job.generated), job.route)

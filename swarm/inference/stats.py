@@ -5,12 +5,14 @@ from __future__ import annotations
 import time
 from collections import deque
 from contextlib import contextmanager
+from typing import Callable
 
 WINDOW_S = 10.0
 
 
 class RequestStats:
-    def __init__(self) -> None:
+    def __init__(self, emit: Callable[[str, dict], None] | None = None) -> None:
+        self.emit = emit or (lambda kind, data: None)
         self.active: set[str] = set()
         self.total_requests = 0
         self.total_tokens = 0
@@ -20,10 +22,13 @@ class RequestStats:
     def track(self, request_id: str):
         self.active.add(request_id)
         self.total_requests += 1
+        self.emit("request_started", {"request_id": request_id})
+        counted = self.total_tokens
         try:
             yield
         finally:
             self.active.discard(request_id)
+            self.emit("request_finished", {"request_id": request_id, "tokens": self.total_tokens - counted})
 
     def token(self) -> None:
         self.total_tokens += 1

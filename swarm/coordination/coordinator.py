@@ -1,0 +1,139 @@
+"""Turns the discovery view into a plan, loads our part of it, and hands out pipelines.
+
+No master and no election: every node runs the same deterministic partitioner on
+the same view. Each node announces the plan id it serves (in its profile) once its
+layers are loaded; an entry node uses a plan only when every stage announces it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from discovery import Discovery
+from discovery.view import PeerEvent
+from partitioner import InsufficientMemoryError, ModelSpec, NodeCapacity, Plan, make_plan
+
+from ..inference.pipeline import NoPipeline
+from .events import EventBus
+from .pending_tokens import PendingTokens
+from .router import Router
+from .stage_host import StageHost
+from .swarm_pipeline import SwarmPipeline
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.025
+# After a pipeline broke, prefer waiting this long for a new plan (the liveness check
+# declares a dead peer gone within 3 s) over replaying into the same broken plan.
+NEW_PLAN_GRACE_S = 3.5
+
+
+class Coordinator:
+    def __init__(self, spec: ModelSpec, fingerprint: str, discovery: Discovery, host: StageHost,
+                 router: Router, pending: PendingTokens, events: EventBus, *, strategy: str = "balanced",
+                 token_timeout: float = 120.0, recovery_timeout: float = 30.0):
+        self.spec, self.fingerprint, self.discovery = spec, fingerprint, discovery
+        self.host, self.router, self.pending, self.events = host, router, pending, events
+        self.strategy, self.token_timeout, self.recovery_timeout = strategy, token_timeout, recovery_timeout
+        self.plan: Plan | None = None
+        self.plan_error: str | None = None
+        self._apply_task: asyncio.Task | None = None
+
+    @property
+    def node_id(self) -> str:
+        return self.router.node_id
+
+    async def start(self) -> None:
+        await self.replan()
+
+    async def on_peer_event(self, event: PeerEvent) -> None:
+        if event.kind in ("join", "leave"):
+            self.events.emit(event.kind, {"node_id": event.node_id, "name": event.profile.name})
+        if event.kind == "leave" and self.plan and event.node_id in {s.node_id for s in self.plan.stages}:
+            self.pending.break_all(f"node {event.node_id} left")
+        await self.replan()
+
+    def members(self) -> list[NodeCapacity]:
+        return [NodeCapacity(p.node_id, p.profile.memory_available, p.profile.speed)
+                for p in self.discovery.view(include_self=True)
+                if p.profile.model_fingerprint == self.fingerprint and p.profile.speed > 0]
+
+    async def replan(self) -> None:
+        try:
+            plan, error = make_plan(self.spec, self.members(), self.strategy), None
+        except InsufficientMemoryError as e:
+            plan, error = None, f"the swarm cannot hold the model: {e}"
+        self.plan_error = error
+        if _id(plan) == _id(self.plan):
+            return
+        log.info("plan %s -> %s: %s", _id(self.plan), _id(plan),
+                 [(s.node_id, s.start, s.end) for s in plan.stages] if plan else error)
+        self.plan = plan
+        self.pending.break_all("the plan changed", keep_plan=_id(plan))
+        self.events.emit("plan", {"plan": plan.to_dict() if plan else None, "error": error})
+        if self._apply_task is None or self._apply_task.done():
+            self._apply_task = asyncio.create_task(self._apply(), name="apply-plan")
+
+    def own_layers(self, plan: Plan | None) -> tuple[int, int] | None:
+        for s in plan.stages if plan else ():
+            if s.node_id == self.node_id:
+                return s.start, s.end
+        return None
+
+    async def _apply(self) -> None:
+        """Load our layers for the newest plan; loop if the plan moved on while loading."""
+        while True:
+            plan = self.plan
+            if plan is None:  # keep what we hold: capacity may come back
+                self.host.plan = None
+                await self.discovery.update_profile(plan="", state="waiting")
+                return
+            layers = self.own_layers(plan)
+            await self.discovery.update_profile(plan="", state="loading" if layers else "idle")
+            try:
+                await self.host.assign(plan, layers)
+            except Exception:
+                log.exception("could not load layers %s", layers)
+                await self.discovery.update_profile(state="failed")
+                return
+            if plan is self.plan:
+                await self.discovery.update_profile(
+                    plan=plan.plan_id, state="serving" if layers else "idle",
+                    layers=f"{layers[0]}-{layers[1]}" if layers else "", mem_used=str(self.host.weight_bytes))
+                self.events.emit("plan_loaded", {"node_id": self.node_id, "plan_id": plan.plan_id})
+                return
+
+    def agreed(self, plan: Plan) -> list[str]:
+        """Stage nodes that do not serve `plan` yet (empty when the pipeline is whole)."""
+        serving = {p.node_id: p.profile.extra.get("plan") for p in self.discovery.view(include_self=True)}
+        serving[self.node_id] = self.host.plan_id
+        return [s.node_id for s in plan.stages if serving.get(s.node_id) != plan.plan_id]
+
+    def status(self) -> tuple[bool, str]:
+        """(can serve now, why not)."""
+        if self.plan is None:
+            return False, self.plan_error or "no plan yet"
+        waiting = self.agreed(self.plan)
+        if waiting:
+            return False, f"waiting for {', '.join(waiting)} to load plan {self.plan.plan_id}"
+        return True, "ok"
+
+    async def pipeline(self, broken: SwarmPipeline | None = None) -> SwarmPipeline:
+        """A pipeline every stage agrees on; waits up to recovery_timeout, then NoPipeline."""
+        start = time.monotonic()
+        while True:
+            plan = self.plan
+            waited = time.monotonic() - start
+            if plan is not None and not self.agreed(plan):
+                same = broken is not None and broken.plan.plan_id == plan.plan_id
+                if not same or waited > NEW_PLAN_GRACE_S:
+                    return SwarmPipeline(plan, self.router, self.pending, self.token_timeout)
+            if waited > self.recovery_timeout:
+                raise NoPipeline(f"no whole pipeline after {self.recovery_timeout:.0f}s: {self.status()[1]}")
+            await asyncio.sleep(POLL_S)
+
+
+def _id(plan: Plan | None) -> str | None:
+    return plan.plan_id if plan else None

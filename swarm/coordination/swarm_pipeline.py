@@ -1,0 +1,60 @@
+"""The entry node's view of one agreed plan as a Pipeline (see inference/pipeline.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import numpy as np
+
+from partitioner import Plan
+
+from ..engine.sampling import SamplingParams
+from ..inference.pipeline import PipelineBroken
+from ..transport.errors import PeerUnreachable
+from . import messages as msg
+from .pending_tokens import PendingTokens
+from .router import Router
+
+log = logging.getLogger(__name__)
+
+
+class SwarmPipeline:
+    def __init__(self, plan: Plan, router: Router, pending: PendingTokens, token_timeout: float):
+        self.plan, self.router, self.pending, self.token_timeout = plan, router, pending, token_timeout
+        self._background: set[asyncio.Task] = set()
+
+    @property
+    def path(self) -> list[str]:
+        return [s.node_id for s in self.plan.stages]
+
+    async def forward(self, request_id: str, tokens: list[int], start_pos: int,
+                      sampling: SamplingParams | None) -> int | None:
+        first = self.plan.stages[0]
+        ids = np.asarray([tokens], dtype=np.int32)
+        header = {**msg.forward(request_id, self.plan.plan_id, start_pos, first.start, self.router.node_id,
+                                sampling.to_dict() if sampling else None),
+                  "dtype": "int32", "shape": list(ids.shape)}
+        fut = self.pending.expect(request_id, self.plan.plan_id) if sampling else None
+        try:
+            await self.router.send(first.node_id, header, ids.tobytes())
+        except PeerUnreachable as e:
+            if fut is not None:
+                fut.cancel()
+            raise PipelineBroken(str(e)) from None
+        if fut is None:
+            return None  # prefill: nothing comes back; errors arrive with the next sampled step
+        return await self.pending.wait(request_id, fut, self.token_timeout)
+
+    async def release(self, request_id: str) -> None:
+        # In the background: a dead stage must not delay the request that is recovering.
+        task = asyncio.create_task(self._release(request_id))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _release(self, request_id: str) -> None:
+        for stage in self.plan.stages:
+            try:
+                await self.router.send(stage.node_id, msg.release(request_id))
+            except PeerUnreachable:
+                pass

@@ -1,0 +1,54 @@
+"""Live request stats of the other nodes, polled from their /health for the topology view."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import aiohttp
+
+log = logging.getLogger(__name__)
+
+STAT_KEYS = ("active_requests", "tokens_per_second", "total_requests", "total_tokens")
+
+
+class PeerStats:
+    def __init__(self, discovery, interval: float = 1.0):
+        self.discovery, self.interval = discovery, interval
+        self._stats: dict[str, dict] = {}
+        self._task: asyncio.Task | None = None
+
+    def get(self, node_id: str) -> dict | None:
+        return self._stats.get(node_id)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="peer-stats")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _loop(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=self.interval)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while True:
+                peers = self.discovery.view()
+                results = await asyncio.gather(*(self._poll(session, p) for p in peers))
+                self._stats = {p.node_id: r for p, r in zip(peers, results) if r is not None}
+                await asyncio.sleep(self.interval)
+
+    async def _poll(self, session: aiohttp.ClientSession, peer) -> dict | None:
+        url = f"http://{_host(peer.addresses[0])}:{peer.profile.api_port}/health"
+        try:
+            async with session.get(url) as r:
+                body = await r.json()
+            return {k: body[k] for k in STAT_KEYS if k in body}
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, IndexError):
+            return None
+
+
+def _host(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
