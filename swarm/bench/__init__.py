@@ -1,0 +1,1 @@
+"""swarm-bench: the swarm on N local nodes vs mlx-lm on the same model, in one table."""

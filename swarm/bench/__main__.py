@@ -1,0 +1,76 @@
+"""swarm-bench: start 1..N local nodes on loopback, run fixed greedy prompts, print one table.
+
+    swarm-bench [--model DIR|GGUF] [--nodes 1,2,3] [--tokens 64] [--concurrency 1,2,4]
+                [--skip-mlx-ring] [--quick] [--json [PATH]]
+
+Setups on the same model in the same run: mlx-lm alone in this process, the swarm
+with each node count (entry = stage 0, even split), and mlx-lm's ring pipeline
+(benchmarks/mlx_ring_pipeline.py) for each node count > 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="swarm-bench", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--model", default=None, help="mlx-lm model dir or .gguf (default: the built-in SmolLM2-135M)")
+    p.add_argument("--nodes", type=_ints, default=[1, 2, 3], help="swarm sizes to run (default: 1,2,3)")
+    p.add_argument("--tokens", type=int, default=None, help="max_tokens per request (default: 64; --quick: 8)")
+    p.add_argument("--concurrency", type=_ints, default=[1, 2, 4], help="simultaneous streams (default: 1,2,4)")
+    p.add_argument("--runs", type=int, default=None, help="single-stream repeats, median (default: 3; --quick: 1)")
+    p.add_argument("--skip-mlx-ring", action="store_true", help="do not run mlx-lm's ring pipeline")
+    p.add_argument("--quick", action="store_true", help="few tokens and one run (for tests)")
+    p.add_argument("--memory-limit", default="2G", help="memory each node offers; equal limits give an even split")
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
+                   help="also dump raw numbers as JSON (to PATH, or stdout after the table)")
+    p.add_argument("--blas", choices=["auto", "off"], default="auto",
+                   help="auto: preload the optimized BLAS for this process and every node (same for all setups)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    if args.blas == "off":
+        os.environ["SWARM_BLAS"] = "off"
+    else:
+        # Before mlx loads: this process (mlx-lm alone) and the nodes it starts (which
+        # inherit LD_PRELOAD) then all use the same BLAS, so ratios compare like with like.
+        from swarm.engine.blas import maybe_reexec_with_blas
+        maybe_reexec_with_blas(argv, module="swarm.bench")
+    from .run import run_all
+    tokens = args.tokens or (8 if args.quick else 64)
+    runs = args.runs or (1 if args.quick else 3)
+    with tempfile.TemporaryDirectory(prefix="swarm-bench-") as tmp:
+        report = run_all(args.model, args.nodes, tokens, args.concurrency, runs, not args.skip_mlx_ring,
+                         args.memory_limit, Path(tmp))
+    print(report.text, flush=True)
+    if args.json:
+        dump = json.dumps(report.data, indent=2, default=str)
+        if args.json == "-":
+            print(dump)
+        else:
+            Path(args.json).write_text(dump + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

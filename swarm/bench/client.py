@@ -1,0 +1,70 @@
+"""Timed streaming requests to a node's /v1/completions (SSE), one or several at once."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+
+@dataclass
+class StreamRun:
+    """One streamed completion, timed on the client."""
+    text: str
+    tokens: int  # completion tokens, from the usage chunk
+    ttft_s: float  # request sent -> first token's chunk
+    decode_s: float  # first token's chunk -> last chunk
+    wall_s: float  # request sent -> stream closed
+
+    @property
+    def decode_tps(self) -> float | None:
+        return (self.tokens - 1) / self.decode_s if self.tokens > 1 and self.decode_s > 0 else None
+
+
+def stream_completion(url: str, prompt: str, max_tokens: int, timeout: float = 600.0) -> StreamRun:
+    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                       "stream_options": {"include_usage": True}})
+    u = urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    parts: list[str] = []
+    tokens, t_first, t_last = 0, None, None
+    try:
+        t0 = time.perf_counter()
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise RuntimeError(f"{url}: HTTP {resp.status}: {resp.read()[:500]!r}")
+        for raw in resp:
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            event = json.loads(data)
+            if "error" in event:
+                raise RuntimeError(f"{url}: {event['error']}")
+            if event.get("usage"):
+                tokens = event["usage"]["completion_tokens"]
+            for choice in event.get("choices", []):
+                if choice.get("text"):
+                    parts.append(choice["text"])
+                    t_last = time.perf_counter()
+                    t_first = t_first or t_last
+        t_end = time.perf_counter()
+    finally:
+        conn.close()
+    if t_first is None:
+        raise RuntimeError(f"{url}: the stream carried no text")
+    return StreamRun("".join(parts), tokens, t_first - t0, t_last - t_first, t_end - t0)
+
+
+def concurrent_completions(url: str, prompt: str, max_tokens: int, n: int) -> tuple[float, list[StreamRun]]:
+    """n streams started together; (wall seconds from the first start to the last end, runs)."""
+    with ThreadPoolExecutor(n) as pool:
+        t0 = time.perf_counter()
+        runs = list(pool.map(lambda _: stream_completion(url, prompt, max_tokens), range(n)))
+        return time.perf_counter() - t0, runs

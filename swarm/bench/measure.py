@@ -1,0 +1,110 @@
+"""Timed runs of one setup: mlx-lm alone in this process, or a local swarm over HTTP.
+
+Same rules everywhere: greedy, the same prompt ids, a fixed max_tokens, a short
+warm-up first, single-stream numbers are the median of `runs`. Aggregate tokens/s
+counts every generated token over the wall time of all streams, prefill included.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+
+import mlx.core as mx
+
+from .client import StreamRun, concurrent_completions, stream_completion
+from .cluster import LocalCluster
+from .results import SetupResult
+
+WARMUP_TOKENS = 4
+
+
+def _median(xs: list[float | None]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def _same(texts: list[str], reference: str) -> str:
+    bad = sum(t != reference for t in texts)
+    return "yes" if not bad else f"no ({bad}/{len(texts)} differ)"
+
+
+class MlxLmAlone:
+    """mlx-lm on the full model in this process: stream_generate for one stream, batch_generate for more."""
+
+    def __init__(self, model_path, cast_float32: bool):
+        from mlx_lm.utils import load
+        self.model, self.tokenizer = load(str(model_path))
+        if cast_float32:  # what a swarm node does on a CPU backend (dtype auto)
+            self.model.apply(lambda x: x.astype(mx.float32) if mx.issubdtype(x.dtype, mx.floating) else x)
+            mx.eval(self.model.parameters())
+
+    def close(self) -> None:
+        del self.model
+        gc.collect()
+
+    def generate(self, prompt: list[int], max_tokens: int) -> tuple[list[int], float, float, float]:
+        """(token ids, ttft s, first->last token s, wall s)."""
+        from mlx_lm.generate import stream_generate
+        ids, times = [], []
+        t0 = time.perf_counter()
+        for r in stream_generate(self.model, self.tokenizer, prompt, max_tokens=max_tokens):
+            ids.append(r.token)
+            times.append(time.perf_counter())
+        # stream_generate yields the EOS token too; the swarm does not count it as text
+        return ids, times[0] - t0, times[-1] - times[0], time.perf_counter() - t0
+
+    def batch(self, prompt: list[int], max_tokens: int, n: int) -> tuple[int, float]:
+        from mlx_lm.generate import batch_generate
+        t0 = time.perf_counter()
+        out = batch_generate(self.model, self.tokenizer, [prompt] * n, max_tokens=max_tokens,
+                             return_token_ids=True)
+        return sum(len(t) for t in out.token_ids), time.perf_counter() - t0
+
+    def measure(self, prompt: list[int], max_tokens: int, concurrency: list[int],
+                runs: int) -> tuple[SetupResult, list[int]]:
+        self.generate(prompt, WARMUP_TOKENS)
+        singles = [self.generate(prompt, max_tokens) for _ in range(runs)]
+        ids = singles[0][0]
+        r = SetupResult("mlx-lm alone (stream_generate)", "mlx-lm", 1, "0-all (in process)", len(prompt),
+                        same_tokens="ref")
+        r.ttft_s = _median([s[1] for s in singles])
+        r.decode_tps = _median([(len(s[0]) - 1) / s[2] if len(s[0]) > 1 else None for s in singles])
+        r.raw["single_runs"] = [{"tokens": len(s[0]), "ttft_s": s[1], "decode_s": s[2], "wall_s": s[3]}
+                                for s in singles]
+        for c in concurrency:
+            if c == 1:
+                r.aggregate_tps[c] = _median([len(s[0]) / s[3] for s in singles])
+            else:
+                n, wall = self.batch(prompt, max_tokens, c)
+                r.aggregate_tps[c] = n / wall
+                r.raw[f"batch_{c}"] = {"tokens": n, "wall_s": wall}
+        if any(c > 1 for c in concurrency):
+            r.note = "concurrency > 1: batch_generate"
+        return r, ids
+
+
+def measure_swarm(cluster: LocalCluster, prompt_text: str, prompt_tokens: int, max_tokens: int,
+                  concurrency: list[int], runs: int, reference: str) -> SetupResult:
+    url = cluster.entry.url
+    stream_completion(url, prompt_text, WARMUP_TOKENS)
+    singles: list[StreamRun] = [stream_completion(url, prompt_text, max_tokens) for _ in range(runs)]
+    split = " | ".join(f"{s['start']}-{s['end']}" for s in cluster.stages)
+    r = SetupResult(f"swarm, {cluster.n} node{'s' if cluster.n > 1 else ''}", "swarm", len(cluster.stages),
+                    split, prompt_tokens)
+    r.ttft_s = _median([s.ttft_s for s in singles])
+    r.decode_tps = _median([s.decode_tps for s in singles])
+    r.raw["single_runs"] = [vars(s) | {"text": None} for s in singles]
+    r.raw["stages"] = cluster.stages
+    texts = [s.text for s in singles]
+    for c in concurrency:
+        if c == 1:
+            r.aggregate_tps[c] = _median([s.tokens / s.wall_s for s in singles])
+            continue
+        wall, runs_c = concurrent_completions(url, prompt_text, max_tokens, c)
+        r.aggregate_tps[c] = sum(s.tokens for s in runs_c) / wall
+        r.raw[f"concurrent_{c}"] = {"tokens": [s.tokens for s in runs_c], "wall_s": wall}
+        texts += [s.text for s in runs_c]
+    r.same_tokens = _same(texts, reference)
+    return r

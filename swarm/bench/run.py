@@ -1,0 +1,107 @@
+"""One benchmark run: every setup in turn on the same model, then the derived numbers and the table."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+
+from . import ring
+from .cluster import LocalCluster
+from .measure import MlxLmAlone, measure_swarm
+from .prompts import PROMPT
+from .results import SetupResult, derive, hops_per_token
+from .table import markdown_table
+
+RING_HEAD = 16  # the ring script reports its first 16 tokens
+
+
+@dataclass
+class Report:
+    text: str
+    data: dict
+
+
+def progress(msg: str) -> None:
+    print(f"[swarm-bench] {msg}", file=sys.stderr, flush=True)
+
+
+def reference_text(tokenizer, ids: list[int]) -> str:
+    """What the swarm streams for these ids: detokenized, the EOS token's own text left out."""
+    detok, eos = tokenizer.detokenizer, set(tokenizer.eos_token_ids)
+    detok.reset()
+    for t in ids:
+        if t not in eos:
+            detok.add_token(t)
+    detok.finalize()
+    return detok.text
+
+
+def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrency: list[int], runs: int,
+            with_ring: bool, memory_limit: str, workdir: Path) -> Report:
+    from mlx_lm.utils import load_tokenizer
+
+    from swarm.engine.blas import blas_in_use
+    from swarm.models.resolve import resolve_model
+    from swarm.node import backend_name
+
+    backend = backend_name()
+    model = resolve_model(model_arg, backend=backend)
+    tokenizer = load_tokenizer(model.path, eos_token_ids=model.config.get("eos_token_id"))
+    prompt = list(tokenizer.encode(PROMPT))  # what a node's /v1/completions does with the text
+    hidden = int(model.config["hidden_size"])
+    act_bytes = 4 if backend == "cpu" else 2  # activations are float32 on CPU (dtype auto), 16-bit on Metal
+
+    progress(f"mlx-lm alone on {model.model_id} ({model.n_layers} layers), prompt {len(prompt)} tokens")
+    alone = MlxLmAlone(model.path, cast_float32=backend == "cpu")
+    ref, ref_ids = alone.measure(prompt, max_tokens, concurrency, runs)
+    ring_ref = None
+    ring_sizes = [k for k in nodes if k > 1] if with_ring else []
+    if ring_sizes and ring.available():
+        ring_ref = alone.generate(ring.ring_prompt(tokenizer, len(prompt)), RING_HEAD)[0]
+    alone.close()
+    reference = reference_text(tokenizer, ref_ids)
+    results: list[SetupResult] = [ref]
+
+    for n in nodes:
+        progress(f"swarm with {n} node(s): starting")
+        with LocalCluster(n, workdir, str(model.path), memory_limit) as cluster:
+            progress(f"swarm with {n} node(s): plan {cluster.topology['plan']['plan_id']} stages "
+                     + ", ".join(f"{s['node_id']}[{s['start']},{s['end']})" for s in cluster.stages))
+            results.append(measure_swarm(cluster, PROMPT, len(prompt), max_tokens, concurrency, runs, reference))
+
+    if not with_ring:
+        pass
+    elif not ring.available():
+        results += [ring.not_measured(k, f"{ring.SCRIPT.name} not in this checkout") for k in ring_sizes]
+    else:
+        for k in ring_sizes:
+            progress(f"mlx-lm ring pipeline with {k} ranks")
+            results.append(ring.measure_ring(model.path, k, max_tokens, len(prompt), ring_ref))
+
+    derive(results, hidden, act_bytes)
+    header = (f"swarm-bench {datetime.datetime.now().isoformat(timespec='seconds')} on "
+              f"{os.cpu_count()}-core {platform.machine()} {platform.system()}, mlx {mx.__version__} "
+              f"{backend}, BLAS: {blas_in_use()}\n"
+              f"model: {model.model_id} ({model.n_layers} layers, hidden {hidden}), prompt {len(prompt)} tokens, "
+              f"max_tokens {max_tokens}, greedy, single-stream numbers are the median of {runs} run(s)\n")
+    notes = (
+        "\nRatios in parentheses are to mlx-lm alone (TTFT: time ratio, lower is better).\n"
+        "Decode tok/s: one stream, first token to last. Aggregate tok/s: all tokens of c simultaneous "
+        "streams / wall time, prefill included.\n"
+        f"Per-hop decode ms: (s/token with K stages - s/token with 1 stage) / hops, hops = K "
+        f"(K-1 activations + 1 token back; entry = stage 0); swarm vs the 1-node swarm, ring vs mlx-lm alone.\n"
+        f"Prefill act. MB/s: computed, prompt_tokens x hidden x {act_bytes} B x (stages-1) / TTFT "
+        "(not read from the transport).\n"
+        "Same tokens: the streamed text of every swarm request equals mlx-lm alone's greedy tokens, "
+        "detokenized; the ring compares token ids of its own prompt.\n")
+    text = header + "\n" + markdown_table(results, concurrency) + "\n" + notes
+    data = {"header": header.strip(), "prompt_tokens": len(prompt), "max_tokens": max_tokens, "runs": runs,
+            "hidden": hidden, "act_bytes": act_bytes, "hops": {r.stages: hops_per_token(r.stages) for r in results},
+            "results": [r.to_dict() for r in results]}
+    return Report(text, data)
