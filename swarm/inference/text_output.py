@@ -7,9 +7,12 @@ not to be one, so a client never sees part of a stop string.
 from __future__ import annotations
 
 
+from .detokenizer import IncrementalDecoder
+
+
 class TextOutput:
     def __init__(self, tokenizer, stop: list[str] | None = None):
-        self._detok = tokenizer.detokenizer
+        self._detok = IncrementalDecoder(tokenizer)
         self._stop = [s for s in (stop or []) if s]
         self._pending = ""  # decoded but not yet emitted
         self.text = ""  # everything emitted so far
@@ -20,15 +23,13 @@ class TextOutput:
         if self.stopped:
             return ""
         if not eos:  # the eos token's own text (e.g. "<|im_end|>") is never shown
-            self._detok.add_token(token)
-            self._pending += self._detok.last_segment
+            self._pending += self._detok.add(token)
         return self._release(final=False)
 
     def finish(self) -> str:
         """No more tokens will come: flush what the detokenizer and stop check held."""
         if not self.stopped:
-            self._detok.finalize()
-            self._pending += self._detok.last_segment
+            self._pending += self._detok.finalize()
         return self._release(final=True)
 
     def _release(self, final: bool) -> str:

@@ -1,0 +1,90 @@
+"""A real swarm for tests: one `swarm-node` process per network-namespace host.
+
+    cluster = SwarmCluster(tmp_path, 3, ["--model", str(model_dir)])
+    cluster.wait_serving(stages=3)
+    status, reply = cluster.nodes[0].post("/v1/chat/completions", {...})
+    cluster.close()
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from netns import Host, Network, Proc
+from netns_client import http_json, in_netns, sse_events
+
+API_PORT = 8800
+PEER_PORT = 8801
+
+
+class SwarmNode:
+    def __init__(self, cluster: "SwarmCluster", host: Host, index: int, extra: list[str]):
+        self.cluster, self.host, self.index, self.extra = cluster, host, index, extra
+        self.url = f"http://{host.ip}:{API_PORT}"
+        self.proc: Proc | None = None
+
+    def start(self) -> None:
+        argv = [sys.executable, "-m", "swarm.cli", "--interface", self.host.ip, "--name", f"node{self.index}",
+                "--state-dir", str(self.cluster.root / f"state{self.index}"), "--api-port", str(API_PORT),
+                "--peer-port", str(PEER_PORT), *self.cluster.common, *self.extra]
+        self.proc = self.host.spawn(argv, label=f"node{self.index}-{time.monotonic_ns()}")
+
+    def get(self, path: str, timeout: float = 30) -> tuple[int, dict]:
+        return in_netns(self.host.ns, http_json, self.url + path, None, timeout)
+
+    def post(self, path: str, body: dict, timeout: float = 300) -> tuple[int, dict]:
+        return in_netns(self.host.ns, http_json, self.url + path, body, timeout)
+
+    def stream(self, path: str, body: dict, timeout: float = 300) -> list[dict]:
+        return in_netns(self.host.ns, sse_events, self.url + path, {**body, "stream": True}, timeout)
+
+    def topology(self) -> dict | None:
+        try:
+            status, body = self.get("/v1/topology", timeout=5)
+        except OSError:
+            return None
+        return body if status == 200 else None
+
+    @property
+    def node_id(self) -> str:
+        return self.topology()["node_id"]
+
+
+class SwarmCluster:
+    def __init__(self, root: Path, n: int, common: list[str], per_node: list[list[str]] | None = None):
+        self.root = Path(root)
+        self.common = common
+        self.network = Network(self.root / "net")
+        try:
+            hosts = self.network.add_hosts(n)
+            self.nodes = [SwarmNode(self, h, i, (per_node or [[]] * n)[i]) for i, h in enumerate(hosts)]
+            for node in self.nodes:
+                node.start()
+        except BaseException:
+            self.network.close()
+            raise
+
+    def wait_serving(self, stages: int | None = None, nodes: list[SwarmNode] | None = None,
+                     timeout: float = 180) -> dict:
+        """Until every given node can serve on one shared plan (with `stages` stages)."""
+        nodes = nodes or self.nodes
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            tops = [n.topology() for n in nodes]
+            last = tops
+            if all(t and t["can_serve"] and t["plan"] for t in tops):
+                plan_ids = {t["plan"]["id"] for t in tops}
+                if len(plan_ids) == 1 and (stages is None or len(tops[0]["plan"]["stages"]) == stages):
+                    return tops[0]
+            for n in nodes:
+                if n.proc and n.proc.popen.poll() is not None:
+                    raise RuntimeError(f"node{n.index} exited:\n{n.proc.logs(60)}")
+            time.sleep(0.3)
+        raise TimeoutError(f"swarm not serving with {stages} stages after {timeout}s: "
+                           f"{[(t or {}).get('status') for t in last or []]}\n{self.network.logs()}")
+
+    def close(self) -> None:
+        self.network.close()
