@@ -5,6 +5,7 @@ real console script runs in a real terminal (tmux)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -106,7 +107,7 @@ async def test_killed_node_shows_disconnected(tmp_path, tiny_models):  # noqa: F
             n.stop()
             await wait_for(pilot, lambda: "DISCONNECTED" in app.screen_text(), timeout=15, what="DISCONNECTED")
             text = app.screen_text()
-            assert "unreachable" in text and "doomed" in text       # last snapshot kept, node marked
+            assert "unreachable" in text and "doomed" in text, text  # last snapshot kept, node marked
             assert any(f"lost {n.url}" in line for line in app.query_one(EventLog).lines_text)
 
 
@@ -128,7 +129,9 @@ async def test_switches_to_the_other_url_when_its_node_dies(tmp_path, tiny_model
 
 
 def _tmux(sock: str, *args: str) -> str:
-    return subprocess.run(["tmux", "-L", sock, *args], check=True, capture_output=True, text=True).stdout
+    # COLUMNS/LINES (set under pytest) would override the terminal's real size in the pane.
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    return subprocess.run(["tmux", "-L", sock, *args], check=True, capture_output=True, text=True, env=env).stdout
 
 
 def _alive(sock: str) -> bool:
@@ -155,17 +158,20 @@ def test_runs_in_a_real_terminal_under_tmux(node):
         _, raw = get_json(node.url + "/v1/topology")
         topo = Topology.parse(raw)
         (first, (start, end)) = topo.pipeline()[0]
-        screen = wait_screen(lambda s: first.name in s and f"[{start},{end})" in s and "live" in s)
-        assert "q quit" in screen and topo.model_id in screen
+        # tmux may start the program at 80x24 and resize it right after: wait for the settled screen.
+        screen = wait_screen(lambda s: first.name in s and f"[{start},{end})" in s and "[live]" in s
+                             and "q quit" in s and topo.model_id in s)
+        assert max(len(line) for line in screen.splitlines()) == 100
         _tmux(sock, "send-keys", "-t", "t", "c")
         _tmux(sock, "send-keys", "-t", "t", "-l", "hello")
         _tmux(sock, "send-keys", "-t", "t", "Enter")
         screen = wait_screen(lambda s: "> hello" in s and "via " in s)
         _tmux(sock, "send-keys", "-t", "t", "Escape")
+        time.sleep(0.5)   # a lone ESC followed at once by q would read as alt+q
         _tmux(sock, "send-keys", "-t", "t", "q")
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and _alive(sock):
             time.sleep(0.2)
-        assert not _alive(sock), "q did not quit the app"
+        assert not _alive(sock), "q did not quit the app:\n" + _tmux(sock, "capture-pane", "-p", "-t", "t")
     finally:
         subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True)

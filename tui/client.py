@@ -46,6 +46,13 @@ async def read_sse(resp: aiohttp.ClientResponse) -> AsyncIterator[tuple[str, str
         yield event, "\n".join(data)
 
 
+def _json_or_none(body: str):
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
 def _error_text(status: int, body: str) -> str:
     try:
         return f"HTTP {status}: {json.loads(body)['error']['message']}"
@@ -75,13 +82,14 @@ class NodeClient:
             async with self.session.get(url + "/v1/topology",
                                         timeout=aiohttp.ClientTimeout(total=self.timeout)) as r:
                 body = await r.text()
-                if r.status != 200:
+                data = _json_or_none(body)
+                # 503 still carries a (minimal) topology while the node starts: can_serve false.
+                if r.status != 200 and not (isinstance(data, dict) and "can_serve" in data):
                     raise NodeError(_error_text(r.status, body))
-                data = json.loads(body)
         except (aiohttp.ClientError, TimeoutError, ValueError) as e:
             raise NodeError(str(e) or type(e).__name__) from e
         if not isinstance(data, dict):
-            raise NodeError("topology is not a JSON object")
+            raise NodeError("the topology is not a JSON object")
         return data
 
     async def events(self, url: str) -> AsyncIterator[tuple[str, Any]]:

@@ -17,7 +17,8 @@ from .topology import Topology
 
 POLL_INTERVAL = 1.0      # seconds between GET /v1/topology when the stream is unavailable
 SSE_RETRY_POLLS = 10     # polls before trying the event stream again
-SILENCE_CHECK = 3.0      # stream quiet this long -> GET /v1/topology to check the node is alive
+PROBE_EVERY = 3.0        # also GET /v1/topology this often while streaming: a node shutting down
+                         # (or a dead link) can leave the stream open, but refuses new requests
 
 
 def diff_events(old: Topology | None, new: Topology) -> list[tuple[str, dict]]:
@@ -133,11 +134,12 @@ class Watcher:
                 self.on_event(event, data if isinstance(data, dict) else {"data": data})
 
     async def _watchdog(self) -> None:
-        """Raises NodeError when a quiet stream's node stops answering plain GETs."""
+        """Raises NodeError when the node stops answering plain GETs, stream or no stream."""
         while True:
-            await asyncio.sleep(1.0)
-            if time.monotonic() - self._last_seen > SILENCE_CHECK:
-                self._snapshot(await self.client.topology(self.url))
+            await asyncio.sleep(PROBE_EVERY)
+            raw = await self.client.topology(self.url)
+            if time.monotonic() - self._last_seen > PROBE_EVERY:   # the stream went quiet: use this
+                self._snapshot(raw)
 
     async def _poll(self) -> str | None:
         """Poll for a while; returns why the node is gone, or None to retry the stream."""

@@ -43,6 +43,9 @@ class SwarmHeader(Static):
         bottom = Text()
         if t is None:
             bottom.append("○ waiting for a topology", "yellow")
+        elif self.mode == "disconnected":
+            bottom.append("? can serve" if t.can_serve else f"? cannot serve: {t.status}", "dim")
+            bottom.append(" (last known)", "dim")
         elif t.can_serve:
             bottom.append("● can serve", "bold green")
         else:

@@ -17,7 +17,7 @@ from .bars import human_bytes, layer_bar, memory_bar
 
 STATE_STYLE = {"serving": "green", "loading": "yellow", "joining": "yellow", "idle": "blue",
                "gone": "red", "unreachable": "bold red"}
-FIXED = {"#": 2, "node": 16, "memory": 14, "speed": 9, "live": 9}
+FIXED = {"#": 2, "node": 16, "memory": 14, "speed": 11, "live": 8}
 PADDING = 2 * len(FIXED)   # one space each side of every column but the table's edges
 
 
@@ -57,7 +57,8 @@ class NodeTable(Static):
         if node.is_self:
             name.append(" *", "cyan")
         mem = Text(f"{node.backend} {human_bytes(node.memory_used)}/{human_bytes(node.memory_total)}")
-        live = Text(f"{node.stats.tokens_per_second:.1f} t/s")
+        tps = node.stats.tokens_per_second
+        live = Text(f"{tps:.1f} t/s" if tps < 100 else f"{tps:.0f} t/s", "bold" if tps else "dim")
         reqs = Text(f"{node.stats.active_requests} req", "bold magenta" if node.stats.active_requests else "dim")
         return [link, _two(name, Text(node.address, "dim")),
                 _two(mem, memory_bar(node.memory_used, node.memory_available, node.memory_total,
