@@ -66,3 +66,29 @@ def sse_events(url: str, body: dict, timeout: float = 300) -> list[dict]:
                     break
                 events.append(json.loads(payload))
     return events
+
+
+def sse_into(url: str, body: dict, sink: list, timeout: float = 300) -> None:
+    """Stream a request, appending (arrival time, event) to `sink` as events come.
+
+    An {"error": ...} event or a broken connection is appended too, as ("error", ...)."""
+    import time
+    req = urllib.request.Request(url, data=json.dumps({**body, "stream": True}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            for line in r:
+                if line.startswith(b"data: "):
+                    payload = line[6:].strip()
+                    if payload == b"[DONE]":
+                        sink.append((time.monotonic(), "[DONE]"))
+                        return
+                    sink.append((time.monotonic(), json.loads(payload)))
+    except (OSError, ValueError) as e:
+        sink.append((time.monotonic(), {"error": {"message": f"connection: {e}"}}))
+
+
+def stream_text(events: list) -> str:
+    def piece(choice: dict) -> str:
+        return (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+    return "".join(piece(e["choices"][0]) for _, e in events if isinstance(e, dict) and e.get("choices"))

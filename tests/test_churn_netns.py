@@ -1,0 +1,173 @@
+"""Churn on real hosts: nodes die, come back, join and get cut off while streams run.
+
+Every stream whose entry node survives must finish with exactly the text of an
+undisturbed run; the client sees a pause, never an error or a repeated token.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from model_fixtures import default_model, tiny_models  # noqa: F401
+from netns import netns_unavailable_reason
+from netns_client import in_netns, sse_into, stream_text
+from reference import reference_chat
+from swarm_cluster import SwarmCluster
+
+pytestmark = pytest.mark.skipif(netns_unavailable_reason() is not None, reason=str(netns_unavailable_reason()))
+
+MESSAGES = [{"role": "user", "content": "Write a short story about a cat who learns to fly."}]
+TOKENS = 36
+RECOVERY_TIMES: list[float] = []
+
+
+class Stream:
+    """A streaming chat request running in the background, recording when each event arrived."""
+
+    def __init__(self, node, body: dict):
+        self.events: list = []
+        self.thread = threading.Thread(target=in_netns, daemon=True,
+                                       args=(node.host.ns, sse_into, node.url + "/v1/chat/completions",
+                                             body, self.events))
+        self.thread.start()
+
+    def wait_tokens(self, n: int, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while sum(1 for _, e in self.events if isinstance(e, dict) and e.get("choices")) < n:
+            assert time.monotonic() < deadline, f"stream stalled: {self.events[-3:]}"
+            assert self.thread.is_alive() or self.done, "stream ended early"
+            time.sleep(0.05)
+
+    @property
+    def done(self) -> bool:
+        return bool(self.events) and self.events[-1][1] == "[DONE]"
+
+    def finish(self, timeout: float = 180) -> str:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "stream did not finish"
+        errors = [e for _, e in self.events if isinstance(e, dict) and "error" in e]
+        assert not errors, errors
+        assert self.done
+        return stream_text(self.events)
+
+    def gap_after(self, t: float) -> float:
+        """Seconds from t to the next event (the recovery time after a death at t)."""
+        return next(at for at, _ in self.events if at > t) - t
+
+
+def greedy(max_tokens: int = TOKENS) -> dict:
+    return {"messages": MESSAGES, "max_tokens": max_tokens, "temperature": 0}
+
+
+def seeded(max_tokens: int = TOKENS) -> dict:
+    return {"messages": MESSAGES, "max_tokens": max_tokens, "temperature": 0.9, "top_p": 0.95, "seed": 1234}
+
+
+@pytest.fixture(scope="module")
+def swarm(tmp_path_factory, default_model):
+    cluster = SwarmCluster(tmp_path_factory.mktemp("churn"), 3, ["--recovery-timeout", "60"])
+    try:
+        cluster.wait_serving(stages=3)
+        yield cluster
+    finally:
+        cluster.close()
+        if RECOVERY_TIMES:
+            print(f"\nrecovery (death -> next token), {len(RECOVERY_TIMES)} deaths: "
+                  f"min {min(RECOVERY_TIMES):.2f}s, median {sorted(RECOVERY_TIMES)[len(RECOVERY_TIMES) // 2]:.2f}s, "
+                  f"max {max(RECOVERY_TIMES):.2f}s")
+
+
+@pytest.fixture(scope="module")
+def undisturbed(swarm, default_model):
+    greedy_text, _ = reference_chat(default_model.path, MESSAGES, TOKENS)
+    seeded_stream = Stream(swarm.nodes[0], seeded())
+    return {"greedy": greedy_text, "seeded": seeded_stream.finish()}
+
+
+def test_ten_kill_restart_cycles_during_streams(swarm, undisturbed):
+    entry = swarm.nodes[0]
+    for cycle in range(10):
+        victim = swarm.nodes[1 + cycle % 2]
+        kind = "seeded" if cycle % 3 == 2 else "greedy"
+        stream = Stream(entry, seeded() if kind == "seeded" else greedy())
+        stream.wait_tokens(4)
+        victim.proc.kill9()
+        killed_at = time.monotonic()
+        text = stream.finish()
+        assert text == undisturbed[kind], f"cycle {cycle} ({kind})"
+        RECOVERY_TIMES.append(stream.gap_after(killed_at))
+        victim.start()
+        swarm.wait_serving(stages=3)
+    print("recovery times:", [f"{t:.2f}" for t in RECOVERY_TIMES])
+    assert max(RECOVERY_TIMES) < 30
+
+
+def test_link_cut_and_restored(swarm, undisturbed):
+    victim = swarm.nodes[2]
+    stream = Stream(swarm.nodes[0], greedy())
+    stream.wait_tokens(4)
+    victim.host.link_down()
+    cut_at = time.monotonic()
+    try:
+        assert stream.finish() == undisturbed["greedy"]
+        RECOVERY_TIMES.append(stream.gap_after(cut_at))
+        swarm.wait_serving(stages=2, nodes=swarm.nodes[:2])
+    finally:
+        victim.host.link_up()
+    swarm.wait_serving(stages=3)
+
+
+def test_join_during_a_request(swarm, undisturbed):
+    late = swarm.nodes[1]
+    late.proc.kill9()
+    swarm.wait_serving(stages=2, nodes=[swarm.nodes[0], swarm.nodes[2]])
+    stream = Stream(swarm.nodes[0], greedy())
+    stream.wait_tokens(4)
+    late.start()
+    assert stream.finish() == undisturbed["greedy"]
+    swarm.wait_serving(stages=3)
+
+
+def test_entry_death_breaks_only_its_own_clients(swarm, undisturbed):
+    doomed_entry = swarm.nodes[1]
+    mine = Stream(doomed_entry, greedy(200))
+    other = Stream(swarm.nodes[0], greedy())
+    mine.wait_tokens(3)
+    other.wait_tokens(3)
+    doomed_entry.proc.kill9()
+    assert other.finish() == undisturbed["greedy"]
+    mine.thread.join(30)
+    assert any(isinstance(e, dict) and "error" in e for _, e in mine.events), "its client must see the break"
+    doomed_entry.start()
+    swarm.wait_serving(stages=3)
+
+
+def test_lost_capacity_gives_503_then_recovers(tmp_path, tiny_models):
+    # Each node can hold 4 of the 6 layers: the model needs both.
+    model = tiny_models["llama"]
+    cluster = SwarmCluster(tmp_path, 2, ["--model", str(model), "--recovery-timeout", "3",
+                                         "--memory-limit", "5.2M"])
+    try:
+        cluster.wait_serving(stages=2)
+        survivor, victim = cluster.nodes
+        victim.proc.kill9()
+        deadline = time.monotonic() + 15
+        while True:
+            status, health = survivor.get("/health")
+            if status == 503 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert status == 503 and "cannot hold the model" in health["status"], health
+        started = time.monotonic()
+        status, reply = survivor.post("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 5})
+        waited = time.monotonic() - started
+        assert status == 503 and "cannot hold the model" in reply["error"]["message"], reply
+        assert 2.5 < waited < 15, waited
+        victim.start()
+        cluster.wait_serving(stages=2)
+        status, reply = survivor.post("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 5})
+        assert status == 200, reply
+    finally:
+        cluster.close()
