@@ -143,10 +143,10 @@ class SwarmTUI(App):
     def _path_text(self, swarm: dict, url: str, n: int, seconds: float) -> str:
         name_of = self.topology.name_of if self.topology else (lambda i: i[:8])
         path = swarm.get("path") if isinstance(swarm.get("path"), list) else []
-        via = " → ".join(name_of(str(p)) for p in path) if path else "(path not reported)"
-        entry = name_of(str(swarm["entry"])) if swarm.get("entry") else url
-        return f"via {via}  entry {entry}  {n} chunks in {seconds:.1f}s"
-
+        via = "via " + (" → ".join(name_of(str(p)) for p in path) if path else "? (path not reported)")
+        if swarm.get("entry") and (not path or swarm["entry"] != path[0]):
+            via += f" (entry {name_of(str(swarm['entry']))})"
+        return f"{via} · {n} chunks in {seconds:.1f}s"
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="swarm-tui", description="Live topology dashboard for a swarm.")

@@ -26,21 +26,23 @@ class EventLog(RichLog):
 
     def add_event(self, kind: str, data: dict, name_of) -> None:
         """Render one topology event; `name_of(node_id)` gives a display name."""
+        when = data.get("time") if isinstance(data.get("time"), (int, float)) else None
         if kind in ("join", "leave"):
             who = data.get("name") or name_of(str(data.get("node_id", "?")))
-            self.add(kind, f"{who} {'joined' if kind == 'join' else 'left'}")
+            self.add(kind, f"{who} {'joined' if kind == 'join' else 'left'}", when)
         elif kind == "plan":
             plan = data.get("plan") if isinstance(data.get("plan"), dict) else {}
             stages = plan.get("stages") if isinstance(plan.get("stages"), list) else []
             parts = [f"{name_of(str(s.get('node_id', '?')))}[{s.get('start')},{s.get('end')})"
                      for s in stages if isinstance(s, dict)]
-            self.add(kind, f"new plan {plan.get('id') or '(none)'}" + (": " + " → ".join(parts) if parts else ""))
+            self.add(kind, f"new plan {plan.get('id') or '(none)'}" + (": " + " → ".join(parts) if parts else ""),
+                     when)
         elif kind in ("request_started", "request_finished"):
-            rid = str(data.get("request_id", "?"))[-8:]
-            entry = name_of(str(data.get("entry", "?")))
+            rid = str(data.get("request_id", "?"))[:8]
+            at = f" at {name_of(str(data['entry']))}" if data.get("entry") else ""
             if kind == "request_started":
-                self.add(kind, f"request {rid} started at {entry}")
+                self.add(kind, f"request {rid} started{at}", when)
             else:
-                self.add(kind, f"request {rid} finished at {entry}, {data.get('tokens', '?')} tokens")
+                self.add(kind, f"request {rid} finished{at}, {data.get('tokens', '?')} tokens", when)
         else:
             self.add("info", f"{kind}: {data}")

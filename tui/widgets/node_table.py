@@ -82,7 +82,8 @@ class NodeTable(Static):
             down = "↓" if node.id in nxt else ("↺" if len(pipe) > 1 else " ")
             link = _two(Text(str(i + 1), "bold"), Text(down, "bold cyan"))
             start, end = span if span else (0, 0)
-            head = Text(f"[{start},{end})", "bold").append(f" {end - start} layers", "dim")
+            count = f" {end - start} layers" if bar_w >= 20 else f" {end - start}L"
+            head = Text(f"[{start},{end})", "bold").append(count, "dim")
             table.add_row(*self._cells(node, link, _two(head, layer_bar(start, end, t.n_layers, bar_w))))
         for node, reason in t.others():
             link = _two(Text("·", "dim"), Text(" "))
