@@ -67,7 +67,7 @@ class MlxLmAlone:
         self.generate(prompt, WARMUP_TOKENS)
         singles = [self.generate(prompt, max_tokens) for _ in range(runs)]
         ids = singles[0][0]
-        r = SetupResult("mlx-lm alone (stream_generate)", "mlx-lm", 1, "0-all (in process)", len(prompt),
+        r = SetupResult("mlx-lm alone (stream_generate)", "mlx-lm", 1, "all layers, in process", len(prompt),
                         same_tokens="ref")
         r.ttft_s = _median([s[1] for s in singles])
         r.decode_tps = _median([(len(s[0]) - 1) / s[2] if len(s[0]) > 1 else None for s in singles])
@@ -90,7 +90,7 @@ def measure_swarm(cluster: LocalCluster, prompt_text: str, prompt_tokens: int, m
     url = cluster.entry.url
     stream_completion(url, prompt_text, WARMUP_TOKENS)
     singles: list[StreamRun] = [stream_completion(url, prompt_text, max_tokens) for _ in range(runs)]
-    split = " | ".join(f"{s['start']}-{s['end']}" for s in cluster.stages)
+    split = ", ".join(f"{s['start']}-{s['end']}" for s in cluster.stages)
     r = SetupResult(f"swarm, {cluster.n} node{'s' if cluster.n > 1 else ''}", "swarm", len(cluster.stages),
                     split, prompt_tokens)
     r.ttft_s = _median([s.ttft_s for s in singles])

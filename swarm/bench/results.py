@@ -10,7 +10,7 @@ class SetupResult:
     name: str
     kind: str  # "mlx-lm" | "swarm" | "mlx-ring"
     stages: int  # pipeline stages (1 for mlx-lm alone)
-    split: str  # layer ranges per stage, e.g. "0-15 | 15-30"
+    split: str  # layer ranges per stage, e.g. "0-15, 15-30"
     prompt_tokens: int
     ttft_s: float | None = None  # median over single-stream runs
     decode_tps: float | None = None  # one stream, first token -> last

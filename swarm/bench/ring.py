@@ -54,7 +54,7 @@ def measure_ring(model_path: Path, ranks: int, max_tokens: int, prompt_tokens: i
     # mlx-lm gives rank 0 the LAST layers; list the split in pipeline (layer) order.
     spans = sorted(tuple(s["layers"]) for s in out["split"])
     r = SetupResult(f"mlx-lm ring pipeline, {ranks} ranks", "mlx-ring", ranks,
-                    " | ".join(f"{a}-{b}" for a, b in spans), out["prompt_tokens"],
+                    ", ".join(f"{a}-{b}" for a, b in spans), out["prompt_tokens"],
                     ttft_s=out["ttft_s"], decode_tps=out["decode_tps"], raw=out)
     r.aggregate_tps = {1: out["generated_tokens"] / (out["ttft_s"] + (out["generated_tokens"] - 1)
                                                      / out["decode_tps"])} if out.get("decode_tps") else {}

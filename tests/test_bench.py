@@ -1,0 +1,47 @@
+"""swarm-bench end to end on a tiny random model: the table has its rows and the swarm's tokens
+equal mlx-lm alone's. No speed asserts (shared CI machines)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from swarm.models.random_model import build_random_model
+
+
+def _bench_cmd() -> list[str]:
+    script = shutil.which("swarm-bench")
+    return [script] if script else [sys.executable, "-m", "swarm.bench"]
+
+
+def _rows(table: str) -> dict[str, list[str]]:
+    rows = {}
+    for line in table.splitlines():
+        if line.startswith("| ") and not line.startswith("| setup"):
+            cells = [c.strip() for c in line.strip("|").split(" | ")]
+            rows[cells[0]] = cells
+    return rows
+
+
+def test_quick_bench_two_swarm_sizes(tmp_path: Path) -> None:
+    model = build_random_model(tmp_path / "model", family="llama", n_layers=6, seed=1)
+    raw = tmp_path / "raw.json"
+    p = subprocess.run([*_bench_cmd(), "--quick", "--nodes", "1,2", "--concurrency", "1", "--skip-mlx-ring",
+                        "--model", str(model), "--json", str(raw)],
+                       capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = _rows(p.stdout)
+    assert set(rows) == {"mlx-lm alone (stream_generate)", "swarm, 1 node", "swarm, 2 nodes"}, p.stdout
+    header = p.stdout[p.stdout.index("| setup"):].splitlines()[0]
+    same = [c.strip() for c in header.strip("|").split(" | ")].index("same tokens")
+    assert rows["swarm, 1 node"][same] == "yes", p.stdout
+    assert rows["swarm, 2 nodes"][same] == "yes", p.stdout
+    assert rows["swarm, 2 nodes"][1].startswith("2 (0-3, 3-6)"), p.stdout  # an even split
+
+    data = json.loads(raw.read_text())
+    two = next(r for r in data["results"] if r["name"] == "swarm, 2 nodes")
+    assert two["per_hop_ms"] is not None and two["prefill_mb_s"] > 0
+    assert two["decode_tps"] > 0 and two["aggregate_tps"]["1"] > 0
