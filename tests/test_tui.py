@@ -4,6 +4,7 @@ real console script runs in a real terminal (tmux)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ from model_fixtures import tiny_models  # noqa: F401  (fixture)
 from node_process import get_json, running_node
 
 from tui.app import SwarmTUI
+from tui.client import NodeError
 from tui.topology import Topology
 from tui.widgets.bars import layer_cells
 from tui.widgets.chat_pane import ChatPane
@@ -126,6 +128,50 @@ async def test_switches_to_the_other_url_when_its_node_dies(tmp_path, tiny_model
             assert any(f"reconnected to {b.url}" in line for line in log), log
             text = app.screen_text()
             assert b.url in text and "DISCONNECTED" not in text
+
+
+async def test_polls_when_the_event_stream_fails(node, monkeypatch):
+    app = SwarmTUI([node.url])
+
+    async def no_stream(url):
+        raise NodeError("stream disabled by the test")
+        yield  # an async generator, like the real one
+
+    monkeypatch.setattr(app.client, "events", no_stream)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: "[polling]" in app.screen_text(), what="polling mode")
+        before = sum(n.stats.total_requests for n in app.topology.nodes.values())
+        await asyncio.to_thread(post_json, node.url + "/v1/chat/completions",
+                                {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        await wait_for(pilot, lambda: sum(n.stats.total_requests for n in app.topology.nodes.values()) > before,
+                       timeout=5, what="a polled snapshot with the new request")
+        await pilot.press("f")   # focus cycles; r refreshes without error
+        first = app.focused
+        await pilot.press("f")
+        assert app.focused is not first
+        await pilot.press("r")
+        await pilot.pause(0.3)
+        assert "[polling]" in app.screen_text()
+
+
+def test_parsing_never_raises_on_partial_or_odd_json():
+    for raw in [None, [], "x", {}, {"nodes": [{}], "plan": {"stages": [{"node_id": "a"}]}},
+                {"nodes": [{"id": "a", "layers": [0, "x"], "stats": None, "addresses": None}], "links": [1]},
+                {"model": {"n_layers": "30"}, "plan": {"stages": [{"node_id": "b", "start": 0, "end": 3}]}}]:
+        t = Topology.parse(raw)
+        t.pipeline(), t.others(), t.urls()
+    t = Topology.parse({"plan": {"stages": [{"node_id": "b", "start": 0, "end": 3}]}, "nodes": []})
+    assert [(n.id, span) for n, span in t.pipeline()] == [("b", (0, 3))]
+
+
+def test_layer_bars_of_consecutive_stages_tile_the_width():
+    for n_layers in (1, 6, 30, 80):
+        for width in (5, 16, 37):
+            cuts = sorted({0, n_layers} | {n_layers * k // 4 for k in range(1, 4)})
+            spans = [layer_cells(a, b, n_layers, width) for a, b in zip(cuts, cuts[1:]) if b > a]
+            assert all(b > a for a, b in spans)
+            assert spans[0][0] == 0 and spans[-1][1] == width
+            assert all(x[1] == y[0] for x, y in zip(spans, spans[1:])), (n_layers, width, spans)
 
 
 def _tmux(sock: str, *args: str) -> str:
