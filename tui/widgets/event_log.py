@@ -21,7 +21,7 @@ class EventLog(RichLog):
 
     def add(self, kind: str, message: str, when: float | None = None) -> None:
         stamp = time.strftime("%H:%M:%S", time.localtime(when or time.time()))
-        self.lines_text.append(f"{stamp} {message}")
+        self.lines_text = self.lines_text[-499:] + [f"{stamp} {message}"]
         self.write(Text.assemble((stamp + " ", "dim"), (message, STYLE.get(kind, ""))))
 
     def add_event(self, kind: str, data: dict, name_of) -> None:
