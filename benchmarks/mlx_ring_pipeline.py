@@ -220,6 +220,7 @@ def worker(args: argparse.Namespace) -> None:
             "decode_tps": round((len(tokens) - 1) / (t_end - t_first), 2) if len(tokens) > 1 else None,
             "mlx_lm_prompt_tps": round(last.prompt_tps, 2), "mlx_lm_generation_tps": round(last.generation_tps, 2),
             "blas": blas_in_use(), "tokens_head": tokens[:16],
+            "loadavg_1m": round(os.getloadavg()[0], 2),  # the machine is shared; >cores means contended
         }), flush=True)
 
 
