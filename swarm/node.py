@@ -58,7 +58,7 @@ class Node:
         self.dtype = weights_dtype(config.dtype, self.backend)
         self.worker = MlxWorker()
         self.events = EventBus()
-        self.stats = RequestStats(self.events.emit)
+        self.stats = RequestStats(lambda kind, data: self.events.emit(kind, {**data, "entry": self.node_id}))
         self.model: LocalModel | None = None
         self.tokenizer = None
         self.service: InferenceService | None = None

@@ -96,6 +96,8 @@ async def _stream(request, first, events, shape, include_usage: bool) -> web.Str
     except NoPipeline as e:  # the swarm lost capacity mid-stream and did not get it back in time
         await send_event(resp, {"error": {"message": str(e), "type": "service_unavailable",
                                           "param": None, "code": "no_pipeline"}})
+    except ConnectionError:  # the client went away; leaving frees the request's caches
+        return resp
     await send_event(resp, "[DONE]")
     await resp.write_eof()
     return resp

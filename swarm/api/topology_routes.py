@@ -14,10 +14,15 @@ SNAPSHOT_EVERY_S = 1.0  # while anything happens, watchers get a fresh picture a
 class TopologyRoutes:
     def __init__(self, node):
         self.node = node
+        self._closing = asyncio.Event()
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_get("/v1/topology", self.snapshot)
         app.router.add_get("/v1/topology/events", self.events)
+        app.on_shutdown.append(self._close_streams)
+
+    async def _close_streams(self, _app) -> None:
+        self._closing.set()  # endless event streams must not hold up the node's shutdown
 
     async def snapshot(self, _request: web.Request) -> web.Response:
         if self.node.service is None:
@@ -33,7 +38,7 @@ class TopologyRoutes:
         try:
             resp = await open_event_stream(request)
             await send_event(resp, self.node.topology(), event="snapshot")
-            while True:
+            while not self._closing.is_set():
                 try:
                     event = await asyncio.wait_for(queue.get(), SNAPSHOT_EVERY_S)
                 except asyncio.TimeoutError:
@@ -44,6 +49,9 @@ class TopologyRoutes:
                     event = queue.get_nowait()
                     await send_event(resp, event, event=event["type"])
                 await send_event(resp, self.node.topology(), event="snapshot")
-        finally:  # the watcher went away: a write raised
+            return resp
+        except ConnectionError:  # the watcher went away
+            return resp
+        finally:
 
             bus.unsubscribe(queue)

@@ -25,6 +25,10 @@ class SwarmPipeline:
         self._background: set[asyncio.Task] = set()
 
     @property
+    def entry(self) -> str:
+        return self.router.node_id
+
+    @property
     def path(self) -> list[str]:
         return [s.node_id for s in self.plan.stages]
 

@@ -62,7 +62,8 @@ async def generate_tokens(job: GenerationJob, get_pipeline: PipelineSource,
                 continue
             broken_since = None
             if plan := getattr(pipeline, "plan", None):
-                job.route = {"plan_id": plan.plan_id, "path": [s.node_id for s in plan.stages]}
+                job.route = {"entry": getattr(pipeline, "entry", None), "plan_id": plan.plan_id,
+                             "path": [s.node_id for s in plan.stages]}
             job.generated.append(token)
             yield token
             if token in job.eos_ids:
