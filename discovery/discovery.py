@@ -184,15 +184,17 @@ class Discovery:
             await asyncio.sleep(max(0.0, self._interval - (loop.time() - started)))
 
     async def _check(self, peer: PeerInfo) -> bool:
-        if peer.source != "static":
-            return await liveness.probe(*peer.endpoint, self._timeout)
-        # A static peer answers SWPF anyway (that is how it was admitted), and
-        # without mDNS this is the only way to see its profile change.
+        # The probe fetches the profile itself (SWPF), not just a TCP connect: it is the
+        # only way to see a static peer's changes, and it repairs a lost mDNS update
+        # (seen in tests: one multicast announcement of a new plan never arrived), so
+        # every profile change reaches every peer within one probe interval.
         try:
             profile = await fetch_profile(*peer.endpoint, self._timeout)
         except ProfileExchangeError:
             return False
-        self._observe(profile, (peer.endpoint[0],), "static")
+        # A restarted node at the same endpoint shows up here as a newer instance,
+        # which the peer table swaps in (a leave and a join).
+        self._observe(profile, peer.addresses, peer.source)
         return True
 
     async def _poll_loop(self) -> None:
