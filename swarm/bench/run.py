@@ -31,6 +31,17 @@ def progress(msg: str) -> None:
     print(f"[swarm-bench] {msg}", file=sys.stderr, flush=True)
 
 
+def loadavg() -> float:
+    return os.getloadavg()[0]
+
+
+def _with_load(r: SetupResult, before: float) -> SetupResult:
+    """Other processes on the machine skew every number: keep the 1-min load next to each row."""
+    r.raw["loadavg_1m"] = [round(before, 2), round(loadavg(), 2)]
+    r.note = "; ".join(x for x in (r.note, f"load {before:.1f}->{loadavg():.1f}") if x)
+    return r
+
+
 def reference_text(tokenizer, ids: list[int]) -> str:
     """What the swarm streams for these ids: detokenized, the EOS token's own text left out."""
     detok, eos = tokenizer.detokenizer, set(tokenizer.eos_token_ids)
@@ -58,8 +69,10 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
     act_bytes = 4 if backend == "cpu" else 2  # activations are float32 on CPU (dtype auto), 16-bit on Metal
 
     progress(f"mlx-lm alone on {model.model_id} ({model.n_layers} layers), prompt {len(prompt)} tokens")
+    load = loadavg()
     alone = MlxLmAlone(model.path, cast_float32=backend == "cpu")
     ref, ref_ids = alone.measure(prompt, max_tokens, concurrency, runs)
+    _with_load(ref, load)
     ring_ref = None
     ring_sizes = [k for k in nodes if k > 1] if with_ring else []
     if ring_sizes and ring.available():
@@ -71,9 +84,11 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
     for n in nodes:
         progress(f"swarm with {n} node(s): starting")
         with LocalCluster(n, workdir, str(model.path), memory_limit) as cluster:
+            load = loadavg()
             progress(f"swarm with {n} node(s): plan {cluster.topology['plan']['plan_id']} stages "
                      + ", ".join(f"{s['node_id']}[{s['start']},{s['end']})" for s in cluster.stages))
-            results.append(measure_swarm(cluster, PROMPT, len(prompt), max_tokens, concurrency, runs, reference))
+            results.append(_with_load(
+                measure_swarm(cluster, PROMPT, len(prompt), max_tokens, concurrency, runs, reference), load))
 
     if not with_ring:
         pass
@@ -82,12 +97,13 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
     else:
         for k in ring_sizes:
             progress(f"mlx-lm ring pipeline with {k} ranks")
-            results.append(ring.measure_ring(model.path, k, max_tokens, len(prompt), ring_ref))
+            load = loadavg()
+            results.append(_with_load(ring.measure_ring(model.path, k, max_tokens, len(prompt), ring_ref), load))
 
     derive(results, hidden, act_bytes)
     header = (f"swarm-bench {datetime.datetime.now().isoformat(timespec='seconds')} on "
               f"{os.cpu_count()}-core {platform.machine()} {platform.system()}, mlx {mx.__version__} "
-              f"{backend}, BLAS: {blas_in_use()}\n"
+              f"{backend}, BLAS: {blas_in_use()}, 1-min load average at the end {loadavg():.1f}\n"
               f"model: {model.model_id} ({model.n_layers} layers, hidden {hidden}), prompt {len(prompt)} tokens, "
               f"max_tokens {max_tokens}, greedy, single-stream numbers are the median of {runs} run(s)\n")
     notes = (
@@ -99,7 +115,9 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
         f"Prefill act. MB/s: computed, prompt_tokens x hidden x {act_bytes} B x (stages-1) / TTFT "
         "(not read from the transport).\n"
         "Same tokens: the streamed text of every swarm request equals mlx-lm alone's greedy tokens, "
-        "detokenized; the ring compares token ids of its own prompt.\n")
+        "detokenized; the ring compares token ids of its own prompt.\n"
+        "Note: load a->b is the machine's 1-min load average before/after a setup; above the core count, "
+        "other processes shared the CPU and the numbers of that row are skewed.\n")
     text = header + "\n" + markdown_table(results, concurrency) + "\n" + notes
     data = {"header": header.strip(), "prompt_tokens": len(prompt), "max_tokens": max_tokens, "runs": runs,
             "hidden": hidden, "act_bytes": act_bytes, "hops": {r.stages: hops_per_token(r.stages) for r in results},
