@@ -139,7 +139,8 @@ def test_entry_death_breaks_only_its_own_clients(swarm, undisturbed):
     doomed_entry.proc.kill9()
     assert other.finish() == undisturbed["greedy"]
     mine.thread.join(30)
-    assert any(isinstance(e, dict) and "error" in e for _, e in mine.events), "its client must see the break"
+    # Its client sees the break: the stream ends without [DONE] (or with a connection error).
+    assert not mine.thread.is_alive() and not mine.done
     doomed_entry.start()
     swarm.wait_serving(stages=3)
 
