@@ -11,8 +11,7 @@ from pathlib import Path
 
 from discovery.memory import parse_size
 
-from .models.errors import ModelError
-from .node import Node
+from .engine.blas import maybe_reexec_with_blas
 from .node_config import DEFAULT_API_PORT, DEFAULT_PEER_PORT, NodeConfig, default_state_dir
 
 
@@ -82,7 +81,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
                       recovery_timeout=args.recovery_timeout, peer_host=args.peer_host)
 
 
-async def _serve(node: Node) -> None:
+async def _serve(node) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -95,6 +94,11 @@ async def _serve(node: Node) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Before MLX is imported: on Linux CPUs, re-exec once with an optimized BLAS preloaded.
+    maybe_reexec_with_blas(sys.argv[1:] if argv is None else list(argv))
+    from .models.errors import ModelError
+    from .node import Node
+
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     node = Node(config_from_args(args))
     try:

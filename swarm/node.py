@@ -20,6 +20,7 @@ from .coordination.pending_tokens import PendingTokens
 from .coordination.router import Router
 from .coordination.stage_host import StageHost
 from .coordination.stage_service import StageService
+from .engine.blas import blas_in_use
 from .engine.model_bytes import ModelBytes, measure_model_bytes
 from .engine.speed_probe import cached_speed, measure_speed
 from .engine.worker import MlxWorker
@@ -81,7 +82,7 @@ class Node:
     async def start(self) -> None:
         cfg, model = self.config, self.model
         sizes = await self.worker.run(measure_model_bytes, model.path, self.dtype)
-        key = f"{machine_id()}:{model.fingerprint}:{self.dtype}:{self.backend}"
+        key = f"{machine_id()}:{model.fingerprint}:{self.dtype}:{self.backend}:{blas_in_use()}"
         speed = await self.worker.run(cached_speed, cfg.state_dir, key,
                                       lambda: measure_speed(model.path, model.n_layers, self.dtype))
         profile = build_local_profile(
@@ -144,7 +145,7 @@ class Node:
         ok, reason = self.can_serve()
         stage = getattr(getattr(self, "host", None), "stage", None)
         return {"status": "ok" if ok else reason, "node_id": self.node_id if self.service else None,
-                "model": self.model_id, "backend": self.backend,
+                "model": self.model_id, "backend": self.backend, "blas": blas_in_use(),
                 "plan_id": self.coordinator.plan.plan_id if self.service and self.coordinator.plan else None,
                 "layers": [stage.range.start, stage.range.end] if stage else None,
                 "cached_requests": stage.active_requests if stage else 0, **self.stats.to_dict()}
