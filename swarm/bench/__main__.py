@@ -43,12 +43,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also dump raw numbers as JSON (to PATH, or stdout after the table)")
     p.add_argument("--blas", choices=["auto", "off"], default="auto",
                    help="auto: preload the optimized BLAS for this process and every node (same for all setups)")
+    p.add_argument("--blas-threads", type=int, default=None, metavar="N",
+                   help="OPENBLAS/BLIS/MKL threads in every setup (default: the library's own, as a node runs). "
+                        "Several nodes on one small machine spin each other's cores: try 1")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    if args.blas_threads is not None:  # set before the re-exec: this process and every node inherit it
+        for var in ("OPENBLAS_NUM_THREADS", "BLIS_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[var] = str(args.blas_threads)
     if args.blas == "off":
         os.environ["SWARM_BLAS"] = "off"
     else:

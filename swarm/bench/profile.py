@@ -26,7 +26,8 @@ from .prompts import PROMPT
 
 # First match wins, tested against the whole collapsed stack (innermost frame last).
 CATEGORIES = [
-    ("mlx compute (eval on the mlx thread)", ("eval (", "mlx/core", "libmlx")),
+    ("mlx compute (Stage.forward / eval)", ("Stage.forward", "shard.py", "libmlx", "mlx::core")),
+    ("mlx thread idle (waiting for work)", ("_worker (concurrent/futures/thread.py",)),
     ("sampling / array->bytes", ("sampling.py", "arrays.py", "tobytes", "frame_array", "encode_array")),
     ("msgpack + frames", ("frames.py", "msgpack")),
     ("socket I/O (asyncio streams)", ("streams.py", "selector_events.py", "sock_", "tcp.py", "outgoing.py")),
@@ -56,6 +57,8 @@ def summarize(raw: Path) -> tuple[Counter, Counter, int]:
         thread = frames[0]
         cats[f"{thread.split(' ')[0][:30]}: {categorize(stack)}"] += n
         leaves[frames[-1][:110]] += n
+        if len(frames) > 1 and "libmlx" in frames[-1]:  # name the Python caller of native frames
+            leaves["native under " + next((f for f in reversed(frames) if ".py" in f), "?")[:90]] += 0
     return cats, leaves, total
 
 
@@ -66,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--out", type=Path, default=Path("swarm-bench-profile"))
+    p.add_argument("--native", action="store_true",
+                   help="also sample C/C++ frames (pauses the process per sample: use to look inside MLX)")
     args = p.parse_args(argv)
     spy = shutil.which("py-spy")
     if spy is None:
@@ -89,8 +94,9 @@ def main(argv: list[str] | None = None) -> int:
             # Non-blocking, Python frames only: pausing the process per sample (--native)
             # would stretch exactly the hand-offs we want to see.
             spies.append(subprocess.Popen(
-                [spy, "record", "--pid", str(pid), "--duration", str(int(args.seconds)), "--rate", "250",
-                 "--threads", "--idle", "--nonblocking", "--format", "raw",
+                [spy, "record", "--pid", str(pid), "--duration", str(int(args.seconds)),
+                 *(["--native", "--rate", "50"] if args.native else ["--nonblocking", "--rate", "250"]),
+                 "--threads", "--idle", "--format", "raw",
                  "--output", str(args.out / f"{node_id}.txt")],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         try:

@@ -103,7 +103,7 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
     derive(results, hidden, act_bytes)
     header = (f"swarm-bench {datetime.datetime.now().isoformat(timespec='seconds')} on "
               f"{os.cpu_count()}-core {platform.machine()} {platform.system()}, mlx {mx.__version__} "
-              f"{backend}, BLAS: {blas_in_use()}, 1-min load average at the end {loadavg():.1f}\n"
+              f"{backend}, BLAS: {blas_in_use()} threads={os.environ.get('OPENBLAS_NUM_THREADS', 'default')}, 1-min load average at the end {loadavg():.1f}\n"
               f"model: {model.model_id} ({model.n_layers} layers, hidden {hidden}), prompt {len(prompt)} tokens, "
               f"max_tokens {max_tokens}, greedy, single-stream numbers are the median of {runs} run(s)\n")
     notes = (
