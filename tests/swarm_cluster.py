@@ -29,7 +29,10 @@ class SwarmNode:
         argv = [sys.executable, "-m", "swarm.cli", "--interface", self.host.ip, "--name", f"node{self.index}",
                 "--state-dir", str(self.cluster.root / f"state{self.index}"), "--api-port", str(API_PORT),
                 "--peer-port", str(PEER_PORT), *self.cluster.common, *self.extra]
-        self.proc = self.host.spawn(argv, label=f"node{self.index}-{time.monotonic_ns()}")
+        # All test hosts share this machine's cores: one BLAS thread per node, or their
+        # thread pools spin against each other (measured with swarm-bench --blas-threads).
+        self.proc = self.host.spawn(argv, env={"OPENBLAS_NUM_THREADS": "1"},
+                                    label=f"node{self.index}-{time.monotonic_ns()}")
 
     def get(self, path: str, timeout: float = 30) -> tuple[int, dict]:
         return in_netns(self.host.ns, http_json, self.url + path, None, timeout)

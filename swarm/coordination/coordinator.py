@@ -83,26 +83,30 @@ class Coordinator:
         return None
 
     async def _apply(self) -> None:
-        """Load our layers for the newest plan; loop if the plan moved on while loading."""
+        """Load our layers for the newest plan. Every await may see the plan move on, so
+        the loop only ends when what it just applied and announced is still the plan."""
         while True:
             plan = self.plan
             if plan is None:  # keep what we hold: capacity may come back
                 self.host.plan = None
                 await self.discovery.update_profile(plan="", state="waiting")
-                return
-            layers = self.own_layers(plan)
-            await self.discovery.update_profile(plan="", state="loading" if layers else "idle")
-            try:
-                await self.host.assign(plan, layers)
-            except Exception:
-                log.exception("could not load layers %s", layers)
-                await self.discovery.update_profile(state="failed")
-                return
-            if plan is self.plan:
+            else:
+                layers = self.own_layers(plan)
+                await self.discovery.update_profile(plan="", state="loading" if layers else "idle")
+                try:
+                    await self.host.assign(plan, layers)
+                except Exception:
+                    log.exception("could not load layers %s", layers)
+                    await self.discovery.update_profile(state="failed")
+                    return
+                if plan is not self.plan:
+                    continue
                 await self.discovery.update_profile(
                     plan=plan.plan_id, state="serving" if layers else "idle",
                     layers=f"{layers[0]}-{layers[1]}" if layers else "", mem_used=str(self.host.weight_bytes))
-                self.events.emit("plan_loaded", {"node_id": self.node_id, "plan_id": plan.plan_id})
+            if plan is self.plan:
+                if plan is not None:
+                    self.events.emit("plan_loaded", {"node_id": self.node_id, "plan_id": plan.plan_id})
                 return
 
     def agreed(self, plan: Plan) -> list[str]:
