@@ -19,8 +19,9 @@ def forward(rid: str, plan_id: str, pos: int, start: int, entry: str, sampling: 
             "sampling": sampling}
 
 
-def token(rid: str, plan_id: str, token_id: int) -> dict:
-    return {"t": TOKEN, "rid": rid, "plan": plan_id, "token": token_id}
+def token(rid: str, plan_id: str, at: int, token_id: int) -> dict:
+    """`at` is the sequence position of the sampled token: the entry matches it to its request."""
+    return {"t": TOKEN, "rid": rid, "plan": plan_id, "at": at, "token": token_id}
 
 
 def error(rid: str, plan_id: str, kind: str, message: str) -> dict:

@@ -9,20 +9,26 @@ from ..inference.pipeline import PipelineBroken
 
 class PendingTokens:
     def __init__(self) -> None:
-        self._futures: dict[str, tuple[str, asyncio.Future]] = {}  # rid -> (plan id, future)
+        # rid -> (plan id, position of the awaited token, future)
+        self._futures: dict[str, tuple[str, int, asyncio.Future]] = {}
 
-    def expect(self, rid: str, plan_id: str) -> asyncio.Future:
+    def expect(self, rid: str, plan_id: str, at: int) -> asyncio.Future:
         fut = asyncio.get_running_loop().create_future()
-        self._futures[rid] = (plan_id, fut)
+        self._futures[rid] = (plan_id, at, fut)
         return fut
 
     def resolve(self, header: dict) -> None:
         entry = self._futures.get(header.get("rid"))
-        if entry is None or entry[1].done():
+        if entry is None or entry[2].done():
             return  # a late answer for a request that already gave up
-        plan_id, fut = entry
+        plan_id, at, fut = entry
+        # A late answer from a plan or attempt the request has left behind must not
+        # stand in for the current step (it would repeat a token).
+        if header.get("plan") != plan_id:
+            return
         if header.get("t") == "tok":
-            fut.set_result(int(header["token"]))
+            if header.get("at") == at and isinstance(header.get("token"), int):
+                fut.set_result(header["token"])
         else:
             fut.set_exception(PipelineBroken(f"{header.get('kind')}: {header.get('message')}"))
 
@@ -32,11 +38,11 @@ class PendingTokens:
         except asyncio.TimeoutError:
             raise PipelineBroken(f"no token within {timeout:.0f}s") from None
         finally:
-            if self._futures.get(rid, (None, None))[1] is fut:
+            if self._futures.get(rid, (None, None, None))[2] is fut:
                 del self._futures[rid]
 
     def break_all(self, reason: str, keep_plan: str | None = None) -> None:
         """Fail every wait that is not on `keep_plan` (a stage died or the plan changed)."""
-        for plan_id, fut in list(self._futures.values()):
+        for plan_id, _, fut in list(self._futures.values()):
             if plan_id != keep_plan and not fut.done():
                 fut.set_exception(PipelineBroken(reason))

@@ -92,7 +92,8 @@ class StageService:
         try:
             if stage.range.is_last:
                 if sampling is not None:
-                    await self.router.send(entry, msg.token(rid, plan_id, out))
+                    at = h["pos"] + frame.header["shape"][1]
+                    await self.router.send(entry, msg.token(rid, plan_id, at, out))
                 return
             nxt = plan.stages[index + 1]
             dtype, shape, data = out

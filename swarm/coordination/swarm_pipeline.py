@@ -39,7 +39,8 @@ class SwarmPipeline:
         header = {**msg.forward(request_id, self.plan.plan_id, start_pos, first.start, self.router.node_id,
                                 sampling.to_dict() if sampling else None),
                   "dtype": "int32", "shape": list(ids.shape)}
-        fut = self.pending.expect(request_id, self.plan.plan_id) if sampling else None
+        at = start_pos + len(tokens)
+        fut = self.pending.expect(request_id, self.plan.plan_id, at) if sampling else None
         try:
             await self.router.send(first.node_id, header, ids.tobytes())
         except PeerUnreachable as e:

@@ -1,0 +1,44 @@
+"""The entry node never takes a late answer from an abandoned plan or step as the current token."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from swarm.coordination import messages as msg
+from swarm.coordination.pending_tokens import PendingTokens
+from swarm.inference.pipeline import PipelineBroken
+
+
+async def test_only_the_awaited_plan_and_position_resolve():
+    pending = PendingTokens()
+    fut = pending.expect("r1", "planB", at=50)
+    pending.resolve(msg.token("r1", "planA", 50, 7))  # the old plan's late answer
+    pending.resolve(msg.token("r1", "planB", 49, 8))  # an earlier step's late answer
+    pending.resolve(msg.error("r1", "planA", "unreachable", "old news"))
+    assert not fut.done()
+    pending.resolve(msg.token("r1", "planB", 50, 9))
+    assert await pending.wait("r1", fut, 1) == 9
+
+
+async def test_errors_and_plan_changes_break_the_wait():
+    pending = PendingTokens()
+    fut = pending.expect("r1", "planA", at=3)
+    pending.resolve(msg.error("r1", "planA", "plan_mismatch", "moved on"))
+    with pytest.raises(PipelineBroken, match="plan_mismatch"):
+        await pending.wait("r1", fut, 1)
+    fut = pending.expect("r2", "planA", at=3)
+    kept = pending.expect("r3", "planB", at=3)
+    pending.break_all("the plan changed", keep_plan="planB")
+    with pytest.raises(PipelineBroken):
+        await pending.wait("r2", fut, 1)
+    assert not kept.done()
+
+
+async def test_a_silent_pipeline_times_out():
+    pending = PendingTokens()
+    fut = pending.expect("r1", "planA", at=1)
+    with pytest.raises(PipelineBroken, match="no token"):
+        await pending.wait("r1", fut, 0.05)
+    await asyncio.sleep(0)
