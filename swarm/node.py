@@ -16,6 +16,7 @@ from partitioner import ModelSpec
 from .api.app import make_app
 from .coordination.coordinator import Coordinator
 from .coordination.events import EventBus
+from .coordination.hop_timing import HopTiming
 from .coordination.pending_tokens import PendingTokens
 from .coordination.router import Router
 from .coordination.stage_host import StageHost
@@ -60,6 +61,7 @@ class Node:
         self.worker = MlxWorker()
         self.events = EventBus()
         self.stats = RequestStats(lambda kind, data: self.events.emit(kind, {**data, "entry": self.node_id}))
+        self.hop_timing = HopTiming()  # decode steps this node was the entry of
         self.model: LocalModel | None = None
         self.tokenizer = None
         self.service: InferenceService | None = None
@@ -103,7 +105,7 @@ class Node:
         self.coordinator = Coordinator(model_spec(sizes, cfg.kv_reserve_tokens), model.fingerprint,
                                        self.discovery, self.host, self.router, self.pending, self.events,
                                        strategy=cfg.strategy, token_timeout=cfg.token_timeout,
-                                       recovery_timeout=cfg.recovery_timeout)
+                                       recovery_timeout=cfg.recovery_timeout, timing=self.hop_timing)
         self.peer_stats = PeerStats(self.discovery)
         self.service = InferenceService(self.tokenizer, model.context_length, self.coordinator.pipeline,
                                         self.stats, cfg.default_max_tokens, cfg.recovery_timeout)
@@ -148,7 +150,8 @@ class Node:
                 "model": self.model_id, "backend": self.backend, "blas": blas_in_use(),
                 "plan_id": self.coordinator.plan.plan_id if self.service and self.coordinator.plan else None,
                 "layers": [stage.range.start, stage.range.end] if stage else None,
-                "cached_requests": stage.active_requests if stage else 0, **self.stats.to_dict()}
+                "cached_requests": stage.active_requests if stage else 0, **self.stats.to_dict(),
+                "decode_timing": self.hop_timing.to_dict()}
 
     def topology(self) -> dict:
         return topology_snapshot(self)

@@ -45,3 +45,8 @@ def test_quick_bench_two_swarm_sizes(tmp_path: Path) -> None:
     two = next(r for r in data["results"] if r["name"] == "swarm, 2 nodes")
     assert two["per_hop_ms"] is not None and two["prefill_mb_s"] > 0
     assert two["decode_tps"] > 0 and two["aggregate_tps"]["1"] > 0
+    # the entry node timed its decode steps: 2 hops each, compute and overhead split out
+    timing = two["raw"]["decode_timing"]
+    assert timing["hops"] == 2 and timing["decode_steps"] >= 7, timing
+    assert 0 < timing["compute_ms"] < timing["step_ms"], timing
+    assert two["hop_overhead_ms"] == timing["overhead_per_hop_ms"] > 0

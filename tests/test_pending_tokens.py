@@ -19,7 +19,7 @@ async def test_only_the_awaited_plan_and_position_resolve():
     pending.resolve(msg.error("r1", "planA", "unreachable", "old news"))
     assert not fut.done()
     pending.resolve(msg.token("r1", "planB", 50, 9))
-    assert await pending.wait("r1", fut, 1) == 9
+    assert (await pending.wait("r1", fut, 1))["token"] == 9
 
 
 async def test_errors_and_plan_changes_break_the_wait():

@@ -14,7 +14,7 @@ import time
 import mlx.core as mx
 
 from .client import StreamRun, concurrent_completions, stream_completion
-from .cluster import LocalCluster
+from .cluster import LocalCluster, get_json
 from .results import SetupResult
 
 WARMUP_TOKENS = 4
@@ -97,6 +97,9 @@ def measure_swarm(cluster: LocalCluster, prompt_text: str, prompt_tokens: int, m
     r.decode_tps = _median([s.decode_tps for s in singles])
     r.raw["single_runs"] = [vars(s) | {"text": None} for s in singles]
     r.raw["stages"] = cluster.stages
+    timing = get_json(url + "/health")[1].get("decode_timing", {})
+    r.raw["decode_timing"] = timing
+    r.hop_overhead_ms = timing.get("overhead_per_hop_ms")
     texts = [s.text for s in singles]
     for c in concurrency:
         if c == 1:

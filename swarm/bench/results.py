@@ -20,6 +20,8 @@ class SetupResult:
     measured: bool = True
     # derived (see derive()):
     per_hop_ms: float | None = None
+    # measured by the entry node per decode step: (step wall - stage compute) / hops (swarm/coordination/hop_timing.py)
+    hop_overhead_ms: float | None = None
     prefill_mb_s: float | None = None
     raw: dict = field(default_factory=dict)
 

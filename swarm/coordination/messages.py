@@ -14,14 +14,16 @@ ERROR = "err"  # a stage could not serve a request; sent to its entry node
 RELEASE = "rel"  # the entry node is done with a request: free its KV caches
 
 
-def forward(rid: str, plan_id: str, pos: int, start: int, entry: str, sampling: dict | None) -> dict:
+def forward(rid: str, plan_id: str, pos: int, start: int, entry: str, sampling: dict | None,
+            compute_us: int = 0) -> dict:
+    """`cu`: microseconds the stages so far spent computing this step (see hop_timing)."""
     return {"t": FORWARD, "rid": rid, "plan": plan_id, "pos": pos, "start": start, "entry": entry,
-            "sampling": sampling}
+            "sampling": sampling, "cu": compute_us}
 
 
-def token(rid: str, plan_id: str, at: int, token_id: int) -> dict:
+def token(rid: str, plan_id: str, at: int, token_id: int, compute_us: int = 0) -> dict:
     """`at` is the sequence position of the sampled token: the entry matches it to its request."""
-    return {"t": TOKEN, "rid": rid, "plan": plan_id, "at": at, "token": token_id}
+    return {"t": TOKEN, "rid": rid, "plan": plan_id, "at": at, "token": token_id, "cu": compute_us}
 
 
 def error(rid: str, plan_id: str, kind: str, message: str) -> dict:

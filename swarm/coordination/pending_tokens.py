@@ -1,4 +1,8 @@
-"""The entry node's waiting room: one future per request for its next sampled token."""
+"""The entry node's waiting room: one future per request for its next sampled token.
+
+A future resolves to the whole token message (see messages.token): the token id
+and the stages' compute time travel together.
+"""
 
 from __future__ import annotations
 
@@ -28,11 +32,11 @@ class PendingTokens:
             return
         if header.get("t") == "tok":
             if header.get("at") == at and isinstance(header.get("token"), int):
-                fut.set_result(header["token"])
+                fut.set_result(header)
         else:
             fut.set_exception(PipelineBroken(f"{header.get('kind')}: {header.get('message')}"))
 
-    async def wait(self, rid: str, fut: asyncio.Future, timeout: float) -> int:
+    async def wait(self, rid: str, fut: asyncio.Future, timeout: float) -> dict:
         try:
             return await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:

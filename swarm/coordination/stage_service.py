@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from ..engine.sampling import SamplingParams
 from ..engine.stage import CacheMismatch, Stage
@@ -85,19 +86,20 @@ class StageService:
             return
         sampling = SamplingParams.from_dict(h["sampling"]) if h.get("sampling") else None
         try:
-            out = await self.worker.run(_compute, stage, rid, frame, sampling)
+            out, took_s = await self.worker.run(_compute, stage, rid, frame, sampling)
         except (CacheMismatch, ProtocolError) as e:
             await self._fail(entry, rid, plan_id, "cache" if isinstance(e, CacheMismatch) else "protocol", str(e))
             return
+        compute_us = _int(h.get("cu")) + round(took_s * 1e6)
         try:
             if stage.range.is_last:
                 if sampling is not None:
                     at = h["pos"] + frame.header["shape"][1]
-                    await self.router.send(entry, msg.token(rid, plan_id, at, out))
+                    await self.router.send(entry, msg.token(rid, plan_id, at, out, compute_us))
                 return
             nxt = plan.stages[index + 1]
             dtype, shape, data = out
-            header = {**msg.forward(rid, plan_id, h["pos"], nxt.start, entry, h.get("sampling")),
+            header = {**msg.forward(rid, plan_id, h["pos"], nxt.start, entry, h.get("sampling"), compute_us),
                       "dtype": dtype, "shape": shape}
             await self.router.send(nxt.node_id, header, data)
         except PeerUnreachable as e:
@@ -111,12 +113,17 @@ class StageService:
             pass  # the entry node is gone too; its clients are gone with it
 
 
+def _int(value) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def _compute(stage: Stage, rid: str, frame: Frame, sampling: SamplingParams | None):
-    """On the MLX thread: decode the input, run the shard, encode the output."""
+    """On the MLX thread: decode the input, run the shard, encode the output; and how long it took."""
+    t0 = time.perf_counter()
     x = frame_array(frame)
     out = stage.forward(rid, x, frame.header["pos"], sampling)
     if isinstance(out, int) or out is None:
-        return out
+        return out, time.perf_counter() - t0
     if stage.range.is_last:
-        return None  # a prefill chunk on the last stage: nothing to send on
-    return encode_array(out)  # the memoryview keeps the array alive until sent
+        return None, time.perf_counter() - t0  # a prefill chunk on the last stage: nothing to send on
+    return encode_array(out), time.perf_counter() - t0  # the memoryview keeps the array alive until sent

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import numpy as np
 
@@ -13,6 +14,7 @@ from ..engine.sampling import SamplingParams
 from ..inference.pipeline import PipelineBroken
 from ..transport.errors import PeerUnreachable
 from . import messages as msg
+from .hop_timing import HopTiming
 from .pending_tokens import PendingTokens
 from .router import Router
 
@@ -20,8 +22,10 @@ log = logging.getLogger(__name__)
 
 
 class SwarmPipeline:
-    def __init__(self, plan: Plan, router: Router, pending: PendingTokens, token_timeout: float):
+    def __init__(self, plan: Plan, router: Router, pending: PendingTokens, token_timeout: float,
+                 timing: HopTiming | None = None):
         self.plan, self.router, self.pending, self.token_timeout = plan, router, pending, token_timeout
+        self.timing = timing
         self._background: set[asyncio.Task] = set()
 
     @property
@@ -41,6 +45,7 @@ class SwarmPipeline:
                   "dtype": "int32", "shape": list(ids.shape)}
         at = start_pos + len(tokens)
         fut = self.pending.expect(request_id, self.plan.plan_id, at) if sampling else None
+        t0 = time.perf_counter()
         try:
             await self.router.send(first.node_id, header, ids.tobytes())
         except PeerUnreachable as e:
@@ -49,7 +54,16 @@ class SwarmPipeline:
             raise PipelineBroken(str(e)) from None
         if fut is None:
             return None  # prefill: nothing comes back; errors arrive with the next sampled step
-        return await self.pending.wait(request_id, fut, self.token_timeout)
+        answer = await self.pending.wait(request_id, fut, self.token_timeout)
+        if len(tokens) == 1 and self.timing is not None:
+            self.timing.record(time.perf_counter() - t0, answer.get("cu") or 0, self.hops)
+        return answer["token"]
+
+    @property
+    def hops(self) -> int:
+        """Network messages per step: one per stage boundary, one to stage 0 unless that is us, one back."""
+        stages = self.path
+        return len(stages) - 1 + (stages[0] != self.entry) + (stages[-1] != self.entry)
 
     async def release(self, request_id: str) -> None:
         # In the background: a dead stage must not delay the request that is recovering.
