@@ -1,10 +1,15 @@
 """Peer transport over loopback: decode-step latency and prefill-sized throughput.
 
-    python benchmarks/transport_roundtrip.py [--small 2000] [--large 50]
+    python benchmarks/transport_roundtrip.py [--small 2000] [--large 50] [--idle-ms 25,60]
 
 An echo node runs in a child process (its own interpreter and event loop, as
 a real peer would). Every frame is decoded into an mx.array on arrival, so
 the numbers include array encode/decode, not only the socket.
+
+The idle rows repeat the small round trip after both ends slept for a while, as
+pipeline stages do between decode steps (a stage waits while the others compute).
+On a VM whose idle vCPUs halt, waking a sleeping process costs far more than the
+socket itself; that is the floor under the swarm's per-hop decode overhead.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ async def run_echo() -> None:
             await transport.send("bench", back, {"t": "ack", "n": a.size})
 
 
-async def run_bench(small: int, large: int) -> None:
+async def run_bench(small: int, large: int, idle_ms: list[float]) -> None:
     child = subprocess.Popen([sys.executable, __file__, "--echo"], stdout=subprocess.PIPE, text=True)
     try:
         echo_port = int(child.stdout.readline())
@@ -79,6 +84,12 @@ async def run_bench(small: int, large: int) -> None:
         await exchange("bulk", big)
 
         small_times = [await exchange("ping", x) for _ in range(small)]
+        idle_times = {}
+        for gap in idle_ms:
+            idle_times[gap] = []
+            for _ in range(max(20, min(small, int(4000 / max(gap, 1))))):  # ~4 s per gap
+                time.sleep(gap / 1e3)  # block the whole process, as a stage waiting for its turn
+                idle_times[gap].append(await exchange("ping", x))
         large_times = [await exchange("bulk", big) for _ in range(large)]
 
         start = time.perf_counter()  # pipelined: all sends first, then all acks
@@ -100,6 +111,9 @@ async def run_bench(small: int, large: int) -> None:
     print(f"{'measurement':<46} {'p50':>9} {'p99':>9} {'mean':>9}")
     print(f"{'round trip, (1,1,576) f32 there and back (ms)':<46} "
           f"{pct(small_times, 0.5):9.3f} {pct(small_times, 0.99):9.3f} {statistics.mean(small_times) * 1e3:9.3f}")
+    for gap, times in idle_times.items():
+        print(f"{f'  the same after {gap:g} ms idle (ms)':<46} "
+              f"{pct(times, 0.5):9.3f} {pct(times, 0.99):9.3f} {statistics.mean(times) * 1e3:9.3f}")
     print(f"{f'(1,2048,576) f32 {mb:.1f} MB there, ack back (ms)':<46} "
           f"{pct(large_times, 0.5):9.3f} {pct(large_times, 0.99):9.3f} {statistics.mean(large_times) * 1e3:9.3f}")
     print(f"{'  one at a time, throughput (MB/s)':<46} {mb / (pct(large_times, 0.5) / 1e3):9.0f}")
@@ -110,9 +124,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--small", type=int, default=2000, help="decode-step round trips")
     parser.add_argument("--large", type=int, default=50, help="prefill-sized frames")
+    parser.add_argument("--idle-ms", default="25,60", help="idle gaps before extra small round trips, comma-separated")
     parser.add_argument("--echo", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    asyncio.run(run_echo() if args.echo else run_bench(args.small, args.large))
+    idle = [float(v) for v in args.idle_ms.split(",") if v.strip()]
+    asyncio.run(run_echo() if args.echo else run_bench(args.small, args.large, idle))
 
 
 if __name__ == "__main__":

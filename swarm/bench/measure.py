@@ -100,6 +100,7 @@ def measure_swarm(cluster: LocalCluster, prompt_text: str, prompt_tokens: int, m
     timing = get_json(url + "/health")[1].get("decode_timing", {})
     r.raw["decode_timing"] = timing
     r.hop_overhead_ms = timing.get("overhead_per_hop_ms")
+    r.step_compute_ms, r.step_overhead_ms = timing.get("compute_ms"), timing.get("overhead_ms")
     texts = [s.text for s in singles]
     for c in concurrency:
         if c == 1:

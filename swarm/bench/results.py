@@ -22,6 +22,8 @@ class SetupResult:
     per_hop_ms: float | None = None
     # measured by the entry node per decode step: (step wall - stage compute) / hops (swarm/coordination/hop_timing.py)
     hop_overhead_ms: float | None = None
+    step_compute_ms: float | None = None  # median time the stages computed per decode step
+    step_overhead_ms: float | None = None  # median step wall time minus that
     prefill_mb_s: float | None = None
     raw: dict = field(default_factory=dict)
 

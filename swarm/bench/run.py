@@ -112,6 +112,8 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
         "streams / wall time, prefill included.\n"
         f"Per-hop decode ms: (s/token with K stages - s/token with 1 stage) / hops, hops = K "
         f"(K-1 activations + 1 token back; entry = stage 0); swarm vs the 1-node swarm, ring vs mlx-lm alone.\n"
+        "Decode step ms: the median decode step of one stream, split by the entry node into the time the "
+        "stages spent computing and the rest (mlx-lm alone and the ring: the whole step).\n"
         "Overhead/hop ms: measured by the entry node on every decode step of the single-stream runs, "
         "(step wall time - time the stages spent computing) / hops, median; what the swarm adds per hop "
         "(serialization, TCP, event loop, thread hand-offs) without the run-to-run noise of the column before.\n"

@@ -15,10 +15,16 @@ def _with_ratio(x: float | None, ref: float | None, fmt: str = "{:.1f}") -> str:
     return f"{fmt.format(x)} ({x / ref:.2f}x)" if ref else fmt.format(x)
 
 
+def _step(r: SetupResult) -> str:
+    if r.step_compute_ms is not None and r.step_overhead_ms is not None:
+        return f"{r.step_compute_ms:.1f} + {r.step_overhead_ms:.1f}"
+    return f"{1e3 / r.decode_tps:.1f} (all)" if r.decode_tps else "n/a"
+
+
 def markdown_table(results: list[SetupResult], concurrency: list[int]) -> str:
     ref = next((r for r in results if r.kind == "mlx-lm" and r.measured), None)
     head = ["setup", "stages (layers)", "TTFT ms", "decode tok/s, 1 stream",
-            *[f"aggregate tok/s @{c}" for c in concurrency], "per-hop decode ms", "overhead/hop ms", "prefill act. MB/s",
+            *[f"aggregate tok/s @{c}" for c in concurrency], "decode step ms: compute + overhead", "per-hop decode ms", "overhead/hop ms", "prefill act. MB/s",
             "same tokens", "note"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 3) + ["---"] * 2) + "|"]
     for r in results:
@@ -31,6 +37,6 @@ def markdown_table(results: list[SetupResult], concurrency: list[int]) -> str:
                      _with_ratio(r.decode_tps, ref.decode_tps if ref else None),
                      *[_with_ratio(r.aggregate_tps.get(c), ref.aggregate_tps.get(c) if ref else None)
                        for c in concurrency],
-                     _num(r.per_hop_ms, "{:.2f}"), _num(r.hop_overhead_ms, "{:.2f}"), _num(r.prefill_mb_s), r.same_tokens, r.note]
+                     _step(r), _num(r.per_hop_ms, "{:.2f}"), _num(r.hop_overhead_ms, "{:.2f}"), _num(r.prefill_mb_s), r.same_tokens, r.note]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
