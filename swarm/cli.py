@@ -51,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recovery-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="how long a request waits for a whole pipeline before it fails with 503 "
                         "(default: %(default)s)")
+    p.add_argument("--batch-decode", type=_batch, default=1, metavar="N",
+                   help="run up to N requests' decode steps through this node's layers in one pass: "
+                        "more tokens/s under concurrency, but greedy output may then differ from one "
+                        "machine's in rare near-ties (default: %(default)s, off)")
     p.add_argument("--peer-host", default="0.0.0.0", help="address the peer port listens on (default: %(default)s)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="log verbosity (default: %(default)s)")
@@ -62,6 +66,12 @@ def _host_port(text: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
     return host.strip("[]"), int(port)
+
+
+def _batch(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 64:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 1 to 64, got {text!r}")
+    return int(text)
 
 
 def _size(text: str) -> int:
@@ -78,7 +88,8 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
                       default_max_tokens=args.max_tokens_default, swarm=args.swarm,
                       interfaces=args.interfaces, peers=args.peers, mdns=not args.no_mdns,
                       memory_limit=args.memory_limit, strategy=args.strategy,
-                      recovery_timeout=args.recovery_timeout, peer_host=args.peer_host)
+                      recovery_timeout=args.recovery_timeout, peer_host=args.peer_host,
+                      batch_decode=args.batch_decode)
 
 
 async def _serve(node) -> None:

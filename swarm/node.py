@@ -99,7 +99,8 @@ class Node:
                                       profile_provider=lambda: self.discovery.profile)
         self.router = Router(profile.node_id, self.transport, self._address_of)
         self.host = StageHost(model.path, self.dtype, self.worker)
-        self.stage_service = StageService(self.host, self.router, self.pending, self.worker)
+        self.stage_service = StageService(self.host, self.router, self.pending, self.worker,
+                                          max_batch=cfg.batch_decode)
         self.discovery = Discovery(profile, interfaces=cfg.interfaces, static_peers=cfg.peers, mdns=cfg.mdns,
                                    on_event=self._on_peer_event, state_dir=cfg.state_dir)
         self.coordinator = Coordinator(model_spec(sizes, cfg.kv_reserve_tokens), model.fingerprint,
@@ -151,7 +152,14 @@ class Node:
                 "plan_id": self.coordinator.plan.plan_id if self.service and self.coordinator.plan else None,
                 "layers": [stage.range.start, stage.range.end] if stage else None,
                 "cached_requests": stage.active_requests if stage else 0, **self.stats.to_dict(),
-                "decode_timing": self.hop_timing.to_dict()}
+                "decode_timing": self.hop_timing.to_dict(), "decode_batching": self._batching()}
+
+    def _batching(self) -> dict:
+        service = getattr(self, "stage_service", None)
+        if service is None:
+            return {}
+        return {"max_batch": service.max_batch, "batched_passes": service.batched_passes,
+                "batched_rows": service.batched_rows}
 
     def topology(self) -> dict:
         return topology_snapshot(self)

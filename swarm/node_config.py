@@ -38,3 +38,4 @@ class NodeConfig:
     kv_reserve_tokens: int = 4096  # KV cache room reserved per layer when planning
     recovery_timeout: float = 30.0  # how long a request waits for a whole pipeline
     token_timeout: float = 120.0  # last-resort bound on one step when no failure is seen
+    batch_decode: int = 1  # most decode steps of different requests run as one pass (1: never batch)

@@ -66,8 +66,8 @@ class LocalCluster:
     """Context manager: start n nodes, wait until they serve one n-stage plan, stop them all."""
 
     def __init__(self, n: int, workdir: Path, model: str | None, memory_limit: str = "2G",
-                 ready_timeout: float = 300.0, log_level: str = "WARNING"):
-        self.n, self.workdir, self.model = n, workdir, model
+                 ready_timeout: float = 300.0, log_level: str = "WARNING", extra_args: tuple[str, ...] = ()):
+        self.n, self.workdir, self.model, self.extra_args = n, workdir, model, tuple(extra_args)
         self.memory_limit, self.ready_timeout, self.log_level = memory_limit, ready_timeout, log_level
         # One swarm name per cluster: a straggler from an earlier setup can never join this one.
         self.swarm = f"bench-{os.getpid()}-{n}-{time.monotonic_ns() % 10**6}"
@@ -99,7 +99,7 @@ class LocalCluster:
                 "--api-port", str(node.api_port), "--peer-port", str(node.peer_port), *peers,
                 "--node-id", node.node_id, "--name", node.node_id, "--swarm", self.swarm,
                 "--state-dir", str(self.workdir / f"state-{node.index}"), "--strategy", "memory",
-                "--memory-limit", self.memory_limit, "--log-level", self.log_level]
+                "--memory-limit", self.memory_limit, "--log-level", self.log_level, *self.extra_args]
         if self.model:
             argv += ["--model", self.model]
         with open(node.log, "w") as out:

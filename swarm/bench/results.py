@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 @dataclass
 class SetupResult:
     name: str
-    kind: str  # "mlx-lm" | "swarm" | "mlx-ring"
+    kind: str  # "mlx-lm" | "swarm" | "swarm-batched" | "mlx-ring"
     stages: int  # pipeline stages (1 for mlx-lm alone)
     split: str  # layer ranges per stage, e.g. "0-15, 15-30"
     prompt_tokens: int

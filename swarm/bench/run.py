@@ -54,7 +54,7 @@ def reference_text(tokenizer, ids: list[int]) -> str:
 
 
 def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrency: list[int], runs: int,
-            with_ring: bool, memory_limit: str, workdir: Path) -> Report:
+            with_ring: bool, memory_limit: str, workdir: Path, batch_decode: int = 0) -> Report:
     from mlx_lm.utils import load_tokenizer
 
     from swarm.engine.blas import blas_in_use
@@ -81,14 +81,19 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
     reference = reference_text(tokenizer, ref_ids)
     results: list[SetupResult] = [ref]
 
+    variants = [()] + ([("--batch-decode", str(batch_decode))] if batch_decode > 1 else [])
     for n in nodes:
-        progress(f"swarm with {n} node(s): starting")
-        with LocalCluster(n, workdir, str(model.path), memory_limit) as cluster:
-            load = loadavg()
-            progress(f"swarm with {n} node(s): plan {cluster.topology['plan']['plan_id']} stages "
-                     + ", ".join(f"{s['node_id']}[{s['start']},{s['end']})" for s in cluster.stages))
-            results.append(_with_load(
-                measure_swarm(cluster, PROMPT, len(prompt), max_tokens, concurrency, runs, reference), load))
+        for extra in variants:
+            progress(f"swarm with {n} node(s) {' '.join(extra)}: starting")
+            with LocalCluster(n, workdir, str(model.path), memory_limit, extra_args=extra) as cluster:
+                load = loadavg()
+                progress(f"swarm with {n} node(s): plan {cluster.topology['plan']['plan_id']} stages "
+                         + ", ".join(f"{s['node_id']}[{s['start']},{s['end']})" for s in cluster.stages))
+                r = measure_swarm(cluster, PROMPT, len(prompt), max_tokens, concurrency, runs, reference)
+                if extra:
+                    r.name += f", batch-decode {batch_decode}"
+                    r.kind = "swarm-batched"  # not a baseline for the per-hop numbers
+                results.append(_with_load(r, load))
 
     if not with_ring:
         pass
@@ -119,6 +124,8 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
         "(serialization, TCP, event loop, thread hand-offs) without the run-to-run noise of the column before.\n"
         f"Prefill act. MB/s: computed, prompt_tokens x hidden x {act_bytes} B x (stages-1) / TTFT "
         "(not read from the transport).\n"
+        "Batch-decode rows: nodes started with --batch-decode (decode steps of concurrent requests share a "
+        "pass); batched rows may differ from a lone request in the last bits, so greedy text can differ.\n"
         "Same tokens: the streamed text of every swarm request equals mlx-lm alone's greedy tokens, "
         "detokenized; the ring compares token ids of its own prompt.\n"
         "Note: load a->b is the machine's 1-min load average before/after a setup; above the core count, "

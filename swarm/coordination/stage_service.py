@@ -1,9 +1,15 @@
 """Serves incoming peer frames: runs forward passes for our stage and routes results.
 
-Frames for our stage are computed one at a time in arrival order (the MLX thread
-is single anyway), which also keeps each request's frames in order downstream.
-Different requests still overlap across nodes: while we compute one request,
-the next stage computes another (pipelining).
+Frames for our stage are computed in arrival order (the MLX thread is single
+anyway), which also keeps each request's frames in order downstream. Different
+requests still overlap across nodes: while we compute one request, the next
+stage computes another (pipelining).
+
+With max_batch > 1 (opt-in, `--batch-decode`), decode steps of different
+requests that queued up while we computed run as one pass: the weights are read
+once for all of them, which is what bounds decode speed. Batched rows may differ
+from a lone request's in the last bits, so greedy output can then differ from a
+single machine's; the default (1) keeps it identical.
 """
 
 from __future__ import annotations
@@ -29,8 +35,12 @@ IDLE_CACHE_S = 600.0  # caches of a request nobody touched this long are freed (
 
 
 class StageService:
-    def __init__(self, host: StageHost, router: Router, pending: PendingTokens, worker: MlxWorker):
+    def __init__(self, host: StageHost, router: Router, pending: PendingTokens, worker: MlxWorker,
+                 max_batch: int = 1):
         self.host, self.router, self.pending, self.worker = host, router, pending, worker
+        self.max_batch = max_batch
+        self.batched_passes = 0  # passes that ran more than one request's decode step
+        self.batched_rows = 0
         self._queue: asyncio.Queue[Frame] = asyncio.Queue()
         self._task: asyncio.Task | None = None
         router.local = self.on_message
@@ -59,7 +69,7 @@ class StageService:
                 if frame.header["t"] == msg.RELEASE:
                     await self._release(str(frame.header.get("rid")))
                 else:
-                    await self._forward(frame)
+                    await self._forward(self._with_queued_decode_steps(frame))
             except Exception:
                 log.exception("failed to serve a %s frame", frame.header.get("t"))
             now = asyncio.get_running_loop().time()
@@ -72,23 +82,60 @@ class StageService:
         if stage is not None:
             await self.worker.run(stage.release, rid)
 
-    async def _forward(self, frame: Frame) -> None:
+    def _with_queued_decode_steps(self, frame: Frame) -> list[Frame]:
+        """`frame`, plus the decode steps queued right behind it, up to max_batch.
+
+        Only consecutive frames from the head of the queue: nothing overtakes a frame
+        it was queued behind, so each request's frames keep their order.
+        """
+        frames = [frame]
+        if self.max_batch < 2 or not _is_decode_step(frame):
+            return frames
+        queued = self._queue._queue  # asyncio.Queue keeps its items in this deque
+        rids, like = {frame.header.get("rid")}, (frame.header.get("dtype"), frame.header.get("shape"))
+        while (len(frames) < self.max_batch and queued and _is_decode_step(queued[0])
+               and (queued[0].header.get("dtype"), queued[0].header.get("shape")) == like
+               and queued[0].header.get("rid") not in rids):
+            nxt = self._queue.get_nowait()
+            rids.add(nxt.header.get("rid"))
+            frames.append(nxt)
+        return frames
+
+    async def _forward(self, frames: list[Frame]) -> None:
+        stage, plan, index = self.host.stage, self.host.plan, self.host.stage_index()
+        accepted = [(f, s) for f in frames if (s := await self._accept(f, stage, plan)) is not False]
+        if not accepted:
+            return
+        if len(accepted) == 1:
+            frame, sampling = accepted[0]
+            outs = [await self.worker.run(_compute, stage, frame, sampling)]
+        else:
+            outs = await self.worker.run(_compute_batch, stage, accepted)
+            self.batched_passes += 1
+            self.batched_rows += len(accepted)
+        for (frame, sampling), (out, took_s) in zip(accepted, outs):
+            await self._deliver(frame, sampling, out, took_s, stage, plan, index)
+
+    async def _accept(self, frame: Frame, stage: Stage | None, plan) -> SamplingParams | None | bool:
+        """The frame's sampling params if we can serve it; False (answered or dropped) if not."""
         h = frame.header
         rid, entry, plan_id = h.get("rid"), h.get("entry"), h.get("plan")
         if not isinstance(rid, str) or not isinstance(entry, str) or not isinstance(h.get("pos"), int):
             log.warning("dropping a malformed forward frame: %s", {k: h.get(k) for k in ("rid", "entry", "pos")})
-            return
-        stage, plan, index = self.host.stage, self.host.plan, self.host.stage_index()
+            return False
         if plan is None or stage is None or plan_id != plan.plan_id or h.get("start") != stage.range.start:
             await self._fail(entry, rid, plan_id, "plan_mismatch",
                              f"node {self.router.node_id} serves plan {self.host.plan_id} "
                              f"layers {stage.range.start if stage else None}, not {plan_id} layer {h.get('start')}")
-            return
-        sampling = SamplingParams.from_dict(h["sampling"]) if h.get("sampling") else None
-        try:
-            out, took_s = await self.worker.run(_compute, stage, rid, frame, sampling)
-        except (CacheMismatch, ProtocolError) as e:
-            await self._fail(entry, rid, plan_id, "cache" if isinstance(e, CacheMismatch) else "protocol", str(e))
+            return False
+        return SamplingParams.from_dict(h["sampling"]) if h.get("sampling") else None
+
+    async def _deliver(self, frame: Frame, sampling: SamplingParams | None, out, took_s: float,
+                       stage: Stage, plan, index: int) -> None:
+        h = frame.header
+        rid, entry, plan_id = h["rid"], h["entry"], h.get("plan")
+        if isinstance(out, (CacheMismatch, ProtocolError)):
+            await self._fail(entry, rid, plan_id, "cache" if isinstance(out, CacheMismatch) else "protocol", str(out))
             return
         compute_us = _int(h.get("cu")) + round(took_s * 1e6)
         try:
@@ -117,13 +164,45 @@ def _int(value) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def _compute(stage: Stage, rid: str, frame: Frame, sampling: SamplingParams | None):
-    """On the MLX thread: decode the input, run the shard, encode the output; and how long it took."""
-    t0 = time.perf_counter()
-    x = frame_array(frame)
-    out = stage.forward(rid, x, frame.header["pos"], sampling)
-    if isinstance(out, int) or out is None:
-        return out, time.perf_counter() - t0
+def _is_decode_step(frame: Frame) -> bool:
+    h = frame.header
+    shape = h.get("shape")
+    return (h.get("t") == msg.FORWARD and isinstance(h.get("pos"), int) and h["pos"] > 0
+            and isinstance(shape, list) and len(shape) >= 2 and shape[0] == 1 and shape[1] == 1)
+
+
+def _result(stage: Stage, out):
+    """What to deliver for a forward result: a token, None, or the encoded activations."""
+    if isinstance(out, (int, Exception)) or out is None:
+        return out
     if stage.range.is_last:
-        return None, time.perf_counter() - t0  # a prefill chunk on the last stage: nothing to send on
-    return encode_array(out), time.perf_counter() - t0  # the memoryview keeps the array alive until sent
+        return None  # a prefill chunk on the last stage: nothing to send on
+    return encode_array(out)  # the memoryview keeps the array alive until sent
+
+
+def _compute(stage: Stage, frame: Frame, sampling: SamplingParams | None):
+    """On the MLX thread: decode the input, run the shard, encode the output; and how long it took.
+
+    A request's own failure (lost cache, bad array) is returned, not raised."""
+    t0 = time.perf_counter()
+    try:
+        out = stage.forward(frame.header["rid"], frame_array(frame), frame.header["pos"], sampling)
+    except (CacheMismatch, ProtocolError) as e:
+        out = e
+    return _result(stage, out), time.perf_counter() - t0
+
+
+def _compute_batch(stage: Stage, accepted: list[tuple[Frame, SamplingParams | None]]):
+    """_compute for several decode steps in one pass; each row is charged the whole pass."""
+    t0 = time.perf_counter()
+    items, results = [], {}
+    for i, (frame, sampling) in enumerate(accepted):
+        try:
+            items.append((i, (frame.header["rid"], frame_array(frame), frame.header["pos"], sampling)))
+        except ProtocolError as e:
+            results[i] = e
+    outs = stage.decode_batch([item for _, item in items]) if items else []
+    for (i, _), out in zip(items, outs):
+        results[i] = out
+    took = time.perf_counter() - t0
+    return [(_result(stage, results[i]), took) for i in range(len(accepted))]

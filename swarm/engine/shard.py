@@ -18,6 +18,11 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.utils import load_model
 
 
+# A transformer block as llama, qwen2, qwen3 and most mlx-lm families write it:
+# h = x + self_attn(input_layernorm(x)); out = h + mlp(post_attention_layernorm(h))
+_BLOCK_PARTS = ("self_attn", "input_layernorm", "post_attention_layernorm", "mlp")
+
+
 @dataclass(frozen=True)
 class LayerRange:
     start: int
@@ -76,6 +81,31 @@ class Shard(nn.Module):
         h = self.norm(h[:, -1:, :])
         head = self.embed_tokens.as_linear if self.tied else self.lm_head
         return head(h)[0, -1]
+
+    @property
+    def can_batch(self) -> bool:
+        """True when every block is the standard pre-norm attention + MLP block decode_batch unrolls."""
+        return all(all(hasattr(layer, a) for a in _BLOCK_PARTS) for layer in self.layers)
+
+    def decode_batch(self, x: mx.array, caches: list[list[KVCache]]) -> mx.array:
+        """One new position for each of B requests: x is ids (B, 1) or hidden states (B, 1, D).
+
+        Each request attends over its own cache (lengths differ), so attention runs
+        row by row; the MLP and the head, most of the weights, run once for all rows.
+        Returns hidden states (B, 1, D), or on the last shard the logits (B, vocab).
+        Rows can differ from a single-request forward in the last bits (matmul kernels
+        depend on the row count), so this is used only when the node opts in.
+        """
+        h = self.embed_tokens(x) if self.range.is_first else x
+        for i, layer in enumerate(self.layers):
+            rows = [h[b:b + 1] + layer.self_attn(layer.input_layernorm(h[b:b + 1]), None, caches[b][i])
+                    for b in range(h.shape[0])]
+            h = mx.concatenate(rows, axis=0)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        if not self.range.is_last:
+            return h
+        head = self.embed_tokens.as_linear if self.tied else self.lm_head
+        return head(self.norm(h))[:, -1]
 
     def weight_bytes(self) -> int:
         return sum(v.nbytes for _, v in tree_flatten(self.parameters()))

@@ -55,6 +55,36 @@ class Stage:
             return out
         return sample(out, sampling, start_pos + x.shape[1])
 
+    def decode_batch(self, items: list[tuple[str, mx.array, int, SamplingParams | None]]) -> list:
+        """One decode position for several requests in one pass (see Shard.decode_batch).
+
+        items: (request id, input of one position, its position, sampling). Returns per
+        item what forward would, or the CacheMismatch that request hit (the others go on).
+        """
+        results: list = [None] * len(items)
+        rows, states = [], []
+        for i, (rid, x, pos, _) in enumerate(items):
+            state = self._requests.get(rid)
+            if state is None or state.offset != pos or pos == 0 or x.shape[1] != 1:
+                held = state.offset if state else 0
+                results[i] = CacheMismatch(f"request {rid}: cache holds {held} positions, frame starts at {pos}")
+                continue
+            state.last_used = time.monotonic()
+            rows.append(i)
+            states.append(state)
+        if not rows:
+            return results
+        out = self.shard.decode_batch(mx.concatenate([items[i][1] for i in rows], axis=0),
+                                      [st.caches for st in states])
+        mx.eval(out, [c.state for st in states for c in st.caches])
+        for j, i in enumerate(rows):
+            _, _, pos, sampling = items[i]
+            if not self.range.is_last:
+                results[i] = out[j:j + 1]
+            elif sampling is not None:
+                results[i] = sample(out[j], sampling, pos + 1)
+        return results
+
     def release(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
 
