@@ -84,7 +84,7 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
     variants = [()] + ([("--batch-decode", str(batch_decode))] if batch_decode > 1 else [])
     for n in nodes:
         for extra in variants:
-            progress(f"swarm with {n} node(s) {' '.join(extra)}: starting")
+            progress(f"swarm with {n} node(s){''.join(' ' + a for a in extra)}: starting")
             with LocalCluster(n, workdir, str(model.path), memory_limit, extra_args=extra) as cluster:
                 load = loadavg()
                 progress(f"swarm with {n} node(s): plan {cluster.topology['plan']['plan_id']} stages "
