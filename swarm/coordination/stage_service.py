@@ -106,13 +106,14 @@ class StageService:
         accepted = [(f, s) for f in frames if (s := await self._accept(f, stage, plan)) is not False]
         if not accepted:
             return
-        if len(accepted) == 1:
-            frame, sampling = accepted[0]
-            outs = [await self.worker.run(_compute, stage, frame, sampling)]
-        else:
-            outs = await self.worker.run(_compute_batch, stage, accepted)
-            self.batched_passes += 1
-            self.batched_rows += len(accepted)
+        if len(accepted) == 1 or not stage.shard.can_batch:  # (a block decode_batch cannot unroll)
+            for frame, sampling in accepted:
+                out, took_s = await self.worker.run(_compute, stage, frame, sampling)
+                await self._deliver(frame, sampling, out, took_s, stage, plan, index)
+            return
+        outs = await self.worker.run(_compute_batch, stage, accepted)
+        self.batched_passes += 1
+        self.batched_rows += len(accepted)
         for (frame, sampling), (out, took_s) in zip(accepted, outs):
             await self._deliver(frame, sampling, out, took_s, stage, plan, index)
 
