@@ -61,7 +61,8 @@ class SwarmPipeline:
 
     @property
     def hops(self) -> int:
-        """Network messages per step: one per stage boundary, one to stage 0 unless that is us, one back."""
+        """Network messages per step: one per stage boundary, plus entry -> stage 0 and last stage -> entry
+        when those are other nodes."""
         stages = self.path
         return len(stages) - 1 + (stages[0] != self.entry) + (stages[-1] != self.entry)
 
