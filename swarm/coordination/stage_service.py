@@ -21,6 +21,7 @@ import time
 from ..engine.sampling import SamplingParams
 from ..engine.stage import CacheMismatch, Stage
 from ..engine.worker import MlxWorker
+from ..hop_trace import mark
 from ..transport.arrays import encode_array, frame_array
 from ..transport.errors import PeerUnreachable, ProtocolError
 from ..transport.frames import Frame
@@ -65,6 +66,7 @@ class StageService:
         last_gc = asyncio.get_running_loop().time()
         while True:
             frame = await self._queue.get()
+            mark("dequeued", frame.header)
             try:
                 if frame.header["t"] == msg.RELEASE:
                     await self._release(str(frame.header.get("rid")))
@@ -138,18 +140,23 @@ class StageService:
         if isinstance(out, (CacheMismatch, ProtocolError)):
             await self._fail(entry, rid, plan_id, "cache" if isinstance(out, CacheMismatch) else "protocol", str(out))
             return
+        mark("back_on_loop", h)
         compute_us = _int(h.get("cu")) + round(took_s * 1e6)
         try:
             if stage.range.is_last:
                 if sampling is not None:
                     at = h["pos"] + frame.header["shape"][1]
+                    mark("send", h)
                     await self.router.send(entry, msg.token(rid, plan_id, at, out, compute_us))
+                    mark("sent", h)
                 return
             nxt = plan.stages[index + 1]
             dtype, shape, data = out
             header = {**msg.forward(rid, plan_id, h["pos"], nxt.start, entry, h.get("sampling"), compute_us),
                       "dtype": dtype, "shape": shape}
+            mark("send", h)
             await self.router.send(nxt.node_id, header, data)
+            mark("sent", h)
         except PeerUnreachable as e:
             await self._fail(entry, rid, plan_id, "unreachable", str(e))
 
@@ -185,12 +192,15 @@ def _compute(stage: Stage, frame: Frame, sampling: SamplingParams | None):
     """On the MLX thread: decode the input, run the shard, encode the output; and how long it took.
 
     A request's own failure (lost cache, bad array) is returned, not raised."""
+    mark("compute_start", frame.header)
     t0 = time.perf_counter()
     try:
         out = stage.forward(frame.header["rid"], frame_array(frame), frame.header["pos"], sampling)
     except (CacheMismatch, ProtocolError) as e:
         out = e
-    return _result(stage, out), time.perf_counter() - t0
+    result = _result(stage, out), time.perf_counter() - t0
+    mark("compute_end", frame.header)
+    return result
 
 
 def _compute_batch(stage: Stage, accepted: list[tuple[Frame, SamplingParams | None]]):

@@ -11,6 +11,7 @@ import numpy as np
 from partitioner import Plan
 
 from ..engine.sampling import SamplingParams
+from ..hop_trace import STEP_END, STEP_START, mark
 from ..inference.pipeline import PipelineBroken
 from ..transport.errors import PeerUnreachable
 from . import messages as msg
@@ -46,6 +47,8 @@ class SwarmPipeline:
         at = start_pos + len(tokens)
         fut = self.pending.expect(request_id, self.plan.plan_id, at) if sampling else None
         t0 = time.perf_counter()
+        if fut is not None:
+            mark(STEP_START, header)
         try:
             await self.router.send(first.node_id, header, ids.tobytes())
         except PeerUnreachable as e:
@@ -55,6 +58,7 @@ class SwarmPipeline:
         if fut is None:
             return None  # prefill: nothing comes back; errors arrive with the next sampled step
         answer = await self.pending.wait(request_id, fut, self.token_timeout)
+        mark(STEP_END, header)
         if len(tokens) == 1 and self.timing is not None:
             self.timing.record(time.perf_counter() - t0, answer.get("cu") or 0, self.hops)
         return answer["token"]

@@ -21,6 +21,7 @@ from typing import Any, Callable
 from discovery.profile_exchange import MAGIC as PROFILE_MAGIC
 from discovery.profile_exchange import answer_profile_request
 
+from ..hop_trace import mark
 from .base import Address, OnMessage, Transport
 from .errors import ConnectionClosed, PeerUnreachable, ProtocolError
 from .frames import DEFAULT_MAX_PAYLOAD_BYTES, MAGIC, encode_frame, read_frame, read_magic
@@ -165,5 +166,6 @@ class TcpTransport(Transport):
         raise_if_rejected(frame)
         while True:
             if self._on_message is not None:
+                mark("received", frame.header)
                 await self._on_message(sender, frame)
             frame = await read_frame(reader, self.max_payload)
