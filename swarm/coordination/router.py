@@ -27,7 +27,10 @@ class Router:
         if address is None:
             raise PeerUnreachable(node_id, "not in this node's view of the swarm")
         try:
-            await asyncio.wait_for(self.transport.send(node_id, address, header, payload), SEND_TIMEOUT_S)
-        except asyncio.TimeoutError:
+            # asyncio.timeout, not wait_for: wait_for (3.11) runs the send in a new task, so the
+            # frame would leave one event-loop iteration later, on every hop.
+            async with asyncio.timeout(SEND_TIMEOUT_S):
+                await self.transport.send(node_id, address, header, payload)
+        except TimeoutError:
             await self.transport.drop(node_id)  # a half-written frame leaves the stream unusable
             raise PeerUnreachable(node_id, f"send blocked for {SEND_TIMEOUT_S:.0f}s") from None
