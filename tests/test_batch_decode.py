@@ -17,6 +17,7 @@ import mlx.core as mx
 import pytest
 
 from swarm.bench.cluster import LocalCluster, get_json
+from swarm.engine.batched_attention import projections_batch
 from swarm.engine.sampling import SamplingParams
 from swarm.engine.shard import load_shard
 from swarm.engine.stage import Stage
@@ -45,9 +46,19 @@ def model(tmp_path_factory) -> Path:
                               heads=8, kv_heads=2, intermediate=768, seed=7)
 
 
-def test_batched_stage_equals_one_request_at_a_time(model: Path) -> None:
-    """In process: Stage.decode_batch against Stage.forward, rows of different lengths."""
+@pytest.fixture(scope="module", params=["qwen3", "llama", "qwen2"])
+def family_model(request, tmp_path_factory) -> Path:
+    return build_random_model(tmp_path_factory.mktemp(request.param) / "m", family=request.param, n_layers=3,
+                              hidden=128, heads=4, kv_heads=2, intermediate=256, seed=7)
+
+
+def test_batched_stage_equals_one_request_at_a_time(family_model: Path) -> None:
+    """In process: Stage.decode_batch against Stage.forward, rows of different lengths.
+
+    Every family whose attention projections are batched (engine/batched_attention.py)."""
+    model = family_model
     single, batched = Stage(load_shard(model, 0, None)), Stage(load_shard(model, 0, None))
+    assert projections_batch(batched.shard.layers[0].self_attn)
     prompts = [[5, 9, 13, 2, 7], [3, 3], [11, 4, 8, 1, 9, 6, 2, 10]]
     greedy, seeded = SamplingParams(), SamplingParams(temperature=0.8, top_p=0.9, seed=3)
     sampling = [greedy, seeded, greedy]

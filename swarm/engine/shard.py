@@ -17,6 +17,8 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 from mlx_lm.utils import load_model
 
+from .batched_attention import batched_attention
+
 
 # A transformer block as llama, qwen2, qwen3 and most mlx-lm families write it:
 # h = x + self_attn(input_layernorm(x)); out = h + mlp(post_attention_layernorm(h))
@@ -90,17 +92,16 @@ class Shard(nn.Module):
     def decode_batch(self, x: mx.array, caches: list[list[KVCache]]) -> mx.array:
         """One new position for each of B requests: x is ids (B, 1) or hidden states (B, 1, D).
 
-        Each request attends over its own cache (lengths differ), so attention runs
-        row by row; the MLP and the head, most of the weights, run once for all rows.
+        Each request attends over its own cache (lengths differ), so only that part
+        of attention runs row by row (see batched_attention); the projections, the
+        MLP and the head, all of the weights, run once for all rows.
         Returns hidden states (B, 1, D), or on the last shard the logits (B, vocab).
         Rows can differ from a single-request forward in the last bits (matmul kernels
         depend on the row count), so this is used only when the node opts in.
         """
         h = self.embed_tokens(x) if self.range.is_first else x
         for i, layer in enumerate(self.layers):
-            rows = [h[b:b + 1] + layer.self_attn(layer.input_layernorm(h[b:b + 1]), None, caches[b][i])
-                    for b in range(h.shape[0])]
-            h = mx.concatenate(rows, axis=0)
+            h = h + batched_attention(layer.self_attn, layer.input_layernorm(h), [c[i] for c in caches])
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         if not self.range.is_last:
             return h
