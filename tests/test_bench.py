@@ -65,3 +65,17 @@ def test_wake_floor_prints_a_row_per_measurement() -> None:
         "a hop's header + frame packing, after idling", "the same code, run again at once (warm)"]
     for row in rows:
         assert all(float(v) >= 0 for v in row[1:]), row  # µs, rounded: a fast machine may print 0
+
+
+def test_lean_pipeline_measures_every_variant(tmp_path: Path) -> None:
+    """benchmarks/lean_pipeline.py runs its stage processes over loopback and reports each variant."""
+    model = build_random_model(tmp_path / "model", family="llama", n_layers=4, seed=2)
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "lean_pipeline.py"
+    p = subprocess.run([sys.executable, str(script), "--model", str(model), "--stages", "2", "--tokens", "4",
+                        "--rounds", "1"], capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = [line.strip("|").split(" | ") for line in p.stdout.splitlines() if line.startswith("| ")][1:]
+    assert len(rows) == 4, p.stdout
+    for name, step, compute, hop, _ in rows:
+        assert 0 < float(compute) <= float(step), (name, step, compute)
+        assert float(hop) >= 0, (name, hop)
