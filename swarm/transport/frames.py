@@ -24,6 +24,10 @@ MAGIC = b"SWRM"
 MAX_HEADER_BYTES = 64 * 1024
 DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024 * 1024
 _PREFIX = struct.Struct(">II")
+# msgpack's own default is a 256 KiB buffer per packb: a large malloc on every frame, which
+# after a forward pass makes glibc merge all the small blocks MLX just freed. Headers are
+# ~200 bytes; 512 stays in Python's small-object allocator (it grows when a header needs it).
+_PACK_BUFFER_BYTES = 512
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,7 @@ def encode_frame(header: dict[str, Any], payload: bytes | memoryview = b"") -> l
     """The pieces of one frame, for `writer.writelines` (the payload is not copied here)."""
     if not isinstance(header.get("t"), str):
         raise ValueError(f"frame header needs a str 't', got {header!r}")
-    packed = msgpack.packb(header, use_bin_type=True)
+    packed = msgpack.packb(header, use_bin_type=True, buf_size=_PACK_BUFFER_BYTES)
     if len(packed) > MAX_HEADER_BYTES:
         raise ValueError(f"frame header is {len(packed)} bytes (max {MAX_HEADER_BYTES})")
     payload_len = memoryview(payload).nbytes
