@@ -41,11 +41,7 @@ async def answer_profile_request(
     except (ConnectionError, OSError):
         pass  # the asker went away; nothing to do
     finally:
-        writer.close()
-        try:
-            await writer.wait_closed()
-        except (ConnectionError, OSError):
-            pass
+        await _close(writer)
 
 
 async def fetch_profile(host: str, port: int, timeout: float = 1.0) -> NodeProfile:
@@ -68,12 +64,16 @@ async def _fetch(host: str, port: int) -> NodeProfile:
             raise ProfileExchangeError(f"{host}:{port}: profile of {length} bytes is too large")
         body = await reader.readexactly(length)
     finally:
-        writer.close()
-        try:
-            await writer.wait_closed()
-        except (ConnectionError, OSError):
-            pass
+        await _close(writer)
     try:
         return NodeProfile.from_json(body)
     except MalformedProfile as exc:
         raise ProfileExchangeError(f"{host}:{port}: {exc}") from exc
+
+
+async def _close(writer: asyncio.StreamWriter) -> None:
+    writer.close()
+    try:
+        await writer.wait_closed()
+    except (ConnectionError, OSError):
+        pass  # the other side went away first; closed all the same
