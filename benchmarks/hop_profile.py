@@ -4,9 +4,9 @@
 
 Starts N nodes on loopback (as swarm-bench does) with SWARM_HOP_TRACE set, streams
 one greedy request, and prints the median gap between consecutive events of a
-decode step: the entry sending the step, each node receiving the frame, its event
-loop dequeuing it, the MLX thread starting and ending the forward pass, the loop
-getting the result back, sending it on, ... until the entry has the token.
+decode step: the entry sending the step, each node's MLX thread receiving the
+frame (on the data lane), taking it from its queue, starting and ending the
+forward pass, sending the result on, ... until the entry has the token.
 Gaps marked "*" cross from one process to the next (the socket plus waking the
 receiver). See swarm/hop_trace.py.
 """

@@ -84,6 +84,11 @@ class Discovery:
             peers.insert(0, PeerInfo(self.profile, self._addresses, "self"))
         return peers
 
+    def endpoint_of(self, node_id: str) -> tuple[str, int] | None:
+        """A peer's (address, peer port). One dict lookup, so other threads may call it too."""
+        peer = self._table.peers.get(node_id)
+        return peer.endpoint if peer is not None else None
+
     async def start(self) -> None:
         if self._mdns is not None:
             await self._mdns.start(self.profile)

@@ -31,6 +31,7 @@ from .models.resolve import LocalModel, resolve_model
 from .node_config import NodeConfig
 from .peer_stats import PeerStats
 from .topology import topology_snapshot
+from .transport.lane import DataLane
 from .transport.tcp import TcpTransport
 
 log = logging.getLogger(__name__)
@@ -95,11 +96,14 @@ class Node:
             profile = profile.replace(node_id=cfg.node_id)
 
         self.pending = PendingTokens()
+        self.lane = DataLane(profile.node_id, cfg.swarm, self.worker.watch,
+                             lambda sender, frame: self.stage_service.on_lane_frame(sender, frame),
+                             lambda node_id: self.discovery.endpoint_of(node_id))
         self.transport = TcpTransport(profile.node_id, cfg.swarm, cfg.peer_host, cfg.peer_port,
-                                      profile_provider=lambda: self.discovery.profile)
+                                      profile_provider=lambda: self.discovery.profile, adopt=self._adopt)
         self.router = Router(profile.node_id, self.transport, self._address_of)
         self.host = StageHost(model.path, self.dtype, self.worker)
-        self.stage_service = StageService(self.host, self.router, self.pending, self.worker,
+        self.stage_service = StageService(self.host, self.router, self.pending, self.worker, self.lane,
                                           max_batch=cfg.batch_decode)
         self.discovery = Discovery(profile, interfaces=cfg.interfaces, static_peers=cfg.peers, mdns=cfg.mdns,
                                    on_event=self._on_peer_event, state_dir=cfg.state_dir)
@@ -128,6 +132,10 @@ class Node:
                  speed * 1e3, cfg.swarm)
         await self.coordinator.start()
 
+    def _adopt(self, sock, sender: str, where: str, pending: bytes) -> None:
+        """A peer's frame connection, handshaken: from now on the MLX thread reads it."""
+        self.worker.post(self.lane.adopt, sock, sender, where, pending)
+
     def _address_of(self, node_id: str) -> tuple[str, int] | None:
         for peer in self.discovery.view():
             if peer.node_id == node_id:
@@ -137,6 +145,7 @@ class Node:
     async def _on_peer_event(self, event) -> None:
         if event.kind == "leave":
             await self.transport.drop(event.node_id)
+            self.stage_service.drop_peer(event.node_id)
         await self.coordinator.on_peer_event(event)
 
     def can_serve(self) -> tuple[bool, str]:

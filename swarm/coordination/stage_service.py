@@ -1,9 +1,15 @@
-"""Serves incoming peer frames: runs forward passes for our stage and routes results.
+"""Serves frames for our stage: runs their forward passes and sends the results on.
 
-Frames for our stage are computed in arrival order (the MLX thread is single
-anyway), which also keeps each request's frames in order downstream. Different
-requests still overlap across nodes: while we compute one request, the next
-stage computes another (pipelining).
+All of it runs on the MLX thread: frames from peers arrive there on the data
+lane (transport/lane.py), are computed, and leave on the lane, without waking
+the event loop (on an idle CPU every wake-up costs more than the socket). Only
+what the entry node's clients wait for (tokens, errors) goes over to the event
+loop. Frames that reach us on the event loop (our own entry's steps for stage 0,
+or a peer writing on a connection of ours) are posted to the MLX thread.
+
+Frames for our stage are computed in arrival order, which also keeps each
+request's frames in order downstream. Different requests still overlap across
+nodes: while we compute one request, the next stage computes another.
 
 With max_batch > 1 (opt-in, `--batch-decode`), decode steps of different
 requests that queued up while we computed run as one pass: the weights are read
@@ -17,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 
 from ..engine.sampling import SamplingParams
 from ..engine.stage import CacheMismatch, Stage
@@ -25,6 +32,7 @@ from ..hop_trace import mark
 from ..transport.arrays import encode_array, frame_array
 from ..transport.errors import PeerUnreachable, ProtocolError
 from ..transport.frames import Frame
+from ..transport.lane import DataLane
 from . import messages as msg
 from .pending_tokens import PendingTokens
 from .router import Router
@@ -33,56 +41,79 @@ from .stage_host import StageHost
 log = logging.getLogger(__name__)
 
 IDLE_CACHE_S = 600.0  # caches of a request nobody touched this long are freed (its entry died)
+GC_EVERY_S = 60.0
 
 
 class StageService:
     def __init__(self, host: StageHost, router: Router, pending: PendingTokens, worker: MlxWorker,
-                 max_batch: int = 1):
-        self.host, self.router, self.pending, self.worker = host, router, pending, worker
+                 lane: DataLane, max_batch: int = 1):
+        self.host, self.pending, self.worker, self.lane = host, pending, worker, lane
         self.max_batch = max_batch
         self.batched_passes = 0  # passes that ran more than one request's decode step
         self.batched_rows = 0
-        self._queue: asyncio.Queue[Frame] = asyncio.Queue()
-        self._task: asyncio.Task | None = None
+        self._frames: deque[Frame] = deque()  # for our stage, in arrival order; MLX thread only
+        self._main_loop: asyncio.AbstractEventLoop | None = None
+        self._last_gc = time.monotonic()
         router.local = self.on_message
+        worker.after_events(self._serve)
+
+    @property
+    def node_id(self) -> str:
+        return self.lane.node_id
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._serve(), name="stage-service")
+        self._main_loop = asyncio.get_running_loop()
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
+        await self.worker.run(self.lane.close)
 
+    # -- on the event loop ------------------------------------------------
     async def on_message(self, sender: str, frame: Frame) -> None:
         kind = frame.header.get("t")
         if kind in (msg.FORWARD, msg.RELEASE):
-            self._queue.put_nowait(frame)
+            self.worker.post(self._frames.append, frame)
         elif kind in (msg.TOKEN, msg.ERROR):
             self.pending.resolve(frame.header)
         else:
             log.warning("ignoring a %r frame from %s", kind, sender)
 
-    async def _serve(self) -> None:
-        last_gc = asyncio.get_running_loop().time()
-        while True:
-            frame = await self._queue.get()
+    def drop_peer(self, node_id: str) -> None:
+        """A peer left: close our lane connection to it (from any thread)."""
+        self.worker.post(self.lane.drop, node_id)
+
+    # -- on the MLX thread ------------------------------------------------
+    def on_lane_frame(self, sender: str, frame: Frame) -> None:
+        kind = frame.header.get("t")
+        if kind in (msg.FORWARD, msg.RELEASE):
+            mark("received", frame.header)
+            self._frames.append(frame)
+        elif kind in (msg.TOKEN, msg.ERROR):
+            self._to_entry(frame.header)
+        else:
+            log.warning("ignoring a %r frame from %s", kind, sender)
+
+    def _to_entry(self, header: dict) -> None:
+        """A token or error for a request this node is the entry of: its client waits on the loop."""
+        if self._main_loop is not None:
+            self._main_loop.call_soon_threadsafe(self.pending.resolve, header)
+
+    def _serve(self) -> None:
+        """Compute every frame queued for our stage (called after each round of socket events)."""
+        while self._frames:
+            frame = self._frames.popleft()
             mark("dequeued", frame.header)
             try:
                 if frame.header["t"] == msg.RELEASE:
-                    await self._release(str(frame.header.get("rid")))
+                    if self.host.stage is not None:
+                        self.host.stage.release(str(frame.header.get("rid")))
                 else:
-                    await self._forward(self._with_queued_decode_steps(frame))
+                    self._forward(self._with_queued_decode_steps(frame))
             except Exception:
                 log.exception("failed to serve a %s frame", frame.header.get("t"))
-            now = asyncio.get_running_loop().time()
-            if now - last_gc > 60 and self.host.stage is not None:
-                last_gc = now
-                await self.worker.run(self.host.stage.release_idle, IDLE_CACHE_S)
-
-    async def _release(self, rid: str) -> None:
-        stage = self.host.stage
-        if stage is not None:
-            await self.worker.run(stage.release, rid)
+        now = time.monotonic()
+        if now - self._last_gc > GC_EVERY_S and self.host.stage is not None:
+            self._last_gc = now
+            self.host.stage.release_idle(IDLE_CACHE_S)
 
     def _with_queued_decode_steps(self, frame: Frame) -> list[Frame]:
         """`frame`, plus the decode steps queued right behind it, up to max_batch.
@@ -93,33 +124,33 @@ class StageService:
         frames = [frame]
         if self.max_batch < 2 or not _is_decode_step(frame):
             return frames
-        queued = self._queue._queue  # asyncio.Queue keeps its items in this deque
+        queued = self._frames
         rids, like = {frame.header.get("rid")}, (frame.header.get("dtype"), frame.header.get("shape"))
         while (len(frames) < self.max_batch and queued and _is_decode_step(queued[0])
                and (queued[0].header.get("dtype"), queued[0].header.get("shape")) == like
                and queued[0].header.get("rid") not in rids):
-            nxt = self._queue.get_nowait()
+            nxt = queued.popleft()
             rids.add(nxt.header.get("rid"))
             frames.append(nxt)
         return frames
 
-    async def _forward(self, frames: list[Frame]) -> None:
+    def _forward(self, frames: list[Frame]) -> None:
         stage, plan, index = self.host.stage, self.host.plan, self.host.stage_index()
-        accepted = [(f, s) for f in frames if (s := await self._accept(f, stage, plan)) is not False]
+        accepted = [(f, s) for f in frames if (s := self._accept(f, stage, plan)) is not False]
         if not accepted:
             return
         if len(accepted) == 1 or not stage.shard.can_batch:  # (a block decode_batch cannot unroll)
             for frame, sampling in accepted:
-                out, took_s = await self.worker.run(_compute, stage, frame, sampling)
-                await self._deliver(frame, sampling, out, took_s, stage, plan, index)
+                out, took_s = _compute(stage, frame, sampling)
+                self._deliver(frame, sampling, out, took_s, stage, plan, index)
             return
-        outs = await self.worker.run(_compute_batch, stage, accepted)
+        outs = _compute_batch(stage, accepted)
         self.batched_passes += 1
         self.batched_rows += len(accepted)
         for (frame, sampling), (out, took_s) in zip(accepted, outs):
-            await self._deliver(frame, sampling, out, took_s, stage, plan, index)
+            self._deliver(frame, sampling, out, took_s, stage, plan, index)
 
-    async def _accept(self, frame: Frame, stage: Stage | None, plan) -> SamplingParams | None | bool:
+    def _accept(self, frame: Frame, stage: Stage | None, plan) -> SamplingParams | None | bool:
         """The frame's sampling params if we can serve it; False (answered or dropped) if not."""
         h = frame.header
         rid, entry, plan_id = h.get("rid"), h.get("entry"), h.get("plan")
@@ -127,27 +158,30 @@ class StageService:
             log.warning("dropping a malformed forward frame: %s", {k: h.get(k) for k in ("rid", "entry", "pos")})
             return False
         if plan is None or stage is None or plan_id != plan.plan_id or h.get("start") != stage.range.start:
-            await self._fail(entry, rid, plan_id, "plan_mismatch",
-                             f"node {self.router.node_id} serves plan {self.host.plan_id} "
-                             f"layers {stage.range.start if stage else None}, not {plan_id} layer {h.get('start')}")
+            self._fail(entry, rid, plan_id, "plan_mismatch",
+                       f"node {self.node_id} serves plan {self.host.plan_id} "
+                       f"layers {stage.range.start if stage else None}, not {plan_id} layer {h.get('start')}")
             return False
-        return SamplingParams.from_dict(h["sampling"]) if h.get("sampling") else None
+        try:
+            return SamplingParams.from_dict(h["sampling"]) if h.get("sampling") else None
+        except (KeyError, TypeError, ValueError) as e:
+            self._fail(entry, rid, plan_id, "protocol", f"bad sampling parameters: {e}")
+            return False
 
-    async def _deliver(self, frame: Frame, sampling: SamplingParams | None, out, took_s: float,
-                       stage: Stage, plan, index: int) -> None:
+    def _deliver(self, frame: Frame, sampling: SamplingParams | None, out, took_s: float,
+                 stage: Stage, plan, index: int) -> None:
         h = frame.header
         rid, entry, plan_id = h["rid"], h["entry"], h.get("plan")
         if isinstance(out, (CacheMismatch, ProtocolError)):
-            await self._fail(entry, rid, plan_id, "cache" if isinstance(out, CacheMismatch) else "protocol", str(out))
+            self._fail(entry, rid, plan_id, "cache" if isinstance(out, CacheMismatch) else "protocol", str(out))
             return
-        mark("back_on_loop", h)
         compute_us = _int(h.get("cu")) + round(took_s * 1e6)
         try:
             if stage.range.is_last:
                 if sampling is not None:
                     at = h["pos"] + frame.header["shape"][1]
                     mark("send", h)
-                    await self.router.send(entry, msg.token(rid, plan_id, at, out, compute_us))
+                    self._send(entry, msg.token(rid, plan_id, at, out, compute_us))
                     mark("sent", h)
                 return
             nxt = plan.stages[index + 1]
@@ -155,15 +189,21 @@ class StageService:
             header = {**msg.forward(rid, plan_id, h["pos"], nxt.start, entry, h.get("sampling"), compute_us),
                       "dtype": dtype, "shape": shape}
             mark("send", h)
-            await self.router.send(nxt.node_id, header, data)
+            self._send(nxt.node_id, header, data)
             mark("sent", h)
         except PeerUnreachable as e:
-            await self._fail(entry, rid, plan_id, "unreachable", str(e))
+            self._fail(entry, rid, plan_id, "unreachable", str(e))
 
-    async def _fail(self, entry: str, rid: str, plan_id, kind: str, message: str) -> None:
+    def _send(self, node_id: str, header: dict, payload: bytes | memoryview = b"") -> None:
+        if node_id == self.node_id:  # a token or error for our own request (we are entry and last stage)
+            self._to_entry(header)
+        else:
+            self.lane.send(node_id, header, payload)
+
+    def _fail(self, entry: str, rid: str, plan_id, kind: str, message: str) -> None:
         log.info("request %s: %s (%s)", rid, kind, message)
         try:
-            await self.router.send(entry, msg.error(rid, plan_id, kind, message))
+            self._send(entry, msg.error(rid, plan_id, kind, message))
         except PeerUnreachable:
             pass  # the entry node is gone too; its clients are gone with it
 

@@ -1,27 +1,170 @@
-"""One dedicated thread for all MLX work of a node.
+"""One dedicated thread for all MLX work of a node, which also serves the data lane's sockets.
 
 MLX streams and lazy graphs are not meant to be shared between threads, and the
-event loop must stay free for networking and HTTP while a stage computes.
+event loop must stay free for HTTP and discovery while a stage computes. The
+thread waits in select() on a wake-up socket (jobs from the event loop) and on
+the sockets the data lane gave it (transport/lane.py), so a frame for our
+stage is read, computed and sent on by this thread alone. When it falls idle
+after work, it tidies the heap before a hop has to (see _merge_freed_blocks).
 """
 
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
+import ctypes
+import logging
+import selectors
+import socket
+import sys
+import threading
+from collections import deque
+from concurrent.futures import Future
 from typing import Callable, TypeVar
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+TIDY_AFTER_S = 0.002  # idle this long after work: tidy the heap (see _merge_freed_blocks)
 
 
 class MlxWorker:
     def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlx")
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, self._run_jobs)
+        self._jobs: deque[tuple[Callable, tuple, Future | None]] = deque()
+        self._after_events: list[Callable[[], None]] = []
+        self._closing = False
+        self._untidy = False
+        self._thread = threading.Thread(target=self._serve, name="mlx", daemon=True)
+        self._thread.start()
+
+    @property
+    def closed(self) -> bool:
+        return self._closing
+
+    @property
+    def on_thread(self) -> bool:
+        return threading.get_ident() == self._thread.ident
+
+    # -- from any thread --------------------------------------------------
+    def submit(self, fn: Callable[..., T], *args) -> Future:
+        """Run fn(*args) on the MLX thread; a concurrent Future of its result."""
+        done: Future = Future()
+        self._post(fn, args, done)
+        return done
+
+    def post(self, fn: Callable[..., object], *args) -> None:
+        """Run fn(*args) on the MLX thread, without waiting; an exception is logged."""
+        self._post(fn, args, None)
 
     async def run(self, fn: Callable[..., T], *args) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        return await asyncio.wrap_future(self.submit(fn, *args))
 
     def run_sync(self, fn: Callable[..., T], *args) -> T:
-        return self._pool.submit(fn, *args).result()
+        return fn(*args) if self.on_thread else self.submit(fn, *args).result()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop the thread after the job it is running; jobs not started are cancelled."""
+        self._closing = True
+        self._wake()
+        if not self.on_thread:
+            self._thread.join(timeout=5)
+
+    # -- on the MLX thread ------------------------------------------------
+    def watch(self, sock: socket.socket, on_readable: Callable[[], None] | None) -> None:
+        """Call on_readable() whenever sock has data (None: stop watching it)."""
+        if on_readable is None:
+            self._selector.unregister(sock)
+        else:
+            self._selector.register(sock, selectors.EVENT_READ, on_readable)
+
+    def after_events(self, fn: Callable[[], None]) -> None:
+        """Call fn() after each round of socket events and jobs (to act on what they queued)."""
+        self._after_events.append(fn)
+
+    def _post(self, fn: Callable, args: tuple, done: Future | None) -> None:
+        if self._closing:
+            if done is not None:
+                done.cancel()
+            return
+        self._jobs.append((fn, args, done))
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except (BlockingIOError, OSError):
+            pass  # the buffer is full of wake-ups already, or we are closed
+
+    def _serve(self) -> None:
+        while not self._closing:
+            events = self._selector.select(TIDY_AFTER_S if self._untidy else None)
+            if not events:
+                self._untidy = False
+                _merge_freed_blocks()
+                continue
+            for key, _ in events:
+                self._call(key.data)
+            for fn in self._after_events:
+                self._call(fn)
+            self._untidy = True
+        for _, _, done in self._jobs:
+            if done is not None:
+                done.cancel()
+        self._selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def _run_jobs(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+        while self._jobs and not self._closing:
+            fn, args, done = self._jobs.popleft()
+            if done is None:
+                self._call(fn, *args)
+            elif done.set_running_or_notify_cancel():
+                try:
+                    done.set_result(fn(*args))
+                except BaseException as e:  # delivered to the waiter
+                    done.set_exception(e)
+
+    @staticmethod
+    def _call(fn: Callable, *args) -> None:
+        try:
+            fn(*args)
+        except Exception:
+            log.exception("on the MLX thread")
+
+
+def _glibc():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None)
+        libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+        libc.free.argtypes = [ctypes.c_void_p]
+        libc.gnu_get_libc_version  # noqa: B018  (glibc, not musl: only glibc merges this way)
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+_LIBC = _glibc()
+
+
+def _merge_freed_blocks() -> None:
+    """Let glibc merge the small blocks a forward pass freed now, while this thread is idle.
+
+    A forward pass frees thousands of small MLX objects into glibc's fastbins; the
+    thread's next malloc of 1 KiB or more merges them all first, 0.3-1 ms here
+    (benchmarks/post_forward_malloc.py). Left alone, that lands on the next hop
+    (reading or sending a frame); one such malloc in idle time takes it off the path.
+    """
+    if _LIBC is not None:
+        _LIBC.free(_LIBC.malloc(4096))

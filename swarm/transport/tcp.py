@@ -2,7 +2,8 @@
 
 The peer port is shared with discovery, so every accepted connection is
 routed by its first 4 bytes:
-    b"SWRM"  -> hello, then frames delivered to on_message
+    b"SWRM"  -> hello, then frames delivered to on_message (or, with `adopt`,
+                the connection handed over to the data lane: see lane.py)
     b"SWPF"  -> discovery's profile answer
     nothing  -> a liveness probe (connect + close): closed quietly
     other    -> one warning line, closed
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from typing import Any, Callable
 
 from discovery.profile_exchange import MAGIC as PROFILE_MAGIC
@@ -33,6 +35,9 @@ log = logging.getLogger("swarm.transport")
 
 DEFAULT_CONNECT_TIMEOUT = 2.0
 
+# (socket, sender node id, "host:port", bytes already read past the hello)
+Adopt = Callable[[socket.socket, str, str, bytes], None]
+
 
 class TcpTransport(Transport):
     def __init__(
@@ -46,6 +51,7 @@ class TcpTransport(Transport):
         profile_provider: Callable[[], Any] | None = None,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         handshake_timeout: float = HANDSHAKE_TIMEOUT,
+        adopt: Adopt | None = None,
     ) -> None:
         self.node_id = node_id
         self.swarm = swarm
@@ -55,6 +61,7 @@ class TcpTransport(Transport):
         self.connect_timeout = connect_timeout
         self.handshake_timeout = handshake_timeout
         self._profile_provider = profile_provider
+        self._adopt = adopt
         self._on_message: OnMessage | None = None
         self._server: asyncio.Server | None = None
         self._incoming: set[asyncio.Task] = set()
@@ -162,6 +169,9 @@ class TcpTransport(Transport):
     async def _receive_frames(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, where: str) -> None:
         sender = await accept_hello(reader, writer, self.node_id, self.swarm, self.handshake_timeout)
         log.debug("peer %s connected from %s", sender, where)
+        if self._adopt is not None:
+            self._hand_over(reader, writer, sender, where)
+            return
         frame = await read_frame(reader, self.max_payload)
         raise_if_rejected(frame)
         while True:
@@ -169,3 +179,11 @@ class TcpTransport(Transport):
                 mark("received", frame.header)
                 await self._on_message(sender, frame)
             frame = await read_frame(reader, self.max_payload)
+
+    def _hand_over(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, sender: str, where: str) -> None:
+        """Give a handshaken connection to `adopt`; closing ours afterwards leaves its duplicate open."""
+        writer.transport.pause_reading()
+        # A peer sends its first frame only after our hello, so this is nearly always empty;
+        # asyncio has no public accessor for what its reader already holds.
+        pending = bytes(reader._buffer)
+        self._adopt(writer.get_extra_info("socket").dup(), sender, where, pending)
