@@ -35,7 +35,7 @@ log = logging.getLogger("swarm.transport")
 
 OnFrame = Callable[[str, Frame], None]
 Watch = Callable[[socket.socket, Callable[[], None] | None], None]  # register (callback) or forget (None)
-RECV_BYTES = 1 << 20
+RECV_BYTES = 256 * 1024
 DEFAULT_SEND_TIMEOUT = 10.0
 
 
@@ -53,7 +53,7 @@ class FrameParser:
     def mid_frame(self) -> bool:
         return bool(self._buf)
 
-    def feed(self, data: bytes) -> list[Frame]:
+    def feed(self, data: bytes | memoryview) -> list[Frame]:
         self._buf += data
         frames = []
         while len(self._buf) >= _PREFIX.size:
@@ -76,6 +76,14 @@ class _Connection:
     def __init__(self, sock: socket.socket, peer: str, where: str, outgoing: bool, max_payload: int) -> None:
         self.sock, self.peer, self.where, self.outgoing = sock, peer, where, outgoing
         self.parser = FrameParser(max_payload)
+        self._recv_buf: bytearray | None = None
+
+    def recv(self) -> memoryview:
+        """What arrived, read into a buffer kept for the connection (no large allocation per read)."""
+        if self._recv_buf is None:
+            self._recv_buf = bytearray(RECV_BYTES)
+        n = self.sock.recv_into(self._recv_buf)
+        return memoryview(self._recv_buf)[:n]
 
 
 class DataLane:
@@ -104,7 +112,7 @@ class DataLane:
 
     def _readable(self, conn: _Connection) -> None:
         try:
-            data = conn.sock.recv(RECV_BYTES)
+            data = conn.recv()
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
