@@ -19,6 +19,7 @@ from .coordination.events import EventBus
 from .coordination.hop_timing import HopTiming
 from .coordination.pending_tokens import PendingTokens
 from .coordination.router import Router
+from .coordination.run_ahead import RunAhead
 from .coordination.stage_host import StageHost
 from .coordination.stage_service import StageService
 from .engine.blas import blas_in_use
@@ -103,14 +104,16 @@ class Node:
                                       profile_provider=lambda: self.discovery.profile, adopt=self._adopt)
         self.router = Router(profile.node_id, self.transport, self._address_of)
         self.host = StageHost(model.path, self.dtype, self.worker)
+        self.run_ahead = RunAhead(profile.node_id)
         self.stage_service = StageService(self.host, self.router, self.pending, self.worker, self.lane,
-                                          max_batch=cfg.batch_decode)
+                                          self.run_ahead, max_batch=cfg.batch_decode)
         self.discovery = Discovery(profile, interfaces=cfg.interfaces, static_peers=cfg.peers, mdns=cfg.mdns,
                                    on_event=self._on_peer_event, state_dir=cfg.state_dir)
         self.coordinator = Coordinator(model_spec(sizes, cfg.kv_reserve_tokens), model.fingerprint,
                                        self.discovery, self.host, self.router, self.pending, self.events,
                                        strategy=cfg.strategy, token_timeout=cfg.token_timeout,
-                                       recovery_timeout=cfg.recovery_timeout, timing=self.hop_timing)
+                                       recovery_timeout=cfg.recovery_timeout, timing=self.hop_timing,
+                                       run_ahead=self.run_ahead)
         self.peer_stats = PeerStats(self.discovery)
         self.service = InferenceService(self.tokenizer, model.context_length, self.coordinator.pipeline,
                                         self.stats, cfg.default_max_tokens, cfg.recovery_timeout)

@@ -20,6 +20,7 @@ from .events import EventBus
 from .hop_timing import HopTiming
 from .pending_tokens import PendingTokens
 from .router import Router
+from .run_ahead import RunAhead
 from .stage_host import StageHost
 from .swarm_pipeline import SwarmPipeline
 
@@ -34,11 +35,13 @@ NEW_PLAN_GRACE_S = 3.5
 class Coordinator:
     def __init__(self, spec: ModelSpec, fingerprint: str, discovery: Discovery, host: StageHost,
                  router: Router, pending: PendingTokens, events: EventBus, *, strategy: str = "balanced",
-                 token_timeout: float = 120.0, recovery_timeout: float = 30.0, timing: HopTiming | None = None):
+                 token_timeout: float = 120.0, recovery_timeout: float = 30.0, timing: HopTiming | None = None,
+                 run_ahead: RunAhead | None = None):
         self.spec, self.fingerprint, self.discovery = spec, fingerprint, discovery
         self.host, self.router, self.pending, self.events = host, router, pending, events
         self.strategy, self.token_timeout, self.recovery_timeout = strategy, token_timeout, recovery_timeout
         self.timing = timing
+        self.run_ahead = run_ahead
         self.plan: Plan | None = None
         self.plan_error: str | None = None
         self._apply_task: asyncio.Task | None = None
@@ -135,7 +138,8 @@ class Coordinator:
             if plan is not None and not self.agreed(plan):
                 same = broken is not None and broken.plan.plan_id == plan.plan_id
                 if not same or waited > NEW_PLAN_GRACE_S:
-                    return SwarmPipeline(plan, self.router, self.pending, self.token_timeout, self.timing)
+                    return SwarmPipeline(plan, self.router, self.pending, self.token_timeout, self.timing,
+                                         self.run_ahead)
             if waited > self.recovery_timeout:
                 raise NoPipeline(f"no whole pipeline after {self.recovery_timeout:.0f}s: {self.status()[1]}")
             await asyncio.sleep(POLL_S)

@@ -13,28 +13,35 @@ from ..inference.pipeline import PipelineBroken
 
 class PendingTokens:
     def __init__(self) -> None:
-        # rid -> (plan id, position of the awaited token, future)
-        self._futures: dict[str, tuple[str, int, asyncio.Future]] = {}
+        # rid -> {position of an awaited token: (plan id, future)}; more than one position
+        # when the next step was armed to run ahead (see run_ahead.py)
+        self._futures: dict[str, dict[int, tuple[str, asyncio.Future]]] = {}
 
     def expect(self, rid: str, plan_id: str, at: int) -> asyncio.Future:
+        """The future of the token at `at` (the one already expected, if any)."""
+        waits = self._futures.setdefault(rid, {})
+        current = waits.get(at)
+        if current is not None and current[0] == plan_id and not current[1].cancelled():
+            return current[1]
         fut = asyncio.get_running_loop().create_future()
-        self._futures[rid] = (plan_id, at, fut)
+        waits[at] = (plan_id, fut)
         return fut
 
     def resolve(self, header: dict) -> None:
-        entry = self._futures.get(header.get("rid"))
-        if entry is None or entry[2].done():
+        waits = self._futures.get(header.get("rid"))
+        if not waits:
             return  # a late answer for a request that already gave up
-        plan_id, at, fut = entry
         # A late answer from a plan or attempt the request has left behind must not
         # stand in for the current step (it would repeat a token).
-        if header.get("plan") != plan_id:
-            return
         if header.get("t") == "tok":
-            if header.get("at") == at and isinstance(header.get("token"), int):
+            plan_id, fut = waits.get(header.get("at"), (None, None))
+            if fut is not None and not fut.done() and header.get("plan") == plan_id \
+                    and isinstance(header.get("token"), int):
                 fut.set_result(header)
         else:
-            fut.set_exception(PipelineBroken(f"{header.get('kind')}: {header.get('message')}"))
+            for plan_id, fut in waits.values():
+                if plan_id == header.get("plan") and not fut.done():
+                    fut.set_exception(PipelineBroken(f"{header.get('kind')}: {header.get('message')}"))
 
     async def wait(self, rid: str, fut: asyncio.Future, timeout: float) -> dict:
         try:
@@ -42,11 +49,22 @@ class PendingTokens:
         except asyncio.TimeoutError:
             raise PipelineBroken(f"no token within {timeout:.0f}s") from None
         finally:
-            if self._futures.get(rid, (None, None, None))[2] is fut:
-                del self._futures[rid]
+            waits = self._futures.get(rid, {})
+            for at, (_, f) in list(waits.items()):
+                if f is fut:
+                    del waits[at]
+            if not waits:
+                self._futures.pop(rid, None)
+
+    def forget(self, rid: str) -> None:
+        """The request is over: drop what it still expected (a step armed ahead)."""
+        for _, fut in self._futures.pop(rid, {}).values():
+            if not fut.done():
+                fut.cancel()
 
     def break_all(self, reason: str, keep_plan: str | None = None) -> None:
         """Fail every wait that is not on `keep_plan` (a stage died or the plan changed)."""
-        for plan_id, _, fut in list(self._futures.values()):
-            if plan_id != keep_plan and not fut.done():
-                fut.set_exception(PipelineBroken(reason))
+        for waits in list(self._futures.values()):
+            for plan_id, fut in waits.values():
+                if plan_id != keep_plan and not fut.done():
+                    fut.set_exception(PipelineBroken(reason))

@@ -28,7 +28,7 @@ from collections import deque
 from ..engine.sampling import SamplingParams
 from ..engine.stage import CacheMismatch, Stage
 from ..engine.worker import MlxWorker
-from ..hop_trace import mark
+from ..hop_trace import STEP_START, mark
 from ..transport.arrays import encode_array, frame_array
 from ..transport.errors import PeerUnreachable, ProtocolError
 from ..transport.frames import Frame
@@ -36,6 +36,7 @@ from ..transport.lane import DataLane
 from . import messages as msg
 from .pending_tokens import PendingTokens
 from .router import Router
+from .run_ahead import RunAhead
 from .stage_host import StageHost
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,9 @@ GC_EVERY_S = 60.0
 
 class StageService:
     def __init__(self, host: StageHost, router: Router, pending: PendingTokens, worker: MlxWorker,
-                 lane: DataLane, max_batch: int = 1):
+                 lane: DataLane, run_ahead: RunAhead, max_batch: int = 1):
         self.host, self.pending, self.worker, self.lane = host, pending, worker, lane
+        self.run_ahead = run_ahead
         self.max_batch = max_batch
         self.batched_passes = 0  # passes that ran more than one request's decode step
         self.batched_rows = 0
@@ -93,7 +95,14 @@ class StageService:
             log.warning("ignoring a %r frame from %s", kind, sender)
 
     def _to_entry(self, header: dict) -> None:
-        """A token or error for a request this node is the entry of: its client waits on the loop."""
+        """A token or error for a request this node is the entry of: its client waits on the loop.
+
+        A token whose next step was armed starts that step right here (run_ahead.py)."""
+        step = self.run_ahead.next_step(header) if header.get("t") == msg.TOKEN else None
+        if step is not None:
+            mark(STEP_START, step.header)
+            self._frames.append(step)
+            header = {**header, RunAhead.NEXT_STARTED: self.run_ahead.started_at(header["rid"])}
         if self._main_loop is not None:
             self._main_loop.call_soon_threadsafe(self.pending.resolve, header)
 

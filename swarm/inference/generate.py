@@ -79,7 +79,9 @@ async def _next_token(job: GenerationJob, pipeline: Pipeline) -> int:
         n = min(PREFILL_STEP, len(history) - 1 - job.cached)
         await pipeline.forward(job.request_id, history[job.cached:job.cached + n], job.cached, None)
         job.cached += n
-    token = await pipeline.forward(job.request_id, history[-1:], job.cached, job.sampling)
+    more = len(job.generated) + 1 < job.max_tokens  # after this token, another step is wanted ...
+    token = await pipeline.forward(job.request_id, history[-1:], job.cached, job.sampling,
+                                   continue_unless=job.eos_ids if more else None)  # ... unless it is EOS
     job.cached += 1
     return int(token)
 

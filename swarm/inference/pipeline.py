@@ -26,7 +26,8 @@ class NoPipeline(Exception):
 
 class Pipeline(Protocol):
     async def forward(self, request_id: str, tokens: list[int], start_pos: int,
-                      sampling: SamplingParams | None) -> int | None: ...
+                      sampling: SamplingParams | None, continue_unless: frozenset[int] | None = None) -> int | None:
+        """continue_unless: a hint that the caller will want the next step unless the token is in it."""
 
     async def release(self, request_id: str) -> None: ...
 
@@ -44,7 +45,7 @@ class LocalPipeline:
             x = stage.forward(request_id, x, start_pos, sampling)
         return x if sampling is not None else None
 
-    async def forward(self, request_id, tokens, start_pos, sampling):
+    async def forward(self, request_id, tokens, start_pos, sampling, continue_unless=None):
         return await self.worker.run(self._run, request_id, tokens, start_pos, sampling)
 
     async def release(self, request_id: str) -> None:
