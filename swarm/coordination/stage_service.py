@@ -28,7 +28,7 @@ from collections import deque
 from ..engine.sampling import SamplingParams
 from ..engine.stage import CacheMismatch, Stage
 from ..engine.worker import MlxWorker
-from ..hop_trace import STEP_START, mark
+from ..hop_trace import STEP_END, STEP_START, mark
 from ..transport.arrays import encode_array, frame_array
 from ..transport.errors import PeerUnreachable, ProtocolError
 from ..transport.frames import Frame
@@ -98,6 +98,8 @@ class StageService:
         """A token or error for a request this node is the entry of: its client waits on the loop.
 
         A token whose next step was armed starts that step right here (run_ahead.py)."""
+        if header.get("t") == msg.TOKEN:
+            mark(STEP_END, header)
         step = self.run_ahead.next_step(header) if header.get("t") == msg.TOKEN else None
         if step is not None:
             mark(STEP_START, step.header)

@@ -11,7 +11,7 @@ import numpy as np
 from partitioner import Plan
 
 from ..engine.sampling import SamplingParams
-from ..hop_trace import STEP_END, STEP_START, mark
+from ..hop_trace import STEP_START, mark
 from ..inference.pipeline import PipelineBroken
 from ..transport.errors import PeerUnreachable
 from . import messages as msg
@@ -68,7 +68,6 @@ class SwarmPipeline:
             self.pending.expect(request_id, plan_id, at + 1)  # that step's token may beat our next call
             self.run_ahead.arm(request_id, plan_id, at, header["sampling"], continue_unless)
         answer = await self.pending.wait(request_id, fut, self.token_timeout)
-        mark(STEP_END, header)
         if len(tokens) == 1 and self.timing is not None:
             # A step ends when the next one can start: when the token reached our MLX thread if that
             # thread started the next step (run_ahead.py), when it reached us here if not.
