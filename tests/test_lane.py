@@ -172,3 +172,15 @@ async def test_a_peer_that_stops_reading_fails_the_send_in_time() -> None:
         (await accepted).close()
         server.close()
         await a.stop()
+
+
+async def test_a_listener_that_never_says_hello_fails_within_the_connect_timeout() -> None:
+    with socket.create_server((HOST, 0)) as silent:  # the kernel accepts; nobody answers
+        a = await LaneNode("node-a", {"node-s": (HOST, silent.getsockname()[1])}, connect_timeout=0.3).start()
+        try:
+            start = time.monotonic()
+            with pytest.raises(PeerUnreachable, match="node-s"):
+                await a.send("node-s", {"t": "fwd"})
+            assert time.monotonic() - start < 0.3 + 0.5
+        finally:
+            await a.stop()

@@ -29,7 +29,7 @@ from typing import Callable
 
 from .errors import ConnectionClosed, HandshakeRejected, PeerUnreachable, ProtocolError
 from .frames import _PREFIX, DEFAULT_MAX_PAYLOAD_BYTES, MAGIC, MAX_HEADER_BYTES, Frame, decode_header, encode_frame
-from .handshake import HANDSHAKE_TIMEOUT, check_hello, error_header, hello_header, raise_if_rejected
+from .handshake import check_hello, error_header, hello_header, raise_if_rejected
 
 log = logging.getLogger("swarm.transport")
 
@@ -90,11 +90,11 @@ class DataLane:
     def __init__(self, node_id: str, swarm: str, watch: Watch, on_frame: OnFrame,
                  address_of: Callable[[str], tuple[str, int] | None], *,
                  max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES, connect_timeout: float = 2.0,
-                 send_timeout: float = DEFAULT_SEND_TIMEOUT, handshake_timeout: float = HANDSHAKE_TIMEOUT) -> None:
+                 send_timeout: float = DEFAULT_SEND_TIMEOUT) -> None:
         self.node_id, self.swarm = node_id, swarm
         self._watch, self._on_frame, self._address_of = watch, on_frame, address_of
         self.max_payload = max_payload
-        self.connect_timeout, self.send_timeout, self.handshake_timeout = connect_timeout, send_timeout, handshake_timeout
+        self.connect_timeout, self.send_timeout = connect_timeout, send_timeout
         self._incoming: set[_Connection] = set()
         self._outgoing: dict[str, _Connection] = {}
 
@@ -188,7 +188,8 @@ class DataLane:
         return conn
 
     def _handshake(self, conn: _Connection) -> None:
-        sock, deadline = conn.sock, time.monotonic() + self.handshake_timeout
+        """Our hello, theirs back; within the connect timeout, which covers both (as on the event loop)."""
+        sock, deadline = conn.sock, time.monotonic() + self.connect_timeout
         sock.sendall(MAGIC + b"".join(encode_frame(hello_header(self.node_id, self.swarm))))
         frames: list[Frame] = []
         while not frames:
