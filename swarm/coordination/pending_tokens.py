@@ -61,6 +61,8 @@ class PendingTokens:
         for _, fut in self._futures.pop(rid, {}).values():
             if not fut.done():
                 fut.cancel()
+            elif not fut.cancelled():
+                fut.exception()  # seen: asyncio would log a broken wait nobody got to as an error
 
     def break_all(self, reason: str, keep_plan: str | None = None) -> None:
         """Fail every wait that is not on `keep_plan` (a stage died or the plan changed)."""
