@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-mdns", action="store_true", help="do not use mDNS; only static peers")
     p.add_argument("--memory-limit", type=_size, default=None, metavar="SIZE",
                    help="memory offered to the model, e.g. 600M or 8G (default: what is available)")
+    p.add_argument("--speed", type=_speed, default=None, metavar="SECONDS",
+                   help="state this node's speed (seconds per layer per decoded token, e.g. 0.002) instead "
+                        "of measuring it; nodes stating the same speed get equal shares of the layers")
     p.add_argument("--strategy", default="balanced", choices=["balanced", "memory"],
                    help="how layers are split: by speed within memory caps, or by memory share")
     p.add_argument("--recovery-timeout", type=float, default=30.0, metavar="SECONDS",
@@ -74,6 +77,16 @@ def _batch(text: str) -> int:
     return int(text)
 
 
+def _speed(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < 60:
+        raise argparse.ArgumentTypeError(f"expected seconds per layer per token (e.g. 0.002), got {text!r}")
+    return value
+
+
 def _size(text: str) -> int:
     try:
         return parse_size(text)
@@ -87,7 +100,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
                       node_id=args.node_id, name=args.name, dtype=args.dtype,
                       default_max_tokens=args.max_tokens_default, swarm=args.swarm,
                       interfaces=args.interfaces, peers=args.peers, mdns=not args.no_mdns,
-                      memory_limit=args.memory_limit, strategy=args.strategy,
+                      memory_limit=args.memory_limit, speed=args.speed, strategy=args.strategy,
                       recovery_timeout=args.recovery_timeout, peer_host=args.peer_host,
                       batch_decode=args.batch_decode)
 

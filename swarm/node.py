@@ -87,8 +87,8 @@ class Node:
         cfg, model = self.config, self.model
         sizes = await self.worker.run(measure_model_bytes, model.path, self.dtype)
         key = f"{machine_id()}:{model.fingerprint}:{self.dtype}:{self.backend}:{blas_in_use()}"
-        speed = await self.worker.run(cached_speed, cfg.state_dir, key,
-                                      lambda: measure_speed(model.path, model.n_layers, self.dtype))
+        speed = cfg.speed or await self.worker.run(cached_speed, cfg.state_dir, key,
+                                                   lambda: measure_speed(model.path, model.n_layers, self.dtype))
         profile = build_local_profile(
             state_dir=cfg.state_dir, swarm=cfg.swarm, name=cfg.name, api_port=cfg.api_port,
             peer_port=cfg.peer_port, backend=self.backend, speed=speed, model_id=model.model_id,

@@ -34,6 +34,7 @@ class NodeConfig:
     peers: list[tuple[str, int]] = field(default_factory=list)  # static peers (host, peer port)
     mdns: bool = True
     memory_limit: int | None = None  # bytes offered to the model; None: what is available
+    speed: float | None = None  # seconds per layer per token; None: measured (and cached)
     strategy: str = "balanced"
     kv_reserve_tokens: int = 4096  # KV cache room reserved per layer when planning
     recovery_timeout: float = 30.0  # how long a request waits for a whole pipeline

@@ -17,6 +17,7 @@ from netns_client import http_json, in_netns, sse_events
 
 API_PORT = 8800
 PEER_PORT = 8801
+TEST_SPEED = "0.002"  # seconds per layer per token, stated by every test node (see SwarmNode.start)
 
 
 class SwarmNode:
@@ -26,9 +27,12 @@ class SwarmNode:
         self.proc: Proc | None = None
 
     def start(self) -> None:
+        # Equal stated speeds: N nodes give N equal stages, however loaded the machine is
+        # (measured speeds of hosts sharing 2 cores are noise). A test may state its own.
+        speed = [] if "--speed" in self.cluster.common + self.extra else ["--speed", TEST_SPEED]
         argv = [sys.executable, "-m", "swarm.cli", "--interface", self.host.ip, "--name", f"node{self.index}",
                 "--state-dir", str(self.cluster.root / f"state{self.index}"), "--api-port", str(API_PORT),
-                "--peer-port", str(PEER_PORT), *self.cluster.common, *self.extra]
+                "--peer-port", str(PEER_PORT), *speed, *self.cluster.common, *self.extra]
         # All test hosts share this machine's cores: one BLAS thread per node, or their
         # thread pools spin against each other (measured with swarm-bench --blas-threads).
         self.proc = self.host.spawn(argv, env={"OPENBLAS_NUM_THREADS": "1"},
