@@ -1,0 +1,137 @@
+"""The cryptography of one peer link: mutual proof of the swarm secret, then sealed frames.
+
+Sans-IO: the connection code moves the bytes; this module only computes and checks.
+
+Handshake (both sides know the swarm secret K; n_c, n_s are fresh 32-byte nonces):
+
+    client -> server   hello {node_id c, swarm, nonce n_c}
+    server -> client   hello {node_id s, swarm, nonce n_s, proof HMAC(K', "server" | T)}
+    client -> server   proof {HMAC(K', "client" | T)}
+
+T, the transcript, binds the protocol version, the swarm name, both node ids and both
+nonces, so a proof is good for this one connection only: a recorded handshake
+replayed later meets a fresh nonce and fails. K' is K stretched by HKDF, so a
+short passphrase and a long key are used alike. The server proves itself first,
+but its proof is labelled "server", so a stranger cannot use it to pass as a client.
+
+Frames after the handshake are sealed with AES-GCM (AES-NI here: ~1.7 µs for a decode
+step's frame each way), one key per direction derived from K' and T. The nonce is a
+counter each side keeps: a frame that is replayed, dropped, reordered or altered
+fails to open, and the link is closed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import struct
+from dataclasses import dataclass
+
+import msgpack
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+NONCE_BYTES = 32
+TAG_BYTES = 16
+_KEY_INFO = b"swarm link keys v1"
+_SECRET_INFO = b"swarm secret v1"
+_COUNTER = struct.Struct(">4xQ")  # AES-GCM's 96-bit nonce: 4 zero bytes and a 64-bit frame counter
+
+
+class LinkAuthError(Exception):
+    """The peer did not prove the swarm secret, or a sealed frame did not open."""
+
+
+def new_nonce() -> bytes:
+    return os.urandom(NONCE_BYTES)
+
+
+def stretch_secret(secret: str | bytes) -> bytes:
+    """The 32-byte key every proof and link key derives from."""
+    raw = secret.encode() if isinstance(secret, str) else secret
+    if not raw:
+        raise ValueError("the swarm secret is empty")
+    return HKDF(hashes.SHA256(), 32, salt=None, info=_SECRET_INFO).derive(raw)
+
+
+@dataclass(frozen=True)
+class Transcript:
+    """What both sides' proofs and keys are bound to."""
+
+    version: int
+    swarm: str
+    client_id: str
+    server_id: str
+    client_nonce: bytes
+    server_nonce: bytes
+
+    def __post_init__(self) -> None:
+        for nonce in (self.client_nonce, self.server_nonce):
+            if not isinstance(nonce, bytes) or len(nonce) != NONCE_BYTES:
+                raise LinkAuthError(f"a handshake nonce must be {NONCE_BYTES} bytes")
+
+    def encode(self) -> bytes:
+        return msgpack.packb([self.version, self.swarm, self.client_id, self.server_id,
+                              self.client_nonce, self.server_nonce], use_bin_type=True)
+
+
+def proof(key: bytes, role: str, transcript: Transcript) -> bytes:
+    """HMAC-SHA256 proving knowledge of the secret for this transcript, as `role`."""
+    if role not in ("client", "server"):
+        raise ValueError(f"role must be client or server, not {role!r}")
+    return hmac.new(key, role.encode() + b"|" + transcript.encode(), hashlib.sha256).digest()
+
+
+def check_proof(key: bytes, role: str, transcript: Transcript, claimed: object) -> None:
+    """LinkAuthError unless `claimed` is `role`'s proof for this transcript (constant time)."""
+    if not isinstance(claimed, bytes) or not hmac.compare_digest(proof(key, role, transcript), claimed):
+        raise LinkAuthError(f"the {role} did not prove the swarm secret")
+
+
+@dataclass(frozen=True)
+class LinkKeys:
+    send: bytes
+    receive: bytes
+
+
+def link_keys(key: bytes, role: str, transcript: Transcript) -> LinkKeys:
+    """This side's sending and receiving keys (the client's send key is the server's receive key)."""
+    material = HKDF(hashes.SHA256(), 64, salt=transcript.client_nonce + transcript.server_nonce,
+                    info=_KEY_INFO + transcript.encode()).derive(key)
+    client_to_server, server_to_client = material[:32], material[32:]
+    if role == "client":
+        return LinkKeys(client_to_server, server_to_client)
+    return LinkKeys(server_to_client, client_to_server)
+
+
+class FrameSealer:
+    """Seals the frames one side sends, numbering them. Not thread-safe: one writer per link."""
+
+    def __init__(self, key: bytes) -> None:
+        self._aead = AESGCM(key)
+        self._sent = 0
+
+    def seal(self, associated: bytes, plaintext: bytes | bytearray | memoryview) -> bytes:
+        """Ciphertext + tag of the next frame; `associated` (the length prefix) is authenticated too."""
+        nonce = _COUNTER.pack(self._sent)
+        self._sent += 1
+        return self._aead.encrypt(nonce, plaintext, associated)
+
+
+class FrameOpener:
+    """Opens the frames the other side sealed, in order. LinkAuthError for anything else."""
+
+    def __init__(self, key: bytes) -> None:
+        self._aead = AESGCM(key)
+        self._received = 0
+
+    def open(self, associated: bytes, sealed: bytes | bytearray | memoryview) -> bytes:
+        try:
+            plaintext = self._aead.decrypt(_COUNTER.pack(self._received), sealed, associated)
+        except InvalidTag:
+            raise LinkAuthError(f"frame {self._received} did not open: altered, replayed or out of order") from None
+        self._received += 1
+        return plaintext
