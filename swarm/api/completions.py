@@ -9,7 +9,7 @@ from contextlib import aclosing
 from aiohttp import web
 
 from ..inference.pipeline import NoPipeline
-from ..inference.service import Finished, InferenceService, TextDelta
+from ..inference.service import Finished, InferenceService, PromptTooLong, TextDelta
 from .errors import ApiError
 from .request_parsing import CompletionParams, parse_messages, parse_params, parse_prompt, read_json_object
 from .sse import open_event_stream, send_event
@@ -27,20 +27,20 @@ class CompletionRoutes:
         body = await read_json_object(request)
         messages = parse_messages(body)
         service, params = self._prepare(body)
-        prompt = service.encode_chat(messages)
+        prompt = _encoded(service.encode_chat, messages)
         return await self._respond(request, service, prompt, params, chat=True)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await read_json_object(request)
         text = parse_prompt(body)
         service, params = self._prepare(body)
-        return await self._respond(request, service, service.encode_text(text), params, chat=False)
+        return await self._respond(request, service, _encoded(service.encode_text, text), params, chat=False)
 
     def _prepare(self, body: dict) -> tuple[InferenceService, CompletionParams]:
         service = self.node.service
         if service is None:
             raise ApiError(503, f"this node cannot serve yet: {self.node.status_reason}", "service_unavailable")
-        params = parse_params(body, service.context_length)
+        params = parse_params(body, service.context_length, service.vocab_size)
         if params.model is not None and params.model != self.node.model_id:
             raise ApiError(404, f"model {params.model!r} is not served here; this swarm serves "
                                 f"{self.node.model_id!r}", param="model", code="model_not_found")
@@ -64,6 +64,14 @@ class CompletionRoutes:
             if params.stream:
                 return await _stream(request, first, events, shape, params.include_usage)
             return await _collect(first, events, shape)
+
+
+def _encoded(encode, prompt) -> list[int]:
+    try:
+        return encode(prompt)
+    except PromptTooLong as e:
+        raise ApiError(400, str(e), param="messages" if isinstance(prompt, list) else "prompt",
+                       code="context_length_exceeded")
 
 
 async def _collect(first, events, shape) -> web.Response:

@@ -29,14 +29,27 @@ class CompletionParams:
     include_usage: bool
 
 
+# What aiohttp decodes itself; any other Content-Encoding would reach us still encoded.
+CONTENT_ENCODINGS = {"identity", "gzip", "deflate"}
+
+
 async def read_json_object(request: web.Request) -> dict:
-    raw = await request.read()
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in CONTENT_ENCODINGS:
+        raise ApiError(415, f"Content-Encoding {encoding!r} is not supported; use one of "
+                            f"{sorted(CONTENT_ENCODINGS)}", code="unsupported_content_encoding")
+    try:
+        raw = await request.read()
+    except web.RequestPayloadError as e:  # e.g. a body that is not the gzip its header says
+        raise ApiError(400, f"request body could not be decoded as {encoding}: {e.__cause__ or e}")
     if not raw:
         raise ApiError(400, "request body is empty; expected a JSON object")
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ApiError(400, f"request body is not valid JSON: {e}")
+    except RecursionError:
+        raise ApiError(400, "request body is nested too deeply to be a chat request")
     if not isinstance(body, dict):
         raise ApiError(400, f"request body must be a JSON object, not {type(body).__name__}")
     return body
@@ -63,14 +76,14 @@ def _message_text(content, where: str) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
-        return content
+        return _valid_text(content, f"{where}.content")
     if isinstance(content, list):  # content parts: only text is supported
         texts = []
         for j, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise ApiError(400, f"{where}.content[{j}] must be a text part {{'type': 'text', 'text': ...}}",
                                param=f"{where}.content")
-            texts.append(part["text"])
+            texts.append(_valid_text(part["text"], f"{where}.content"))
         return "".join(texts)
     raise ApiError(400, f"{where}.content must be a string or an array of text parts", param=f"{where}.content")
 
@@ -81,10 +94,19 @@ def parse_prompt(body: dict) -> str:
         prompt = prompt[0]
     if not isinstance(prompt, str) or not prompt:
         raise ApiError(400, "'prompt' must be a non-empty string", param="prompt")
-    return prompt
+    return _valid_text(prompt, "prompt")
 
 
-def parse_params(body: dict, max_tokens_limit: int) -> CompletionParams:
+def _valid_text(text: str, param: str) -> str:
+    """JSON may carry lone UTF-16 surrogates ("\\ud800"), which no tokenizer can encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(400, f"{param} is not valid Unicode (it holds a lone surrogate)", param=param) from None
+    return text
+
+
+def parse_params(body: dict, max_tokens_limit: int, vocab_size: int) -> CompletionParams:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError(400, "'model' must be a string", param="model")
@@ -103,7 +125,7 @@ def parse_params(body: dict, max_tokens_limit: int) -> CompletionParams:
     top_p = _opt_number(body, "top_p", 0.0, 1.0, default=1.0)
     if top_p == 0.0:
         raise ApiError(400, "'top_p' must be greater than 0", param="top_p")
-    top_k = _opt_int(body, "top_k", 0, None) or 0
+    top_k = _opt_int(body, "top_k", 0, vocab_size, "the vocabulary size") or 0
     seed = _opt_int(body, "seed", -(2**63), 2**64 - 1)
     if seed is None:  # drawn once per request, so a replay after churn draws the same tokens
         seed = random.getrandbits(63)
@@ -131,18 +153,18 @@ def _parse_stop(stop) -> list[str]:
         raise ApiError(400, "'stop' must be a string or an array of strings", param="stop")
     if len(stop) > MAX_STOP_STRINGS:
         raise ApiError(400, f"'stop' takes at most {MAX_STOP_STRINGS} strings", param="stop")
-    return [s for s in stop if s]
+    return [_valid_text(s, "stop") for s in stop if s]
 
 
-def _opt_int(body: dict, name: str, lo: int | None, hi: int | None) -> int | None:
+def _opt_int(body: dict, name: str, lo: int | None, hi: int | None, hi_name: str = "") -> int | None:
     v = body.get(name)
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int):
         raise ApiError(400, f"'{name}' must be an integer, got {json.dumps(v)}", param=name)
     if (lo is not None and v < lo) or (hi is not None and v > hi):
-        raise ApiError(400, f"'{name}' must be between {lo} and {hi if hi is not None else 'the context size'}, got {v}",
-                       param=name)
+        upper = f"{hi} ({hi_name})" if hi_name else hi if hi is not None else "the context size"
+        raise ApiError(400, f"'{name}' must be between {lo} and {upper}, got {v}", param=name)
     return v
 
 

@@ -26,6 +26,10 @@ class Finished:
     route: dict | None = None  # which plan and nodes the request went through
 
 
+class PromptTooLong(ValueError):
+    """The prompt cannot fit the model's context (found out before tokenizing all of it)."""
+
+
 class InferenceService:
     def __init__(self, tokenizer, context_length: int, get_pipeline: PipelineSource,
                  stats: RequestStats, default_max_tokens: int = 512, recovery_timeout: float = 30.0):
@@ -36,12 +40,27 @@ class InferenceService:
         self.default_max_tokens = default_max_tokens
         self.recovery_timeout = recovery_timeout
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
+        vocab = tokenizer.get_vocab()
+        self.vocab_size = len(vocab)
+        # No token decodes to more characters than its vocabulary entry has, so a text longer than
+        # context x this cannot fit: it is refused before the tokenizer spends memory on it.
+        self._max_chars_per_token = max(map(len, vocab), default=1) or 1
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
-        return list(self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True))
+        if len(messages) > self.context_length:
+            raise PromptTooLong(f"{len(messages)} messages cannot fit this model's context of "
+                                f"{self.context_length} tokens")
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self._encode(text, add_special_tokens=False)  # what tokenize=True does, after our size check
 
     def encode_text(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text))
+        return self._encode(text, add_special_tokens=True)
+
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        if len(text) > self.context_length * self._max_chars_per_token:
+            raise PromptTooLong(f"a prompt of {len(text)} characters cannot fit this model's context of "
+                                f"{self.context_length} tokens")
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def budget(self, prompt_len: int, max_tokens: int | None) -> int:
         """Tokens this request may generate; raises ValueError when the prompt leaves no room."""
