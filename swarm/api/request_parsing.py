@@ -6,6 +6,7 @@ wrong type or range are rejected with the field named, as OpenAI does.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ class CompletionParams:
     include_usage: bool
 
 
+BODY_TIMEOUT_S = 30.0  # a client trickling its body must not hold a handler forever
 # What aiohttp decodes itself; any other Content-Encoding would reach us still encoded.
 CONTENT_ENCODINGS = {"identity", "gzip", "deflate"}
 
@@ -39,7 +41,10 @@ async def read_json_object(request: web.Request) -> dict:
         raise ApiError(415, f"Content-Encoding {encoding!r} is not supported; use one of "
                             f"{sorted(CONTENT_ENCODINGS)}", code="unsupported_content_encoding")
     try:
-        raw = await request.read()
+        async with asyncio.timeout(BODY_TIMEOUT_S):
+            raw = await request.read()
+    except TimeoutError:
+        raise ApiError(408, f"request body did not arrive within {BODY_TIMEOUT_S:.0f} s", code="timeout")
     except web.RequestPayloadError as e:  # e.g. a body that is not the gzip its header says
         raise ApiError(400, f"request body could not be decoded as {encoding}: {e.__cause__ or e}")
     if not raw:
