@@ -1,0 +1,113 @@
+"""A model directory that holds some or all of a manifest's chunks.
+
+A node that fetches weights keeps them in a copy of the model's own layout: the
+same files at the same sizes, created sparse, each fetched chunk written at its
+own offset after its hash checked out. mlx loads safetensors lazily, so a shard
+reads only its own tensors and never touches the holes. Which chunks are held is
+recorded beside the files (`.swarm-held`), so a restart serves and loads what
+is on disk and fetches only the rest.
+
+A directory the user gave (their own model, the Hugging Face cache) is a store
+holding everything, read only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from .manifest import Chunk, Manifest, chunk_hash
+
+log = logging.getLogger(__name__)
+
+HELD_FILE = ".swarm-held"
+_SAVE_EVERY = 64  # chunks written between saves of the held set (a crash re-fetches at most these)
+
+
+class ChunkRejected(ValueError):
+    """Bytes that do not hash to the manifest's value for their chunk: never written, never loaded."""
+
+
+class ChunkStore:
+    def __init__(self, root: Path, manifest: Manifest, held: set[int], writable: bool) -> None:
+        self.root, self.manifest, self.writable = Path(root), manifest, writable
+        self._held = held
+        self._unsaved = 0
+
+    @classmethod
+    def complete(cls, model_dir: Path, manifest: Manifest) -> "ChunkStore":
+        """The user's own model directory: every chunk held, nothing written."""
+        return cls(model_dir, manifest, set(range(len(manifest.chunks))), writable=False)
+
+    @classmethod
+    def partial(cls, root: Path, manifest: Manifest) -> "ChunkStore":
+        """A fetching node's copy under `root`: files created sparse where missing; held chunks as recorded."""
+        root = Path(root)
+        root.mkdir(parents=True, exist_ok=True)
+        held: set[int] = set()
+        try:
+            record = json.loads((root / HELD_FILE).read_text())
+            if record.get("fingerprint") == manifest.fingerprint:
+                held = {i for i in record.get("chunks", []) if isinstance(i, int) and 0 <= i < len(manifest.chunks)}
+        except (OSError, ValueError, AttributeError):
+            pass
+        for f in manifest.files:
+            path = root / f.path
+            if not path.exists() or path.stat().st_size != f.size:
+                with open(path, "ab") as out:
+                    out.truncate(f.size)
+        return cls(root, manifest, held, writable=True)
+
+    # -- what is here -----------------------------------------------------
+    def has(self, chunk: Chunk) -> bool:
+        return chunk.index in self._held
+
+    def held(self) -> set[int]:
+        return set(self._held)
+
+    def missing(self, chunks: list[Chunk]) -> list[Chunk]:
+        return [c for c in chunks if c.index not in self._held]
+
+    def held_bytes(self) -> int:
+        return sum(self.manifest.chunks[i].length for i in self._held)
+
+    # -- reading and writing ----------------------------------------------
+    def read(self, chunk: Chunk) -> bytes:
+        if chunk.index not in self._held:
+            raise KeyError(f"chunk {chunk.index} is not held here")
+        with open(self.root / chunk.file, "rb") as f:
+            f.seek(chunk.offset)
+            return f.read(chunk.length)
+
+    def write(self, chunk: Chunk, data: bytes | memoryview) -> None:
+        """Verify and store one chunk; ChunkRejected (nothing written) if it is not the manifest's bytes."""
+        if not self.writable:
+            raise PermissionError(f"{self.root} is a read-only model directory")
+        if len(data) != chunk.length or chunk_hash(data) != chunk.sha256:
+            raise ChunkRejected(f"chunk {chunk.index} ({chunk.tensor or chunk.file}): bytes do not match the manifest")
+        fd = os.open(self.root / chunk.file, os.O_WRONLY)
+        try:
+            os.pwrite(fd, data, chunk.offset)
+        finally:
+            os.close(fd)
+        self._held.add(chunk.index)
+        self._unsaved += 1
+        if self._unsaved >= _SAVE_EVERY:
+            self.save()
+
+    def save(self) -> None:
+        """Record the held chunks (after their bytes are on disk)."""
+        if not self.writable:
+            return
+        for f in self.manifest.files:
+            fd = os.open(self.root / f.path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        tmp = self.root / f"{HELD_FILE}.tmp"
+        tmp.write_text(json.dumps({"fingerprint": self.manifest.fingerprint, "chunks": sorted(self._held)}))
+        tmp.replace(self.root / HELD_FILE)
+        self._unsaved = 0

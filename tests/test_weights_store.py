@@ -1,0 +1,122 @@
+"""Manifests, partial stores and the fetch queue, on real safetensors files."""
+
+from __future__ import annotations
+
+import json
+
+import mlx.core as mx
+import pytest
+
+from swarm.weights import manifest as manifest_module
+from swarm.weights.fetch_queue import FetchQueue
+from swarm.weights.manifest import Manifest, ManifestError, build_manifest, cached_manifest
+from swarm.weights.safetensors_header import read_layout
+from swarm.weights.store import ChunkRejected, ChunkStore
+
+
+@pytest.fixture
+def model_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(manifest_module, "CHUNK_BYTES", 4096)  # several chunks per large tensor
+    d = tmp_path / "model"
+    d.mkdir()
+    weights = {f"model.layers.{i}.mlp.weight": mx.random.normal((40, 64), key=mx.random.key(i)) for i in range(3)}
+    weights["model.embed_tokens.weight"] = mx.random.normal((10, 64), key=mx.random.key(9))
+    weights["model.norm.weight"] = mx.ones((64,))
+    mx.save_safetensors(str(d / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (d / "config.json").write_text(json.dumps({"num_hidden_layers": 3}))
+    (d / "tokenizer.json").write_text("{}")
+    (d / "notes.bin").write_bytes(b"not part of the model")
+    return d
+
+
+def test_chunks_tile_every_file_and_hash_its_bytes(model_dir):
+    m = build_manifest(model_dir)
+    assert {f.path for f in m.files} == {"config.json", "model.safetensors", "tokenizer.json"}
+    layout = read_layout(model_dir / "model.safetensors")
+    assert m.tensor_names() == {t.name for t in layout.tensors}
+    big = m.tensor_chunks(["model.layers.0.mlp.weight"])
+    assert len(big) == 3 and sum(c.length for c in big) == 40 * 64 * 4
+    assert Manifest.from_json(m.to_json()) == m
+    assert m.fingerprint == build_manifest(model_dir).fingerprint
+
+
+def test_the_fingerprint_covers_every_byte(model_dir):
+    before = build_manifest(model_dir).fingerprint
+    data = bytearray((model_dir / "model.safetensors").read_bytes())
+    data[-3] ^= 1
+    (model_dir / "model.safetensors").write_bytes(bytes(data))
+    assert build_manifest(model_dir).fingerprint != before
+
+
+@pytest.mark.parametrize("edit", [
+    lambda d: d["chunks"].pop(1),  # a gap
+    lambda d: d["chunks"][0].update(file="../etc/passwd"),
+    lambda d: d["files"][0].update(path="/etc/passwd"),
+    lambda d: d["chunks"][2].update(length=10**12),
+    lambda d: d.update(version=99),
+    lambda d: d["chunks"][0].update(sha256="x"),
+])
+def test_malformed_manifests_are_refused(model_dir, edit):
+    d = json.loads(build_manifest(model_dir).to_json())
+    edit(d)
+    with pytest.raises(ManifestError):
+        Manifest.from_json(json.dumps(d))
+
+
+def test_the_manifest_is_hashed_once(model_dir, tmp_path, monkeypatch):
+    first = cached_manifest(model_dir, tmp_path / "cache")
+    monkeypatch.setattr(manifest_module, "build_manifest", lambda d: pytest.fail("hashed again"))
+    assert cached_manifest(model_dir, tmp_path / "cache") == first
+
+
+def test_a_partial_store_loads_its_tensors_and_survives_a_restart(model_dir, tmp_path):
+    m = build_manifest(model_dir)
+    source = ChunkStore.complete(model_dir, m)
+    store = ChunkStore.partial(tmp_path / "copy", m)
+    wanted = m.support_chunks() + m.tensor_chunks(["model.layers.1.mlp.weight"])
+    for c in store.missing(wanted):
+        store.write(c, source.read(c))
+    store.save()
+    again = ChunkStore.partial(tmp_path / "copy", m)
+    assert again.missing(wanted) == [] and again.held() == {c.index for c in wanted}
+    loaded = mx.load(str(tmp_path / "copy" / "model.safetensors"))
+    original = mx.load(str(model_dir / "model.safetensors"))
+    assert mx.array_equal(loaded["model.layers.1.mlp.weight"], original["model.layers.1.mlp.weight"])
+    assert (tmp_path / "copy" / "config.json").read_text() == (model_dir / "config.json").read_text()
+
+
+def test_bytes_that_do_not_match_are_never_written(model_dir, tmp_path):
+    m = build_manifest(model_dir)
+    store = ChunkStore.partial(tmp_path / "copy", m)
+    chunk = m.tensor_chunks(["model.norm.weight"])[0]
+    good = ChunkStore.complete(model_dir, m).read(chunk)
+    with pytest.raises(ChunkRejected):
+        store.write(chunk, good[:-1] + bytes([good[-1] ^ 1]))
+    assert not store.has(chunk)
+    with pytest.raises(PermissionError):
+        ChunkStore.complete(model_dir, m).write(chunk, good)
+
+
+def test_the_queue_spreads_work_recovers_from_a_dead_holder_and_avoids_a_liar(model_dir):
+    m = build_manifest(model_dir)
+    chunks = m.tensor_chunks(m.tensor_names())
+    q = FetchQueue(chunks)
+    everything = {c.index for c in chunks}
+    q.add_holder("a", everything)
+    q.add_holder("b", everything)
+    a, b = q.take("a", 8192), q.take("b", 8192)
+    assert a and b and not {c.index for c in a} & {c.index for c in b}
+    q.remove_holder("a")  # died mid-transfer: its chunks are free again
+    for c in b:
+        q.arrived(c, "b", accepted=True)
+    liar = q.take("b", 10**9)
+    assert {c.index for c in liar} == everything - {c.index for c in b}
+    q.arrived(liar[0], "b", accepted=False)  # tampered
+    for c in liar[1:]:
+        q.arrived(c, "b", accepted=True)
+    assert not q.done and q.stuck() == [liar[0]]
+    assert q.take("b", 10**9) == []
+    q.add_holder("c", {liar[0].index})
+    assert q.stuck() == [] and q.take("c", 1) == [liar[0]]
+    q.arrived(liar[0], "c", accepted=True)
+    assert q.done and q.progress.done_bytes == q.progress.total_bytes and q.progress.rejected == 1
