@@ -48,10 +48,12 @@ class FetchQueue:
 
     # -- work -------------------------------------------------------------
     def take(self, holder: str, max_bytes: int) -> list[Chunk]:
-        """The next batch for `holder` (at least one chunk if it can give any; empty if not)."""
-        held = self.holdings.get(holder, set())
-        free = [c for i, c in self._pending.items()
-                if i not in self._taken and i in held and holder not in self._bad.get(i, ())]
+        """The next batch for `holder` (at least one chunk if it can give any; empty if not).
+
+        At most a fair share of what is left, so that every holder has work while there is any."""
+        free = self._free_for(holder)
+        left = sum(c.length for i, c in self._pending.items() if i not in self._taken)
+        max_bytes = min(max_bytes, left // (2 * max(1, len(self.holdings))))
         free.sort(key=lambda c: (self._holders_of(c.index), c.index))
         batch, size = [], 0
         for c in free:
@@ -78,6 +80,14 @@ class FetchQueue:
         for c in chunks:
             if self._taken.get(c.index) == holder:
                 del self._taken[c.index]
+
+    def has_work_for(self, holder: str) -> bool:
+        return bool(self._free_for(holder))
+
+    def _free_for(self, holder: str) -> list[Chunk]:
+        held = self.holdings.get(holder, set())
+        return [c for i, c in self._pending.items()
+                if i not in self._taken and i in held and holder not in self._bad.get(i, ())]
 
     @property
     def done(self) -> bool:

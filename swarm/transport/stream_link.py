@@ -1,0 +1,29 @@
+"""A peer link on the event loop: whole frames over asyncio streams.
+
+For the exchanges that are not the data path and must not wait for the MLX
+thread: weights, which move in bulk. (The data path is the MLX thread's lane.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from .frames import DEFAULT_MAX_PAYLOAD_BYTES, Frame, encode_frame, read_frame
+from .streams import close_quietly
+
+
+class StreamFrameLink:
+    def __init__(self, peer: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:
+        self.peer, self._reader, self._writer, self.max_payload = peer, reader, writer, max_payload
+
+    async def send(self, header: dict, payload: bytes | memoryview = b"") -> None:
+        self._writer.writelines(encode_frame(header, payload))
+        await self._writer.drain()
+
+    async def receive(self) -> Frame:
+        """The next frame; ProtocolError (ConnectionClosed at a clean end) otherwise."""
+        return await read_frame(self._reader, self.max_payload)
+
+    async def close(self) -> None:
+        await close_quietly(self._writer)

@@ -1,0 +1,216 @@
+"""Weights between peers: a holder serves chunks, a fetching node pulls exactly the ones it needs.
+
+On one peer link (event loop; a bulk transfer must not hold up the MLX thread):
+
+    fetcher -> holder   w_manifest                 holder -> fetcher  w_manifest {fingerprint} + manifest JSON
+    fetcher -> holder   w_have                     holder -> fetcher  w_have + bitmap of the chunks it holds
+    fetcher -> holder   w_get {chunks: [i, ...]}   holder -> fetcher  w_chunk {i} + bytes, one per chunk asked
+
+A fetching node runs one worker per holder, each asking for its next batch
+(fetch_queue.py) while the previous one streams in; every chunk is hashed before
+it is written (store.py), so bytes a holder altered are refused and asked of
+another holder. A holder that dies mid-batch gives the batch back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Awaitable, Callable, Protocol
+
+from ..transport.errors import ProtocolError
+from ..transport.frames import Frame
+from .fetch_queue import FetchProgress, FetchQueue
+from .manifest import Chunk, Manifest, ManifestError
+from .store import ChunkRejected, ChunkStore
+
+log = logging.getLogger(__name__)
+
+BATCH_BYTES = 64 * 1024 * 1024
+MAX_CHUNKS_PER_GET = 256
+NEW_HOLDERS_EVERY_S = 1.0
+
+
+class FrameLink(Protocol):
+    peer: str
+
+    async def send(self, header: dict, payload: bytes | memoryview = b"") -> None: ...
+    async def receive(self) -> Frame: ...
+    async def close(self) -> None: ...
+
+
+class FetchStuck(Exception):
+    """Chunks are still missing and no holder that can give them is left."""
+
+
+# -- holder side ----------------------------------------------------------
+async def serve_weights(link: FrameLink, store: ChunkStore) -> None:
+    """Answer one fetcher's requests until it closes the link."""
+    manifest = store.manifest
+    while True:
+        frame = await link.receive()
+        kind = frame.header["t"]
+        if kind == "w_manifest":
+            await link.send({"t": "w_manifest", "fingerprint": manifest.fingerprint},
+                            zlib.compress(manifest.to_json().encode(), 1))
+        elif kind == "w_have":
+            await link.send({"t": "w_have", "n": len(manifest.chunks)}, _bitmap(store.held(), len(manifest.chunks)))
+        elif kind == "w_get":
+            for index in _chunk_list(frame.header.get("chunks"), len(manifest.chunks)):
+                chunk = manifest.chunks[index]
+                if not store.has(chunk):
+                    raise ProtocolError(f"asked for chunk {index}, which is not held here")
+                data = await asyncio.to_thread(store.read, chunk)
+                await link.send({"t": "w_chunk", "i": index}, data)
+        else:
+            raise ProtocolError(f"unexpected {kind!r} on a weights link")
+
+
+def _chunk_list(value, n: int) -> list[int]:
+    if (not isinstance(value, list) or len(value) > MAX_CHUNKS_PER_GET
+            or not all(type(i) is int and 0 <= i < n for i in value)):
+        raise ProtocolError(f"w_get needs a list of at most {MAX_CHUNKS_PER_GET} chunk indices")
+    return value
+
+
+def _bitmap(held: set[int], n: int) -> bytes:
+    bits = bytearray((n + 7) // 8)
+    for i in held:
+        bits[i >> 3] |= 1 << (i & 7)
+    return bytes(bits)
+
+
+def _unbitmap(data: bytes, n: int) -> set[int]:
+    if len(data) != (n + 7) // 8:
+        raise ProtocolError(f"w_have bitmap of {len(data)} bytes for {n} chunks")
+    return {i for i in range(n) if data[i >> 3] >> (i & 7) & 1}
+
+
+# -- fetcher side ---------------------------------------------------------
+async def fetch_manifest(link: FrameLink, fingerprint: str) -> Manifest:
+    """The holder's manifest, if it is the one `fingerprint` names (ManifestError if not)."""
+    await link.send({"t": "w_manifest"})
+    frame = await link.receive()
+    if frame.header["t"] != "w_manifest":
+        raise ProtocolError(f"expected w_manifest, got {frame.header['t']!r}")
+    try:
+        text = zlib.decompressobj().decompress(frame.payload, 256 * 1024 * 1024)
+    except zlib.error as e:
+        raise ManifestError(f"manifest from {link.peer} does not decompress: {e}") from None
+    manifest = Manifest.from_json(text)
+    if manifest.fingerprint != fingerprint:
+        raise ManifestError(f"{link.peer} sent the manifest of {manifest.fingerprint}, not {fingerprint}")
+    return manifest
+
+
+OpenLink = Callable[[str], Awaitable[FrameLink]]
+
+
+@dataclass
+class FetchReport:
+    progress: FetchProgress
+    seconds: float
+    per_holder: dict[str, int]  # bytes accepted from each holder
+
+
+class WeightFetch:
+    """Fetch `chunks` into `store` from whichever holders `holders()` names, until all are in."""
+
+    def __init__(self, store: ChunkStore, chunks: list[Chunk], open_link: OpenLink,
+                 holders: Callable[[], list[str]], *, stuck_after_s: float = 30.0,
+                 on_progress: Callable[[FetchProgress], None] | None = None) -> None:
+        self.store, self.open_link, self.holders = store, open_link, holders
+        self.queue = FetchQueue(store.missing(chunks))
+        self.stuck_after_s = stuck_after_s
+        self.on_progress = on_progress or (lambda p: None)
+        self.per_holder: dict[str, int] = {}
+        self._changed = asyncio.Condition()
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="weights-write")  # one writer: store is not thread-safe
+        self._workers: dict[str, asyncio.Task] = {}
+
+    @property
+    def progress(self) -> FetchProgress:
+        return self.queue.progress
+
+    async def run(self) -> FetchReport:
+        started = time.monotonic()
+        stuck_since: float | None = None
+        try:
+            while not self.queue.done:
+                for holder in self.holders():  # new holders, and ones whose link broke but that are still around
+                    if holder not in self._workers or self._workers[holder].done():
+                        self._workers[holder] = asyncio.create_task(self._work(holder), name=f"fetch-{holder}")
+                if self.queue.stuck():
+                    stuck_since = stuck_since or time.monotonic()
+                    if time.monotonic() - stuck_since > self.stuck_after_s:
+                        missing = self.queue.stuck()
+                        raise FetchStuck(f"{len(missing)} chunks ({sum(c.length for c in missing) / 1e6:.1f} MB) "
+                                         "are held by no reachable peer that serves them correctly")
+                else:
+                    stuck_since = None
+                async with self._changed:
+                    try:
+                        await asyncio.wait_for(self._changed.wait(), NEW_HOLDERS_EVERY_S)
+                    except asyncio.TimeoutError:
+                        pass
+            self.store.save()
+            return FetchReport(self.progress, time.monotonic() - started, dict(self.per_holder))
+        finally:
+            for task in self._workers.values():
+                task.cancel()
+            await asyncio.gather(*self._workers.values(), return_exceptions=True)
+            self._writer.shutdown(wait=True)
+
+    async def _work(self, holder: str) -> None:
+        link = None
+        batch: list[Chunk] = []
+        try:
+            link = await self.open_link(holder)
+            await link.send({"t": "w_have"})
+            frame = await link.receive()
+            if frame.header["t"] != "w_have":
+                raise ProtocolError(f"expected w_have, got {frame.header['t']!r}")
+            self.queue.add_holder(holder, _unbitmap(bytes(frame.payload), len(self.store.manifest.chunks)))
+            await self._notify()
+            while not self.queue.done:
+                batch = self.queue.take(holder, BATCH_BYTES)
+                if not batch:  # others hold the rest in flight: wait in case they give some back
+                    async with self._changed:
+                        await self._changed.wait_for(lambda: self.queue.done or self.queue.has_work_for(holder))
+                    continue
+                await link.send({"t": "w_get", "chunks": [c.index for c in batch]})
+                for chunk in list(batch):
+                    frame = await link.receive()
+                    if frame.header["t"] != "w_chunk" or frame.header.get("i") != chunk.index:
+                        raise ProtocolError(f"expected chunk {chunk.index}, got {frame.header}")
+                    accepted = await self._store(chunk, frame.payload, holder)
+                    self.queue.arrived(chunk, holder, accepted)
+                    batch.remove(chunk)
+                    self.on_progress(self.progress)
+                await self._notify()
+        except (OSError, ProtocolError, asyncio.TimeoutError) as e:
+            log.warning("fetching weights from %s failed: %s; %d chunks go to other holders", holder, e, len(batch))
+            self.queue.remove_holder(holder)
+        finally:
+            self.queue.give_back(batch, holder)
+            if link is not None:
+                await link.close()
+            await self._notify()
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def _store(self, chunk: Chunk, data: bytes, holder: str) -> bool:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._writer, self.store.write, chunk, data)
+        except ChunkRejected as e:
+            log.warning("holder %s served bad bytes: %s; fetching it elsewhere", holder, e)
+            return False
+        self.per_holder[holder] = self.per_holder.get(holder, 0) + chunk.length
+        return True

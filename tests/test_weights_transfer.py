@@ -1,0 +1,126 @@
+"""Weights between holders and a fetching node over real loopback sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+
+import mlx.core as mx
+import pytest
+
+from swarm.transport.stream_link import StreamFrameLink
+from swarm.weights import manifest as manifest_module
+from swarm.weights.manifest import build_manifest
+from swarm.weights.store import ChunkStore
+from swarm.weights.transfer import FetchStuck, WeightFetch, fetch_manifest, serve_weights
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def model_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(manifest_module, "CHUNK_BYTES", 64 * 1024)
+    d = tmp_path / "model"
+    d.mkdir()
+    weights = {f"model.layers.{i}.w": mx.random.normal((256, 256), key=mx.random.key(i)) for i in range(8)}
+    mx.save_safetensors(str(d / "model.safetensors"), weights)
+    (d / "config.json").write_text(json.dumps({"num_hidden_layers": 8}))
+    return d
+
+
+class Holder:
+    """A peer port that serves a store's chunks; `kill()` drops it mid-transfer."""
+
+    def __init__(self, name: str, store: ChunkStore, slow: float = 0.0):
+        self.name, self.store, self.slow = name, store, slow
+        self.links: list[StreamFrameLink] = []
+
+    async def start(self):
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def _serve(self, reader, writer):
+        link = StreamFrameLink("fetcher", reader, writer)
+        self.links.append(link)
+        if self.slow:
+            link_send = link.send
+
+            async def slow_send(header, payload=b""):
+                await asyncio.sleep(self.slow)
+                await link_send(header, payload)
+            link.send = slow_send
+        try:
+            await serve_weights(link, self.store)
+        except Exception:
+            pass
+        finally:
+            await link.close()
+
+    async def kill(self):
+        self.server.close()
+        for link in self.links:
+            link._writer.transport.abort()
+
+
+def opener(holders: dict[str, Holder]):
+    async def open_link(name: str):
+        reader, writer = await asyncio.open_connection("127.0.0.1", holders[name].port)
+        return StreamFrameLink(name, reader, writer)
+    return open_link
+
+
+async def test_fetch_everything_from_two_holders_and_the_manifest_checks_out(model_dir, tmp_path):
+    m = build_manifest(model_dir)
+    holders = {n: await Holder(n, ChunkStore.complete(model_dir, m)).start() for n in ("a", "b")}
+    link = await opener(holders)("a")
+    assert await fetch_manifest(link, m.fingerprint) == m
+    await link.close()
+    store = ChunkStore.partial(tmp_path / "copy", m)
+    fetch = WeightFetch(store, list(m.chunks), opener(holders), lambda: list(holders))
+    report = await fetch.run()
+    assert store.missing(list(m.chunks)) == []
+    assert (tmp_path / "copy" / "model.safetensors").read_bytes() == (model_dir / "model.safetensors").read_bytes()
+    assert set(report.per_holder) == {"a", "b"}, "both holders served"
+    assert report.progress.received_bytes == m.total_bytes
+
+
+async def test_a_holder_that_dies_mid_transfer_is_replaced(model_dir, tmp_path):
+    m = build_manifest(model_dir)
+    holders = {"slow": await Holder("slow", ChunkStore.complete(model_dir, m), slow=0.05).start(),
+               "fast": await Holder("fast", ChunkStore.complete(model_dir, m)).start()}
+    store = ChunkStore.partial(tmp_path / "copy", m)
+    around = ["slow"]
+    fetch = WeightFetch(store, list(m.chunks), opener(holders), lambda: list(around))
+    task = asyncio.create_task(fetch.run())
+    while fetch.per_holder.get("slow", 0) == 0:
+        await asyncio.sleep(0.01)
+    around.append("fast")
+    await holders["slow"].kill()
+    report = await asyncio.wait_for(task, 30)
+    assert store.missing(list(m.chunks)) == []
+    assert report.per_holder["slow"] < m.total_bytes / 2
+
+
+async def test_tampered_bytes_are_refused_and_fetched_elsewhere(model_dir, tmp_path):
+    m = build_manifest(model_dir)
+    tampered = tmp_path / "tampered"
+    shutil.copytree(model_dir, tampered)
+    data = bytearray((tampered / "model.safetensors").read_bytes())
+    victim = m.tensor_chunks(["model.layers.3.w"])[1]
+    data[victim.offset + 10] ^= 0xFF  # altered after its manifest was made
+    (tampered / "model.safetensors").write_bytes(bytes(data))
+    liar = await Holder("liar", ChunkStore.complete(tampered, m)).start()
+    honest = await Holder("honest", ChunkStore.complete(model_dir, m)).start()
+    holders = {"liar": liar}
+    store = ChunkStore.partial(tmp_path / "copy", m)
+    fetch = WeightFetch(store, list(m.chunks), opener(holders), lambda: list(holders), stuck_after_s=0.5)
+    with pytest.raises(FetchStuck):
+        await fetch.run()
+    assert not store.has(victim) and len(store.missing(list(m.chunks))) == 1
+    holders["honest"] = honest
+    fetch = WeightFetch(store, list(m.chunks), opener(holders), lambda: list(holders))
+    report = await fetch.run()
+    assert store.missing(list(m.chunks)) == [] and report.per_holder == {"honest": victim.length}
+    assert (tmp_path / "copy" / "model.safetensors").read_bytes() == (model_dir / "model.safetensors").read_bytes()
