@@ -1,0 +1,72 @@
+"""Where a node's secrets come from: the swarm secret (peers) and the API key (clients).
+
+Each is looked up in this order, and the first one found wins:
+    1. the command line (`--secret`, `--api-key`)
+    2. the environment ($SWARM_SECRET, $SWARM_API_KEY)
+    3. a file in the state dir (`secret`, `api-key`), e.g. written by `swarm-node --new-secret`
+None found: the swarm is open to anyone on the network (said loudly everywhere), or the
+API takes requests without a key.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+SECRET_ENV, API_KEY_ENV = "SWARM_SECRET", "SWARM_API_KEY"
+SECRET_FILE, API_KEY_FILE = "secret", "api-key"
+
+
+@dataclass(frozen=True)
+class Secret:
+    value: str | None
+    source: str  # where it came from, for the log ("--secret", "$SWARM_SECRET", a path), or "none"
+
+    def __bool__(self) -> bool:
+        return bool(self.value)
+
+
+def _choose(flag: str | None, flag_name: str, env: Mapping[str, str], env_name: str, path: Path) -> Secret:
+    if flag:
+        return Secret(flag, flag_name)
+    if env.get(env_name):
+        return Secret(env[env_name], f"${env_name}")
+    try:
+        text = path.read_text().strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return Secret(None, "none")
+    if not text:
+        raise ValueError(f"{path} is empty; delete it or put the secret in it")
+    return Secret(text, str(path))
+
+
+def swarm_secret(flag: str | None, state_dir: Path, env: Mapping[str, str] = os.environ) -> Secret:
+    return _choose(flag, "--secret", env, SECRET_ENV, Path(state_dir) / SECRET_FILE)
+
+
+def api_key(flag: str | None, state_dir: Path, env: Mapping[str, str] = os.environ) -> Secret:
+    return _choose(flag, "--api-key", env, API_KEY_ENV, Path(state_dir) / API_KEY_FILE)
+
+
+def new_secret_file(state_dir: Path) -> tuple[Path, str]:
+    """Write a fresh random swarm secret (readable by this user only); refuses to overwrite one."""
+    path = Path(state_dir) / SECRET_FILE
+    if path.exists():
+        raise FileExistsError(f"{path} already holds a secret; delete it first to make a new one")
+    text = secrets.token_urlsafe(32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, stat.S_IRUSR | stat.S_IWUSR)
+    with os.fdopen(fd, "w") as f:
+        f.write(text + "\n")
+    return path, text
+
+
+def readable_by_others(path: Path) -> bool:
+    try:
+        return bool(path.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO))
+    except OSError:
+        return False
