@@ -26,7 +26,10 @@ RECV_BYTES = 256 * 1024
 
 class PeerConnection:
     def __init__(self, sock: socket.socket, peer: str, where: str, dialed: bool,
-                 max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES, pending: bytes = b"") -> None:
+                 max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES, *, pending: bytes = b"",
+                 parser: FrameParser | None = None, ready: list[Frame] | None = None) -> None:
+        """`pending`, or `parser` and `ready`: what the handshake read past the hello (bytes not
+        parsed yet; or the parser holding a partial frame, and whole frames) comes first."""
         sock.setblocking(False)
         if sock.family in (socket.AF_INET, socket.AF_INET6):  # one decode step now, not after Nagle's 40 ms
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -34,8 +37,8 @@ class PeerConnection:
         self.peer = peer  # the node id the hello proved
         self.where = where  # "host:port" of the other end, for log lines
         self.dialed = dialed  # we opened it (decides which of two simultaneous connections stays)
-        self._parser = FrameParser(max_payload)
-        self._pending = pending  # bytes that arrived with the hello
+        self._parser = parser or FrameParser(max_payload)
+        self._pending, self._ready = pending, ready or []
         self._recv_buf: bytearray | None = None
 
     def __repr__(self) -> str:
@@ -46,9 +49,12 @@ class PeerConnection:
         """The whole frames that have arrived (maybe none); None when the peer closed between frames.
 
         ProtocolError for garbage, or a close in the middle of a frame; OSError when the socket broke."""
-        if self._pending:
-            data, self._pending = self._pending, b""
-            return self._parser.feed(data)
+        if self.has_pending:
+            frames, self._ready = self._ready, []
+            if self._pending:
+                data, self._pending = self._pending, b""
+                frames += self._parser.feed(data)
+            return frames
         if self._recv_buf is None:  # kept per connection: no large allocation per read
             self._recv_buf = bytearray(RECV_BYTES)
         try:
@@ -63,7 +69,7 @@ class PeerConnection:
 
     @property
     def has_pending(self) -> bool:
-        return bool(self._pending)
+        return bool(self._pending or self._ready)
 
     # -- the frame writer -------------------------------------------------------------------
     def write_frame(self, header: dict, payload: bytes | memoryview, timeout: float) -> None:

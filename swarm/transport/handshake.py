@@ -76,20 +76,23 @@ def dial(address: tuple[str, int], node_id: str, swarm: str, expected_peer: str,
     where = f"{address[0]}:{address[1]}"
     try:
         sock.sendall(MAGIC + frame_bytes(own_hello(node_id, swarm)))
-        parser, frames = FrameParser(_MAX_HELLO_PAYLOAD), []
+        # The peer may write frames right behind its hello (the connection is used both ways at
+        # once): whatever comes with it stays in the parser for the connection to read.
+        parser, frames = FrameParser(max_payload), []
         while not frames:
             sock.settimeout(max(0.001, deadline - time.monotonic()))
             data = sock.recv(4096)
             if not data:
                 raise ConnectionClosed("closed during the hello")
             frames = parser.feed(data)
+        if memoryview(frames[0].payload).nbytes > _MAX_HELLO_PAYLOAD:
+            raise HandshakeRejected("protocol", "a hello with a payload")
         peer = check_hello(frames[0], swarm)
         if peer != expected_peer:
             refusal = HandshakeRejected("node", f"address answered as node {peer!r}, not {expected_peer!r}")
             sock.sendall(frame_bytes(Rejection(refusal.kind, refusal.message)))
             raise refusal
-        # The listener writes nothing after its hello until we send (it answers, never starts).
-        return PeerConnection(sock, peer, where, dialed=True, max_payload=max_payload)
+        return PeerConnection(sock, peer, where, dialed=True, parser=parser, ready=frames[1:])
     except BaseException:
         sock.close()
         raise

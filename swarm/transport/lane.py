@@ -191,7 +191,12 @@ class DataLane:
                 self._close(conn, f"peer says: {message.message}" if isinstance(message, Rejection)
                             else "a hello after the handshake")
                 return
-            self._deliver(conn.peer, message, frame.header)
+            try:
+                self._deliver(conn.peer, message, frame.header)
+            except Exception as exc:  # the handler's bug: noticed, and it costs this connection only
+                log.exception("handling a %s from %s", type(message).__name__, conn.peer)
+                self._close(conn, f"the handler raised {exc!r}")
+                return
 
     def _deliver(self, sender: str, message: Message, header: dict) -> None:
         hop_trace.mark(hop_trace.STEP_END if isinstance(message, Token) else
