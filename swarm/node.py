@@ -39,7 +39,7 @@ from .node_config import NodeConfig
 from .planning.coordinator import Coordinator
 from .stage.stage_host import StageHost
 from .stage.stage_service import StageService
-from .status.events import EventBus
+from .events import EventBus
 from .status.node_status import NodeStatus
 from .status.peer_stats import PeerStats
 from .transport.lane import DataLane

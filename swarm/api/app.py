@@ -7,7 +7,7 @@ import time
 from aiohttp import web
 
 from ..entry.service import InferenceService
-from ..status.events import EventBus
+from ..events import EventBus
 from ..status.node_status import NodeStatus
 from .completions import CompletionRoutes
 from .errors import error_middleware

@@ -6,7 +6,7 @@ import asyncio
 
 from aiohttp import web
 
-from ..status.events import EventBus
+from ..events import EventBus
 from ..status.node_status import NodeStatus
 from .sse import open_event_stream, send_event
 

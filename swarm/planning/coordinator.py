@@ -20,7 +20,7 @@ from partitioner import InsufficientMemoryError, ModelSpec, NodeCapacity, Plan, 
 from ..entry.pending_tokens import PendingTokens
 from ..entry.pipeline import NoPipeline
 from ..stage.stage_host import StageHost
-from ..status.events import EventBus
+from ..events import EventBus
 
 log = logging.getLogger(__name__)
 
