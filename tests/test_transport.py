@@ -322,7 +322,7 @@ async def test_handler_failure_closes_only_that_connection(caplog) -> None:
         await sender.send("node-a", Token("r1", "p1", 1, 666))
         first = sender.links.link("node-a")
         await eventually(lambda: any("handler bug" in w for w in transport_warnings(caplog)))
-        await eventually(lambda: first.peer_closed())  # the sender sees the close: next send reconnects
+        await eventually(lambda: first.peer_gone())  # the sender sees the close: next send reconnects
         await sender.send("node-a", Token("r1", "p1", 2, 7))
         await eventually(lambda: [m.token for m in got] == [7])
         assert sender.links.link("node-a") is not first
@@ -356,7 +356,7 @@ async def test_send_to_silent_listener_times_out() -> None:
                             connect_timeout=0.3).start()
     try:
         start = time.monotonic()
-        with pytest.raises(PeerUnreachable, match="timed out"):
+        with pytest.raises(PeerUnreachable, match="within"):
             await sender.send("node-x", token(0))
         assert time.monotonic() - start < 0.3 + 0.5
     finally:

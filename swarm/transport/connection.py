@@ -9,7 +9,7 @@ from `peer`. Sealing and opening frames (encryption, sequence numbers) belongs i
 The socket is non-blocking: reads take what has arrived, a write waits for room at
 most `send_timeout` (a peer that stops reading must not hold our thread for longer).
 Only the MLX thread reads and writes once a connection is in use (lane.py);
-`peer_closed` may be asked from any thread.
+`peer_gone` may be asked from any thread.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ class PeerConnection:
         self._parser = parser or FrameParser(max_payload)
         self._pending, self._ready = pending, ready or []
         self._recv_buf: bytearray | None = None
+        self._readable = select.poll()  # asked before every write: has the peer hung up?
+        self._readable.register(sock, select.POLLIN)
 
     def __repr__(self) -> str:
         return f"<PeerConnection {'to' if self.dialed else 'from'} {self.peer} at {self.where}>"
@@ -77,7 +79,7 @@ class PeerConnection:
 
         A frame is written whole or the connection is unusable after it: close it then."""
         pieces = encode_frame(header, payload)  # a bad header is the caller's bug: ValueError
-        total = sum(memoryview(p).nbytes for p in pieces)
+        total = len(pieces[0]) + memoryview(payload).nbytes
         sent = _send(self.sock, pieces)  # one sendmsg, the payload not copied: nearly always all of it
         if sent == total:
             return
@@ -91,7 +93,13 @@ class PeerConnection:
 
     # -- state ------------------------------------------------------------------------------
     def peer_closed(self) -> bool:
-        """Has the peer closed (EOF or reset) since we last read? Does not wait, consumes nothing."""
+        """Has the peer closed (EOF or reset) since we last read? Does not wait, consumes nothing.
+
+        The owner's thread only (the poll object is not for two threads at once): see `peer_gone`."""
+        return bool(self._readable.poll(0)) and self.peer_gone()
+
+    def peer_gone(self) -> bool:
+        """`peer_closed` for any thread: one more system call."""
         try:
             return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
         except (BlockingIOError, InterruptedError):

@@ -72,7 +72,10 @@ def dial(address: tuple[str, int], node_id: str, swarm: str, expected_peer: str,
     Raises OSError (unreachable, timed out) or ProtocolError (HandshakeRejected when either
     side refused: its kind says why)."""
     deadline = time.monotonic() + timeout
-    sock = socket.create_connection(address, timeout=timeout)
+    try:
+        sock = socket.create_connection(address, timeout=timeout)
+    except TimeoutError:
+        raise TimeoutError(f"no connection within {timeout} s") from None
     where = f"{address[0]}:{address[1]}"
     try:
         sock.sendall(MAGIC + frame_bytes(own_hello(node_id, swarm)))
@@ -81,7 +84,10 @@ def dial(address: tuple[str, int], node_id: str, swarm: str, expected_peer: str,
         parser, frames = FrameParser(max_payload), []
         while not frames:
             sock.settimeout(max(0.001, deadline - time.monotonic()))
-            data = sock.recv(4096)
+            try:
+                data = sock.recv(4096)
+            except TimeoutError:
+                raise TimeoutError(f"no hello within {timeout} s") from None
             if not data:
                 raise ConnectionClosed("closed during the hello")
             frames = parser.feed(data)

@@ -60,6 +60,7 @@ from .links import PeerLinks
 from .messages import Forward, Hello, Message, Rejection, Token, decode
 
 log = logging.getLogger("swarm.transport")
+_TRACING = hop_trace.enabled()  # read once: off, the hop pays one global lookup for it
 
 OnMessage = Callable[[str, Message], None]  # (sender node id, message), on the MLX thread
 Watch = Callable[[socket.socket, Callable[[], None] | None], None]  # register (callback) or forget (None)
@@ -93,7 +94,7 @@ class DataLane:
     def mlx_send(self, node_id: str, message: Message) -> None:
         """Deliver `message` to `node_id` (this node: to the handler); PeerUnreachable if it cannot be."""
         if node_id == self.node_id:
-            self._deliver(node_id, message, _local_header(message))
+            self._deliver(node_id, message, message.to_frame()[0] if _TRACING else None)
             return
         header, payload = message.to_frame()
         conn = self._link(node_id)
@@ -102,7 +103,8 @@ class DataLane:
         except OSError as exc:  # incl. the send timeout: a half-written frame leaves the link unusable
             self._close(conn, None)
             raise PeerUnreachable(node_id, f"connection broke: {type(exc).__name__}: {exc}") from exc
-        hop_trace.mark(hop_trace.STEP_START if self._starts_a_step(message) else "sent", header)
+        if _TRACING:
+            hop_trace.mark(hop_trace.STEP_START if self._starts_a_step(message) else "sent", header)
 
     def mlx_drop(self, node_id: str) -> None:
         """The peer left: close our connection to it."""
@@ -198,9 +200,10 @@ class DataLane:
                 self._close(conn, f"the handler raised {exc!r}")
                 return
 
-    def _deliver(self, sender: str, message: Message, header: dict) -> None:
-        hop_trace.mark(hop_trace.STEP_END if isinstance(message, Token) else
-                       hop_trace.STEP_START if self._starts_a_step(message) else "received", header)
+    def _deliver(self, sender: str, message: Message, header: dict | None) -> None:
+        if _TRACING:
+            hop_trace.mark(hop_trace.STEP_END if isinstance(message, Token) else
+                           hop_trace.STEP_START if self._starts_a_step(message) else "received", header)
         self._on_message(sender, message)
 
     def _starts_a_step(self, message: Message) -> bool:
@@ -221,9 +224,3 @@ class DataLane:
                 pass  # already closed
         conn.close()
 
-
-def _local_header(message: Message) -> dict:
-    """What the hop trace records for a message that never becomes a frame (it stays in this node)."""
-    if not hop_trace.enabled():
-        return {}
-    return message.to_frame()[0]

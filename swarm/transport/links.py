@@ -55,7 +55,7 @@ class PeerLinks:
             if peer in self._dialing and self.node_id < peer:
                 return Rejection("duplicate", f"{self.node_id} is connecting to you: the lower id's connection stays")
             current = self._links.get(peer)
-            if current is not None and current.dialed and self.node_id < peer and not current.peer_closed():
+            if current is not None and current.dialed and self.node_id < peer and not current.peer_gone():
                 return Rejection("duplicate", f"{self.node_id} has a connection to you, opened by the lower id")
             self._arriving.add(peer)
             return None
