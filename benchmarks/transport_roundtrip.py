@@ -30,6 +30,7 @@ import mlx.core as mx  # noqa: E402
 import queue  # noqa: E402
 
 from swarm.engine.worker import MlxWorker  # noqa: E402
+from swarm.transport.arrays import encode_array  # noqa: E402
 from swarm.transport.lane import DataLane  # noqa: E402
 from swarm.transport.links import PeerLinks  # noqa: E402
 from swarm.transport.listener import PeerListener  # noqa: E402
@@ -43,8 +44,8 @@ MAX_PAYLOAD = 64 * 1024 * 1024
 
 
 def _described(a: mx.array):
-    f = Forward.of_tokens("bench", "p", 0, "bench", None, [0]).onward(1, a, 0)
-    return f.dtype, f.shape, f.payload
+    dtype, shape, data = encode_array(a)
+    return dtype, tuple(shape), data
 
 
 async def run_echo() -> None:

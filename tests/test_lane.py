@@ -15,10 +15,10 @@ import threading
 import time
 
 import pytest
-from peer_nodes import HOST, SWARM, PeerNode, established_to, hello_bytes, raw_hello_session, token, transport_warnings
+from peer_nodes import HOST, PeerNode, established_to, hello_bytes, raw_hello_session, token, transport_warnings
 
 from swarm.transport.errors import PeerUnreachable, ProtocolError
-from swarm.transport.frames import MAGIC, FrameParser, encode_frame
+from swarm.transport.frames import FrameParser, encode_frame
 from swarm.transport.messages import Forward
 
 pytestmark = pytest.mark.timeout(60)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from swarm.engine.sampling import SamplingParams
+from swarm.transport.arrays import encode_array
 from swarm.transport.errors import ProtocolError
 from swarm.transport.frames import Frame, FrameParser, encode_frame
 from swarm.transport.messages import Error, Forward, Hello, Rejection, Release, Token, decode
@@ -25,7 +26,8 @@ def tokens_in() -> Forward:
 
 
 def hidden_in() -> Forward:
-    return Forward.of_tokens("r1", "plan1", 5, "entry", None, [9]).onward(10, mx.ones((1, 1, 8)), compute_us=120)
+    step = Forward.of_tokens("r1", "plan1", 5, "entry", None, [9])
+    return step.onward(10, encode_array(mx.ones((1, 1, 8))), compute_us=120)
 
 
 @pytest.mark.parametrize("message", [

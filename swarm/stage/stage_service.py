@@ -39,6 +39,7 @@ from ..engine.stage import CacheMismatch, Stage
 from ..engine.worker import MlxWorker
 from ..entry.pending_tokens import PendingTokens
 from ..entry.run_ahead import RunAhead
+from ..transport.arrays import encode_array
 from ..transport.errors import PeerUnreachable, ProtocolError
 from ..transport.lane import DataLane
 from ..transport.messages import Error, Forward, Message, Release, Token
@@ -195,17 +196,25 @@ class StageService:
         self._mlx_send_or_fail(nxt.node_id, forward.onward(nxt.start, out, compute_us))
 
 
+def _result(stage: Stage, out):
+    """What to deliver for a forward result: a token, None, the request's failure, or the encoded
+    activations (dtype, shape, a view of the bytes: arrays.encode_array)."""
+    if isinstance(out, (int, Exception)) or out is None:
+        return out
+    if stage.range.is_last:
+        return None  # a prefill chunk on the last stage: nothing to send on
+    return encode_array(out)
+
+
 def _compute(stage: Stage, forward: Forward):
-    """Decode the input, run the shard; and how long it took. A request's own failure
-    (lost cache, bad array) is returned, not raised."""
+    """Decode the input, run the shard, encode the output; and how long it took (what hop timing
+    calls compute). A request's own failure (lost cache, bad array) is returned, not raised."""
     t0 = time.perf_counter()
     try:
         out = stage.forward(forward.rid, forward.array(), forward.pos, forward.sampling)
-        if not isinstance(out, int) and stage.range.is_last:
-            out = None  # a prefill chunk on the last stage: nothing to send on
     except (CacheMismatch, ProtocolError) as e:
         out = e
-    return out, time.perf_counter() - t0
+    return _result(stage, out), time.perf_counter() - t0
 
 
 def _compute_batch(stage: Stage, accepted: list[Forward]):
@@ -220,5 +229,6 @@ def _compute_batch(stage: Stage, accepted: list[Forward]):
     outs = stage.decode_batch([item for _, item in items]) if items else []
     for (i, _), out in zip(items, outs):
         results[i] = out
+    encoded = [_result(stage, results[i]) for i in range(len(accepted))]
     took = time.perf_counter() - t0
-    return [(results[i], took) for i in range(len(accepted))]
+    return [(out, took) for out in encoded]

@@ -32,7 +32,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..engine.sampling import SamplingParams
-from .arrays import WIRE_DTYPES, decode_array, encode_array
+from .arrays import WIRE_DTYPES, decode_array
 from .errors import ProtocolError
 from .frames import Frame
 
@@ -115,9 +115,10 @@ class Forward(NamedTuple):
         ids = np.asarray([tokens], dtype=np.int32)
         return cls(rid, plan_id, pos, 0, entry, sampling, "int32", ids.shape, ids.tobytes())
 
-    def onward(self, start: int, hidden: mx.array, compute_us: int) -> Forward:
-        """The same step into the next stage, carrying this stage's output."""
-        dtype, shape, data = encode_array(hidden)  # the memoryview keeps the array alive until sent
+    def onward(self, start: int, hidden: tuple[str, list[int], memoryview], compute_us: int) -> Forward:
+        """The same step into the next stage, carrying this stage's output as `arrays.encode_array` gave it
+        (the memoryview keeps the array alive until sent)."""
+        dtype, shape, data = hidden
         return Forward(self.rid, self.plan_id, self.pos, start, self.entry, self.sampling, dtype, tuple(shape),
                        data, compute_us)
 
