@@ -19,8 +19,8 @@ from partitioner import InsufficientMemoryError, ModelSpec, NodeCapacity, Plan, 
 
 from ..entry.pending_tokens import PendingTokens
 from ..entry.pipeline import NoPipeline
-from ..stage.stage_host import StageHost
 from ..events import EventBus
+from ..stage.stage_host import StageHost
 
 log = logging.getLogger(__name__)
 
