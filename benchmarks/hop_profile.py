@@ -4,11 +4,11 @@
 
 Starts N nodes on loopback (as swarm-bench does) with SWARM_HOP_TRACE set, streams
 one greedy request, and prints the median gap between consecutive events of a
-decode step: the entry sending the step, each node's MLX thread receiving the
-frame (on the data lane), taking it from its queue, starting and ending the
-forward pass, sending the result on, ... until the entry has the token.
-Gaps marked "*" cross from one process to the next (the socket plus waking the
-receiver). See swarm/hop_trace.py.
+decode step, all at frame boundaries on the data lane: the entry sending the
+step, each node's MLX thread receiving the frame and (after its forward pass)
+sending the result on, ... until the entry has the token. A gap within one
+process is mostly its compute; gaps marked "*" cross from one process to the
+next (the socket plus waking the receiver). See swarm/hop_trace.py.
 """
 
 from __future__ import annotations

@@ -29,8 +29,9 @@ from swarm.engine.sampling import SamplingParams  # noqa: E402
 from swarm.engine.shard import load_shard  # noqa: E402
 from swarm.engine.stage import Stage  # noqa: E402
 from swarm.engine.worker import MlxWorker  # noqa: E402
-from swarm.inference.generate import GenerationJob, generate_tokens  # noqa: E402
-from swarm.inference.pipeline import LocalPipeline  # noqa: E402
+from local_pipeline import LocalPipeline  # noqa: E402  (tests/: all stages in one process)
+
+from swarm.entry.generate import GenerationJob, generate_tokens  # noqa: E402
 from swarm.models.resolve import resolve_model  # noqa: E402
 
 PROMPT = "Once upon a time, in a small village by the sea, there lived"

@@ -2,9 +2,10 @@
 
     python benchmarks/transport_roundtrip.py [--small 2000] [--large 50] [--idle-ms 25,60]
 
-An echo node runs in a child process (its own interpreter and event loop, as
-a real peer would). Every frame is decoded into an mx.array on arrival, so
-the numbers include array encode/decode, not only the socket.
+An echo node runs in a child process (its own interpreter, event loop and MLX
+thread, as a real peer would); both ends use the node's data lane, on one
+connection. Every frame is decoded into a typed message and an mx.array on
+arrival, so the numbers include that, not only the socket.
 
 The idle rows repeat the small round trip after both ends slept for a while, as
 pipeline stages do between decode steps (a stage waits while the others compute).
@@ -26,80 +27,94 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import mlx.core as mx  # noqa: E402
 
-from swarm.transport import Frame, TcpTransport, array_frame, frame_array  # noqa: E402
+import queue  # noqa: E402
+
+from swarm.engine.worker import MlxWorker  # noqa: E402
+from swarm.transport.arrays import encode_array  # noqa: E402
+from swarm.transport.lane import DataLane  # noqa: E402
+from swarm.transport.links import PeerLinks  # noqa: E402
+from swarm.transport.listener import PeerListener  # noqa: E402
+from swarm.transport.messages import Forward, Token  # noqa: E402
 
 HOST = "127.0.0.1"
 SWARM = "bench"
 SMALL_SHAPE = (1, 1, 576)
 LARGE_SHAPE = (1, 2048, 576)
+MAX_PAYLOAD = 64 * 1024 * 1024
+
+
+def _described(a: mx.array):
+    dtype, shape, data = encode_array(a)
+    return dtype, tuple(shape), data
 
 
 async def run_echo() -> None:
-    """Child: decode every array; echo "ping"s back whole, answer "bulk" with a tiny ack."""
-    queue: asyncio.Queue[Frame] = asyncio.Queue()
+    """Child: a node's data path. Every array is decoded on arrival; a decode-step-sized one is sent
+    back whole on the same connection, a large one answered with a token (an ack)."""
+    worker = MlxWorker()
+    links = PeerLinks("echo")
+    lane = DataLane("echo", SWARM, links, worker.watch, worker.post, lambda node_id: ("0.0.0.0", 0),
+                    max_payload=MAX_PAYLOAD)
 
-    async def enqueue(sender: str, frame: Frame) -> None:
-        queue.put_nowait(frame)
-
-    transport = TcpTransport("echo", SWARM, HOST, 0)
-    await transport.start(enqueue)
-    print(transport.port, flush=True)
-    while True:
-        frame = await queue.get()
-        a = frame_array(frame)
-        back = (HOST, frame.header["reply_port"])
-        if frame.type == "ping":
-            await transport.send("bench", back, *array_frame({"t": "pong"}, a))
+    def echo(sender: str, message) -> None:  # on the MLX thread, as a stage would
+        a = message.array()
+        mx.eval(a)
+        if a.shape[1] == 1:
+            lane.mlx_send(sender, message)
         else:
-            await transport.send("bench", back, {"t": "ack", "n": a.size})
+            lane.mlx_send(sender, Token("bench", "p", 1, a.shape[1]))
+
+    lane.serve(echo)
+    listener = PeerListener("echo", SWARM, HOST, 0, links, lane, lambda: None, max_payload=MAX_PAYLOAD)
+    await listener.start()
+    print(listener.port, flush=True)
+    await asyncio.Event().wait()
 
 
 async def run_bench(small: int, large: int, idle_ms: list[float]) -> None:
     child = subprocess.Popen([sys.executable, __file__, "--echo"], stdout=subprocess.PIPE, text=True)
+    worker = MlxWorker()
     try:
         echo_port = int(child.stdout.readline())
-        replies: asyncio.Queue[Frame] = asyncio.Queue()
+        replies: queue.Queue = queue.Queue()
+        lane = DataLane("bench", SWARM, PeerLinks("bench"), worker.watch, worker.post,
+                        {"echo": (HOST, echo_port)}.get, max_payload=MAX_PAYLOAD)
+        lane.serve(lambda sender, message: replies.put(message))
 
-        async def enqueue(sender: str, frame: Frame) -> None:
-            replies.put_nowait(frame)
-
-        transport = TcpTransport("bench", SWARM, HOST, 0, max_payload=64 * 1024 * 1024)
-        await transport.start(enqueue)
-        echo = ("echo", (HOST, echo_port))
-        reply_port = {"reply_port": transport.port}
-
-        async def exchange(t: str, a: mx.array) -> float:
+        def exchange(a: mx.array) -> float:
             start = time.perf_counter()
-            await transport.send(*echo, *array_frame({"t": t, **reply_port}, a))
-            frame = await replies.get()
-            if frame.type == "pong":
-                mx.eval(frame_array(frame))
+            worker.submit(lane.mlx_send, "echo", Forward("bench", "p", 0, 1, "bench", None, *_described(a))).result()
+            message = replies.get()
+            if isinstance(message, Forward):
+                mx.eval(message.array())
             return time.perf_counter() - start
 
         x = mx.random.normal(SMALL_SHAPE)
         big = mx.random.normal(LARGE_SHAPE)
         mx.eval(x, big)
-        for _ in range(50):  # connect both ways, warm up
-            await exchange("ping", x)
-        await exchange("bulk", big)
+        for _ in range(50):  # connect, warm up
+            exchange(x)
+        exchange(big)
 
-        small_times = [await exchange("ping", x) for _ in range(small)]
+        small_times = [exchange(x) for _ in range(small)]
         idle_times = {}
         for gap in idle_ms:
             idle_times[gap] = []
             for _ in range(max(20, min(small, int(4000 / max(gap, 1))))):  # ~4 s per gap
-                time.sleep(gap / 1e3)  # block the whole process, as a stage waiting for its turn
-                idle_times[gap].append(await exchange("ping", x))
-        large_times = [await exchange("bulk", big) for _ in range(large)]
+                time.sleep(gap / 1e3)  # the whole process idle, as a stage waiting for its turn
+                idle_times[gap].append(exchange(x))
+        large_times = [exchange(big) for _ in range(large)]
 
         start = time.perf_counter()  # pipelined: all sends first, then all acks
+        bulk = Forward("bench", "p", 0, 1, "bench", None, *_described(big))
         for _ in range(large):
-            await transport.send(*echo, *array_frame({"t": "bulk", **reply_port}, big))
+            worker.submit(lane.mlx_send, "echo", bulk).result()
         for _ in range(large):
-            await replies.get()
+            replies.get()
         pipelined = time.perf_counter() - start
-        await transport.stop()
+        worker.submit(lane.mlx_close).result()
     finally:
+        worker.close()
         child.kill()
         child.wait()
 

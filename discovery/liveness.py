@@ -1,8 +1,10 @@
-"""Is a peer still there? A plain TCP connect to its peer port.
+"""Is a peer still there? Its profile, fetched over its peer port (SWPF) every interval.
 
-mDNS alone learns of a crash only when records expire (minutes). A connect
-works against any TCP listener, so the node's real transport needs nothing
-special for it: accept success = alive.
+mDNS alone learns of a crash only when records expire (minutes). So every
+admitted peer is asked for its profile (profile_exchange.py) every PROBE_INTERVAL
+on a short connection of its own, answered on the peer's event loop (never its
+MLX thread: a long prefill must not make a node look dead). An answer = alive,
+and it carries the peer's current profile (discovery.py: Discovery._check).
 """
 
 from __future__ import annotations
@@ -20,18 +22,6 @@ from .profile_exchange import MAGIC, answer_profile_request
 PROBE_INTERVAL = 0.75
 PROBE_TIMEOUT = 0.5
 PROBE_FAILURES = 3
-
-
-async def probe(host: str, port: int, timeout: float = PROBE_TIMEOUT) -> bool:
-    """True when a TCP connection to host:port is accepted within `timeout`."""
-    try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-    except (OSError, asyncio.TimeoutError):
-        return False
-    writer.close()
-    with contextlib.suppress(OSError):
-        await writer.wait_closed()
-    return True
 
 
 class FailureCounter:

@@ -1,6 +1,11 @@
-"""Opt-in timeline of decode steps across the nodes of one machine, to profile the hop.
+"""Opt-in timeline of decode steps across the nodes of one machine, at frame boundaries.
 
     SWARM_HOP_TRACE=/some/dir swarm-node ...   (benchmarks/hop_profile.py does it all)
+
+The data lane (transport/lane.py) marks every message that enters or leaves a node:
+"received" / "sent" for frames, the entry's own steps as STEP_START and tokens
+reaching their entry as STEP_END. Nothing else on the hot path marks anything, so
+a stage's compute is the gap from a frame received to the next one sent.
 
 Each node process appends "event request position t_ns" lines to DIR/<pid>.trace.
 t_ns is time.perf_counter_ns(), CLOCK_MONOTONIC on Linux: one clock for every
@@ -25,6 +30,10 @@ STEP_START, STEP_END = "entry_send", "entry_token"
 
 _dir = os.environ.get(ENV)
 _file = None
+
+
+def enabled() -> bool:
+    return _dir is not None
 
 
 def mark(event: str, header: dict) -> None:

@@ -1,8 +1,17 @@
-"""The node daemon: one per machine. Finds peers, holds its share of the layers, serves chat."""
+"""The node daemon: one per machine. Finds peers, holds its share of the layers, serves chat.
+
+Everything is assembled in `Node.start`, top to bottom, each part from the parts
+above it; then started in the same order and stopped in reverse. Two threads:
+the event loop (HTTP API, discovery, the peer-port listener, the entry's generation
+loop, planning) and the MLX thread (engine/worker.py: every MLX call, and every peer
+frame, read and written by the data lane). README.md, "Architecture", follows one
+request through them.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import mlx.core as mx
@@ -11,29 +20,31 @@ from mlx_lm.utils import load_tokenizer
 
 from discovery import Discovery, build_local_profile
 from discovery.node_id import machine_id
+from discovery.view import PeerEvent
 from partitioner import ModelSpec
 
 from .api.app import make_app
-from .coordination.coordinator import Coordinator
-from .coordination.events import EventBus
-from .coordination.hop_timing import HopTiming
-from .coordination.pending_tokens import PendingTokens
-from .coordination.router import Router
-from .coordination.run_ahead import RunAhead
-from .coordination.stage_host import StageHost
-from .coordination.stage_service import StageService
 from .engine.blas import blas_in_use
 from .engine.model_bytes import ModelBytes, measure_model_bytes
 from .engine.speed_probe import cached_speed, measure_speed
 from .engine.worker import MlxWorker
-from .inference.service import InferenceService
-from .inference.stats import RequestStats
+from .entry.hop_timing import HopTiming
+from .entry.pending_tokens import PendingTokens
+from .entry.run_ahead import RunAhead
+from .entry.service import InferenceService
+from .entry.stats import RequestStats
+from .entry.swarm_pipeline import SwarmPipelines
 from .models.resolve import LocalModel, resolve_model
 from .node_config import NodeConfig
-from .peer_stats import PeerStats
-from .topology import topology_snapshot
+from .planning.coordinator import Coordinator
+from .stage.stage_host import StageHost
+from .stage.stage_service import StageService
+from .events import EventBus
+from .status.node_status import NodeStatus
+from .status.peer_stats import PeerStats
 from .transport.lane import DataLane
-from .transport.tcp import TcpTransport
+from .transport.links import PeerLinks
+from .transport.listener import PeerListener
 
 log = logging.getLogger(__name__)
 
@@ -60,126 +71,107 @@ class Node:
         self.config = config
         self.backend = backend_name()
         self.dtype = weights_dtype(config.dtype, self.backend)
-        self.worker = MlxWorker()
-        self.events = EventBus()
-        self.stats = RequestStats(lambda kind, data: self.events.emit(kind, {**data, "entry": self.node_id}))
-        self.hop_timing = HopTiming()  # decode steps this node was the entry of
-        self.model: LocalModel | None = None
-        self.tokenizer = None
-        self.service: InferenceService | None = None
-        self._runner: web.AppRunner | None = None
-        self._started: list = []  # what to stop, in reverse
-
-    @property
-    def model_id(self) -> str:
-        return self.model.model_id if self.model else "unknown"
-
-    @property
-    def node_id(self) -> str:
-        return self.discovery.node_id
+        self.worker = MlxWorker()  # the MLX thread, from the first measurement to the last frame
+        self._stops: list = []  # what to stop, in reverse order of starting
 
     def prepare_model(self) -> None:
         """Resolve and check the model before serving; raises ModelError with one clear line."""
-        self.model = resolve_model(self.config.model, self.config.cache_dir, self.backend)
+        self.model: LocalModel = resolve_model(self.config.model, self.config.cache_dir, self.backend)
         self.tokenizer = load_tokenizer(self.model.path, eos_token_ids=self.model.config.get("eos_token_id"))
 
     async def start(self) -> None:
-        cfg, model = self.config, self.model
-        sizes = await self.worker.run(measure_model_bytes, model.path, self.dtype)
+        cfg, model, worker = self.config, self.model, self.worker
+
+        # What this node is: its model's sizes, its speed, its profile (and so its id).
+        sizes = await worker.run(measure_model_bytes, model.path, self.dtype)
         key = f"{machine_id()}:{model.fingerprint}:{self.dtype}:{self.backend}:{blas_in_use()}"
-        speed = cfg.speed or await self.worker.run(cached_speed, cfg.state_dir, key,
-                                                   lambda: measure_speed(model.path, model.n_layers, self.dtype))
+        speed = cfg.speed or await worker.run(cached_speed, cfg.state_dir, key,
+                                              lambda: measure_speed(model.path, model.n_layers, self.dtype))
         profile = build_local_profile(
             state_dir=cfg.state_dir, swarm=cfg.swarm, name=cfg.name, api_port=cfg.api_port,
             peer_port=cfg.peer_port, backend=self.backend, speed=speed, model_id=model.model_id,
             model_fingerprint=model.fingerprint, memory_limit=cfg.memory_limit, extra={"state": "joining"})
         if cfg.node_id:
             profile = profile.replace(node_id=cfg.node_id)
+        node_id = profile.node_id
 
-        self.pending = PendingTokens()
-        self.lane = DataLane(profile.node_id, cfg.swarm, self.worker.watch,
-                             lambda sender, frame: self.stage_service.on_lane_frame(sender, frame),
-                             lambda node_id: self.discovery.endpoint_of(node_id))
-        self.transport = TcpTransport(profile.node_id, cfg.swarm, cfg.peer_host, cfg.peer_port,
-                                      profile_provider=lambda: self.discovery.profile, adopt=self._adopt)
-        self.router = Router(profile.node_id, self.transport, self._address_of)
-        self.host = StageHost(model.path, self.dtype, self.worker)
-        self.run_ahead = RunAhead(profile.node_id)
-        self.stage_service = StageService(self.host, self.router, self.pending, self.worker, self.lane,
-                                          self.run_ahead, max_batch=cfg.batch_decode)
-        self.discovery = Discovery(profile, interfaces=cfg.interfaces, static_peers=cfg.peers, mdns=cfg.mdns,
-                                   on_event=self._on_peer_event, state_dir=cfg.state_dir)
-        self.coordinator = Coordinator(model_spec(sizes, cfg.kv_reserve_tokens), model.fingerprint,
-                                       self.discovery, self.host, self.router, self.pending, self.events,
-                                       strategy=cfg.strategy, token_timeout=cfg.token_timeout,
-                                       recovery_timeout=cfg.recovery_timeout, timing=self.hop_timing,
-                                       run_ahead=self.run_ahead)
-        self.peer_stats = PeerStats(self.discovery)
-        self.service = InferenceService(self.tokenizer, model.context_length, self.coordinator.pipeline,
-                                        self.stats, cfg.default_max_tokens, cfg.recovery_timeout)
+        # Who else is there. Peer events wait in a queue until planning consumes them (below).
+        peer_events: asyncio.Queue[PeerEvent] = asyncio.Queue()
+        discovery = Discovery(profile, interfaces=cfg.interfaces, static_peers=cfg.peers, mdns=cfg.mdns,
+                              on_event=peer_events, state_dir=cfg.state_dir)
 
-        await self.transport.start(self.stage_service.on_message)
-        self._started.append(self.transport.stop)
-        self.stage_service.start()
-        self._started.append(self.stage_service.stop)
-        self._runner = web.AppRunner(make_app(self), access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, cfg.api_host, cfg.api_port).start()
-        self._started.append(self._runner.cleanup)
-        await self.discovery.start()
-        self._started.append(self.discovery.stop)
-        self.peer_stats.start()
-        self._started.append(self.peer_stats.stop)
+        # The peer data path: one connection per peer, read and written on the MLX thread.
+        links = PeerLinks(node_id)
+        lane = DataLane(node_id, cfg.swarm, links, worker.watch, worker.post, discovery.endpoint_of)
+        listener = PeerListener(node_id, cfg.swarm, cfg.peer_host, cfg.peer_port, links, lane,
+                                lambda: discovery.profile)
+
+        # The entry side's bookkeeping, and the stage side that serves every peer message.
+        pending, run_ahead, hop_timing = PendingTokens(), RunAhead(node_id), HopTiming()
+        host = StageHost(model.path, self.dtype, worker)
+        stage_service = StageService(host, lane, worker, pending, run_ahead, asyncio.get_running_loop(),
+                                     max_batch=cfg.batch_decode)
+
+        # Planning: the plan from the view, our layers loaded, agreement.
+        events = EventBus()
+        coordinator = Coordinator(node_id, model_spec(sizes, cfg.kv_reserve_tokens), model.fingerprint, discovery,
+                                  host, pending, events, strategy=cfg.strategy, recovery_timeout=cfg.recovery_timeout)
+
+        # The entry side: requests through pipelines on agreed plans.
+        stats = RequestStats(events.emit, entry=node_id)
+        pipelines = SwarmPipelines(coordinator.agreed_plan, node_id, stage_service, pending, cfg.token_timeout,
+                                   hop_timing, run_ahead)
+        service = InferenceService(self.tokenizer, model.context_length, pipelines, stats, cfg.default_max_tokens,
+                                   cfg.recovery_timeout)
+
+        # What the node tells: /health, /v1/topology, and the HTTP API over it all.
+        peer_stats = PeerStats(discovery)
+        status = NodeStatus(model, self.backend, discovery, coordinator, host, stage_service, links, stats,
+                            hop_timing, peer_stats)
+        runner = web.AppRunner(make_app(service, status, events, model.model_id), access_log=None)
+
+        # Start, in the same order.
+        stage_service.start()
+        self._stops.append(stage_service.stop)
+        await listener.start()
+        self._stops.append(listener.stop)
+        await runner.setup()
+        await web.TCPSite(runner, cfg.api_host, cfg.api_port).start()
+        self._stops.append(runner.cleanup)
+        await discovery.start()
+        self._stops.append(discovery.stop)
+        peer_stats.start()
+        self._stops.append(peer_stats.stop)
         log.info("node %s (%s): API on %s:%d, peers on %s:%d, %.2f ms/layer/token, swarm %r",
-                 self.node_id, profile.name, cfg.api_host, cfg.api_port, cfg.peer_host, cfg.peer_port,
-                 speed * 1e3, cfg.swarm)
-        await self.coordinator.start()
-
-    def _adopt(self, sock, sender: str, where: str, pending: bytes) -> None:
-        """A peer's frame connection, handshaken: from now on the MLX thread reads it."""
-        self.worker.post(self.lane.adopt, sock, sender, where, pending)
-
-    def _address_of(self, node_id: str) -> tuple[str, int] | None:
-        for peer in self.discovery.view():
-            if peer.node_id == node_id:
-                return peer.endpoint
-        return None
-
-    async def _on_peer_event(self, event) -> None:
-        if event.kind == "leave":
-            await self.transport.drop(event.node_id)
-            self.stage_service.drop_peer(event.node_id)
-        await self.coordinator.on_peer_event(event)
-
-    def can_serve(self) -> tuple[bool, str]:
-        if self.service is None:
-            return False, "starting"
-        return self.coordinator.status()
-
-    def health(self) -> dict:
-        ok, reason = self.can_serve()
-        stage = getattr(getattr(self, "host", None), "stage", None)
-        return {"status": "ok" if ok else reason, "node_id": self.node_id if self.service else None,
-                "model": self.model_id, "backend": self.backend, "blas": blas_in_use(),
-                "plan_id": self.coordinator.plan.plan_id if self.service and self.coordinator.plan else None,
-                "layers": [stage.range.start, stage.range.end] if stage else None,
-                "cached_requests": stage.active_requests if stage else 0, **self.stats.to_dict(),
-                "decode_timing": self.hop_timing.to_dict(), "decode_batching": self._batching()}
-
-    def _batching(self) -> dict:
-        service = getattr(self, "stage_service", None)
-        if service is None:
-            return {}
-        return {"max_batch": service.max_batch, "batched_passes": service.batched_passes,
-                "batched_rows": service.batched_rows}
-
-    def topology(self) -> dict:
-        return topology_snapshot(self)
+                 node_id, profile.name, cfg.api_host, cfg.api_port, cfg.peer_host, listener.port, speed * 1e3,
+                 cfg.swarm)
+        await coordinator.start()
+        consumer = asyncio.create_task(_consume_peer_events(peer_events, stage_service, coordinator),
+                                       name="peer-events")
+        self._stops.append(lambda: _cancel(consumer))
 
     async def stop(self) -> None:
-        for stop in reversed(self._started):
+        for stop in reversed(self._stops):
             try:
                 await stop()
             except Exception:
                 log.exception("error while stopping")
         self.worker.close()
+
+
+async def _consume_peer_events(events: asyncio.Queue[PeerEvent], stage_service: StageService,
+                               coordinator: Coordinator) -> None:
+    while True:
+        event = await events.get()
+        try:
+            if event.kind == "leave":
+                stage_service.drop_peer(event.node_id)
+            await coordinator.on_peer_event(event)
+        except Exception:
+            log.exception("handling %s of %s failed", event.kind, event.node_id)
+
+
+async def _cancel(task: asyncio.Task) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from discovery import Discovery, NodeProfile, PeerEvent, fetch_profile, probe, serve_liveness_port
+from discovery import Discovery, NodeProfile, PeerEvent, fetch_profile, serve_liveness_port
 from discovery.memory import measure_memory, parse_size
 from discovery.node_id import load_or_mint_node_id, must_remint
 from discovery.profile import MAX_TXT_ENTRY, MalformedProfile, belongs_to_swarm
@@ -190,6 +190,16 @@ def test_table_reminted_instance_leaves_under_its_old_id():
 
 
 # -- SWPF and liveness over loopback -------------------------------------
+async def probe(host: str, port: int, timeout: float = 0.5) -> bool:
+    """A bare TCP connect: does anything accept at host:port?"""
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    except (OSError, asyncio.TimeoutError):
+        return False
+    writer.close()
+    return True
+
+
 async def test_profile_exchange_and_probe_against_the_helper_listener():
     profile = make_profile(extra={"layers": "0-3"})
     server = await serve_liveness_port("127.0.0.1", 0, profile)

@@ -1,78 +1,36 @@
 """The data lane (transport/lane.py) over real loopback sockets, each node with its own MLX worker thread.
 
-A node's TCP transport accepts and handshakes on the event loop, then hands the
-connection to the lane on the worker thread; the lane sends on connections of
-its own. These tests drive that from the outside, as peers do.
+A node's listener accepts and answers the hello on the event loop, then hands the
+connection to the lane on the worker thread; the lane reads and writes every
+connection, one per pair of peers whoever opened it. These tests drive that from
+the outside, as peers do.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import socket
+import threading
 import time
 
 import pytest
+from peer_nodes import HOST, PeerNode, established_to, hello_bytes, raw_hello_session, token, transport_warnings
 
-from swarm.engine.worker import MlxWorker
-from swarm.transport import MAGIC, Frame, PeerUnreachable, TcpTransport, encode_frame
-from swarm.transport.errors import ProtocolError
-from swarm.transport.handshake import hello_header
-from swarm.transport.lane import DataLane, FrameParser
+from swarm.transport.errors import PeerUnreachable, ProtocolError
+from swarm.transport.frames import FrameParser, encode_frame
+from swarm.transport.messages import Forward
 
 pytestmark = pytest.mark.timeout(60)
-
-HOST = "127.0.0.1"
-SWARM = "lane-swarm"
-
-
-class LaneNode:
-    """A transport that adopts its frame connections into a lane on a worker thread."""
-
-    def __init__(self, node_id: str, addresses: dict[str, tuple[str, int]], **lane_kwargs) -> None:
-        self.node_id, self.worker, self.inbox = node_id, MlxWorker(), queue.Queue()
-        self.lane = DataLane(node_id, SWARM, self.worker.watch, lambda sender, f: self.inbox.put((sender, f)),
-                             addresses.get, **lane_kwargs)
-        self.transport = TcpTransport(node_id, SWARM, HOST, 0, adopt=self._adopt)
-
-    def _adopt(self, sock: socket.socket, peer: str, where: str, pending: bytes) -> None:
-        self.worker.post(self.lane.adopt, sock, peer, where, pending)
-
-    async def start(self) -> "LaneNode":
-        await self.transport.start(self._not_for_lane)
-        return self
-
-    async def _not_for_lane(self, sender: str, frame: Frame) -> None:
-        raise AssertionError(f"frame from {sender} delivered on the event loop: {frame.header}")
-
-    async def send(self, node_id: str, header: dict, payload: bytes = b"") -> None:
-        # awaited, not run_sync: the receiving transport shares this event loop
-        await self.worker.run(self.lane.send, node_id, header, payload)
-
-    def received(self, count: int, timeout: float = 5.0) -> list[tuple[str, Frame]]:
-        return [self.inbox.get(timeout=timeout) for _ in range(count)]
-
-    async def stop(self) -> None:
-        if self.worker.closed:
-            return
-        await self.worker.run(self.lane.close)
-        await self.transport.stop()
-        self.worker.close()
 
 
 @pytest.fixture
 async def nodes():
     addresses: dict[str, tuple[str, int]] = {}
-    a, b = await LaneNode("node-a", addresses).start(), await LaneNode("node-b", addresses).start()
-    addresses.update({"node-a": (HOST, a.transport.port), "node-b": (HOST, b.transport.port)})
+    a, b = await PeerNode("node-a", addresses).start(), await PeerNode("node-b", addresses).start()
     yield a, b, addresses
     await a.stop()
     await b.stop()
-
-
-def lane_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "swarm.transport" and r.levelno >= logging.WARNING]
 
 
 def test_parser_takes_frames_in_any_pieces_and_rejects_lies() -> None:
@@ -86,49 +44,49 @@ def test_parser_takes_frames_in_any_pieces_and_rejects_lies() -> None:
         FrameParser().feed(b"\0\0\0\3\0\0\0\0\xc1\xc1\xc1")  # a header msgpack cannot decode
 
 
+def forward(seq: int, payload: bytes) -> Forward:
+    """Hidden states of one float32 value per byte quadruple: any payload a multiple of 4 bytes."""
+    return Forward("r1", "p1", seq, 1, "node-a", None, "float32", (1, len(payload) // 4, 1), payload)
+
+
 async def test_frames_arrive_in_order_and_whole(nodes) -> None:
     a, b, _ = nodes
     big = bytes(range(256)) * (5 * 4096)  # 5 MiB: a long prompt's activations
     for i in range(200):
-        await a.send("node-b", {"t": "fwd", "seq": i}, big if i == 100 else b"%d" % i)
-    got = await asyncio.to_thread(b.received, 200)
-    assert [f.header["seq"] for _, f in got] == list(range(200))
+        await a.send("node-b", forward(i, big if i == 100 else b"%04d" % i))
+    got = await b.received_async(200)
+    assert [m.pos for _, m in got] == list(range(200))
     assert {sender for sender, _ in got} == {"node-a"}
-    assert got[100][1].payload == big and got[7][1].payload == b"7"
+    assert got[100][1].payload == big and got[7][1].payload == b"0007"
 
 
 async def test_garbage_closes_only_its_connection(nodes, caplog) -> None:
     a, b, addresses = nodes
 
-    def hostile_peer() -> bytes:  # in a thread: b's transport answers the hello on this event loop
-        with socket.create_connection(addresses["node-b"]) as raw:
-            raw.settimeout(5)
-            raw.sendall(MAGIC + b"".join(bytes(p) for p in encode_frame(hello_header("node-x", SWARM))))
-            raw.recv(4096)  # b's hello: from here on b's lane reads this connection
-            raw.sendall(b"\xff" * 64)
+    def hostile_peer() -> bytes:  # in a thread: b's listener answers the hello on this event loop
+        with raw_hello_session(addresses["node-b"], "node-x") as raw:
+            raw.sendall(b"\xff" * 64)  # from here on b's lane reads this connection
             return raw.recv(4096)
 
     assert await asyncio.to_thread(hostile_peer) == b""  # closed by b
-    await a.send("node-b", {"t": "fwd", "seq": 1})
-    [(_, frame)] = await asyncio.to_thread(b.received, 1)
-    assert frame.header["seq"] == 1
-    assert any("frame header of" in w for w in lane_warnings(caplog)), lane_warnings(caplog)
+    await a.send("node-b", token(1))
+    [(_, message)] = await b.received_async(1)
+    assert message.at == 2
+    assert any("frame header of" in w for w in transport_warnings(caplog)), transport_warnings(caplog)
 
 
 async def test_send_reconnects_after_the_peer_restarts(nodes) -> None:
     a, b, addresses = nodes
-    await a.send("node-b", {"t": "fwd", "seq": 0})
-    await asyncio.to_thread(b.received, 1)
+    await a.send("node-b", token(0))
+    await b.received_async(1)
     port = addresses["node-b"][1]
     await b.stop()
-    b2 = LaneNode("node-b", addresses)
-    b2.transport.port = port
-    await b2.start()
+    b2 = await PeerNode("node-b", addresses, port=port).start()
     try:
         await asyncio.sleep(0.2)  # the old connection's close has reached a
-        await a.send("node-b", {"t": "fwd", "seq": 1})
-        [(_, frame)] = await asyncio.to_thread(b2.received, 1)
-        assert frame.header["seq"] == 1
+        await a.send("node-b", token(1))
+        [(_, message)] = await b2.received_async(1)
+        assert message.at == 2
     finally:
         await b2.stop()
 
@@ -137,13 +95,13 @@ async def test_unreachable_or_unknown_peers_fail_fast() -> None:
     with socket.socket() as s:
         s.bind((HOST, 0))
         dead = s.getsockname()[1]
-    a = await LaneNode("node-a", {"node-x": (HOST, dead)}, connect_timeout=0.5).start()
+    a = await PeerNode("node-a", {"node-x": (HOST, dead)}, connect_timeout=0.5).start()
     try:
         start = time.monotonic()
         with pytest.raises(PeerUnreachable, match="node-x"):
-            await a.send("node-x", {"t": "fwd"})
+            await a.send("node-x", token(0))
         with pytest.raises(PeerUnreachable, match="view"):
-            await a.send("node-y", {"t": "fwd"})
+            await a.send("node-y", token(0))
         assert time.monotonic() - start < 1.5
     finally:
         await a.stop()
@@ -157,16 +115,16 @@ async def test_a_peer_that_stops_reading_fails_the_send_in_time() -> None:
     def silent_peer() -> socket.socket:
         conn, _ = server.accept()
         conn.recv(4096)
-        conn.sendall(b"".join(bytes(p) for p in encode_frame(hello_header("node-s", SWARM))))
+        conn.sendall(hello_bytes("node-s"))
         return conn
 
     accepted = asyncio.get_running_loop().run_in_executor(None, silent_peer)
-    a = await LaneNode("node-a", {"node-s": (HOST, port)}, send_timeout=0.5).start()
+    a = await PeerNode("node-a", {"node-s": (HOST, port)}, send_timeout=0.5).start()
     try:
         start = time.monotonic()
         with pytest.raises(PeerUnreachable, match="node-s"):
-            for _ in range(1000):  # fills both socket buffers, then blocks
-                await a.send("node-s", {"t": "fwd"}, b"\0" * (1 << 20))
+            for i in range(1000):  # fills both socket buffers, then blocks
+                await a.send("node-s", forward(i, b"\0" * (1 << 20)))
         assert time.monotonic() - start < 10
     finally:
         (await accepted).close()
@@ -176,11 +134,98 @@ async def test_a_peer_that_stops_reading_fails_the_send_in_time() -> None:
 
 async def test_a_listener_that_never_says_hello_fails_within_the_connect_timeout() -> None:
     with socket.create_server((HOST, 0)) as silent:  # the kernel accepts; nobody answers
-        a = await LaneNode("node-a", {"node-s": (HOST, silent.getsockname()[1])}, connect_timeout=0.3).start()
+        a = await PeerNode("node-a", {"node-s": (HOST, silent.getsockname()[1])}, connect_timeout=0.3).start()
         try:
             start = time.monotonic()
             with pytest.raises(PeerUnreachable, match="node-s"):
-                await a.send("node-s", {"t": "fwd"})
+                await a.send("node-s", token(0))
             assert time.monotonic() - start < 0.3 + 0.5
         finally:
             await a.stop()
+
+
+# -- one connection per pair of peers --------------------------------------------------------
+async def test_two_nodes_exchanging_frames_hold_one_connection(nodes) -> None:
+    a, b, _ = nodes
+    for i in range(20):  # both directions, each side sending first in turn
+        sender, receiver = (a, b) if i % 2 else (b, a)
+        await sender.send(receiver.node_id, token(i))
+        await receiver.received_async(1)
+        await receiver.send(sender.node_id, token(i))
+        await sender.received_async(1)
+    # b sent first, so b dialed; a answered and has used that connection ever since
+    assert a.links.snapshot() == {"node-b": "answered"} and b.links.snapshot() == {"node-a": "dialed"}
+    assert established_to(a.port, b.port) == 1
+
+
+async def test_simultaneous_connects_converge_on_one_connection_and_lose_nothing(caplog) -> None:
+    """Both nodes dial each other at the same instant, again and again: one connection stays, and every
+    message sent meanwhile arrives, in order. When the dials really crossed, the lower id's stays."""
+    caplog.set_level(logging.DEBUG, logger="swarm.transport")
+    addresses: dict[str, tuple[str, int]] = {}
+    crossed = 0
+    a, b = await PeerNode("node-a", addresses).start(), await PeerNode("node-b", addresses).start()
+    per_round = 30
+    try:
+        for round_ in range(15):
+            both = threading.Barrier(2)
+
+            def burst(node: PeerNode, to: str) -> None:  # on the node's MLX thread: dial at the barrier
+                both.wait(5)
+                for i in range(per_round):
+                    node.lane.mlx_send(to, token(round_ * per_round + i, rid=node.node_id))
+
+            await asyncio.gather(a.worker.run(burst, a, "node-b"), b.worker.run(burst, b, "node-a"))
+            got_a, got_b = await a.received_async(per_round), await b.received_async(per_round)
+            expected = [round_ * per_round + i + 1 for i in range(per_round)]
+            assert [m.at for _, m in got_a] == expected and [m.at for _, m in got_b] == expected
+            assert {m.rid for _, m in got_a} == {"node-b"} and {m.rid for _, m in got_b} == {"node-a"}
+            deadline = time.monotonic() + 5
+            while established_to(a.port, b.port) != 1:  # a refused duplicate closes within moments
+                assert time.monotonic() < deadline, f"round {round_}: {established_to(a.port, b.port)} connections"
+                await asyncio.sleep(0.01)
+            refused = [r for r in caplog.records if "refused a second connection" in r.getMessage()]
+            caplog.clear()
+            if refused:  # the dials crossed: b's was refused, a's stays
+                crossed += 1
+                assert a.links.snapshot() == {"node-b": "dialed"} and b.links.snapshot() == {"node-a": "answered"}
+            else:  # one dial was through before the other began: that one stays
+                assert {*a.links.snapshot().values(), *b.links.snapshot().values()} == {"dialed", "answered"}
+            for node, peer in ((a, "node-b"), (b, "node-a")):  # next round: both start without a connection
+                await node.worker.run(node.lane.mlx_drop, peer)
+            while established_to(a.port, b.port):
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+        print(f"dials crossed in {crossed} of 15 rounds")
+        assert crossed >= 3, f"the dials crossed in only {crossed} of 15 rounds: the race was not exercised"
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_a_second_connection_from_the_same_peer_replaces_the_first_without_losing_frames(nodes) -> None:
+    """A peer that dials again (it dropped its connection) gets the new one used; what it sent on the
+    old one is still read."""
+    a, b, addresses = nodes
+    await a.send("node-b", token(0))
+    await b.received_async(1)
+    old = b.links.link("node-a")
+
+    def redial() -> None:  # on a's MLX thread: one more message on the old connection, then a new one
+        a.lane.mlx_send("node-b", token(1))
+        conn = a.links.link("node-b")
+        a.links.remove(conn)  # as a dropped link: forgotten, but its bytes are on their way
+        a.lane.mlx_send("node-b", token(2))  # dials again
+        conn.close()
+
+    await a.worker.run(redial)
+    got = await b.received_async(2)
+    assert [m.at for _, m in got] == [2, 3]
+    assert b.links.link("node-a") is not old
+    await b.send("node-a", token(3))
+    [(_, message)] = await a.received_async(1)
+    assert message.at == 4
+    deadline = time.monotonic() + 5
+    while established_to(a.port, b.port) != 1:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)

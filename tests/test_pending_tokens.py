@@ -6,26 +6,26 @@ import asyncio
 
 import pytest
 
-from swarm.coordination import messages as msg
-from swarm.coordination.pending_tokens import PendingTokens
-from swarm.inference.pipeline import PipelineBroken
+from swarm.entry.pending_tokens import PendingTokens
+from swarm.entry.pipeline import PipelineBroken
+from swarm.transport.messages import Error, Token
 
 
 async def test_only_the_awaited_plan_and_position_resolve():
     pending = PendingTokens()
     fut = pending.expect("r1", "planB", at=50)
-    pending.resolve(msg.token("r1", "planA", 50, 7))  # the old plan's late answer
-    pending.resolve(msg.token("r1", "planB", 49, 8))  # an earlier step's late answer
-    pending.resolve(msg.error("r1", "planA", "unreachable", "old news"))
+    pending.resolve(Token("r1", "planA", 50, 7))  # the old plan's late answer
+    pending.resolve(Token("r1", "planB", 49, 8))  # an earlier step's late answer
+    pending.resolve(Error("r1", "planA", "unreachable", "old news"))
     assert not fut.done()
-    pending.resolve(msg.token("r1", "planB", 50, 9))
-    assert (await pending.wait("r1", fut, 1))["token"] == 9
+    pending.resolve(Token("r1", "planB", 50, 9))
+    assert (await pending.wait("r1", fut, 1)).token.token == 9
 
 
 async def test_errors_and_plan_changes_break_the_wait():
     pending = PendingTokens()
     fut = pending.expect("r1", "planA", at=3)
-    pending.resolve(msg.error("r1", "planA", "plan_mismatch", "moved on"))
+    pending.resolve(Error("r1", "planA", "plan_mismatch", "moved on"))
     with pytest.raises(PipelineBroken, match="plan_mismatch"):
         await pending.wait("r1", fut, 1)
     fut = pending.expect("r2", "planA", at=3)

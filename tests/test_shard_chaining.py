@@ -14,8 +14,8 @@ from swarm.engine.sampling import SamplingParams
 from swarm.engine.shard import load_shard
 from swarm.engine.stage import Stage
 from swarm.engine.worker import MlxWorker
-from swarm.inference.generate import GenerationJob, generate_tokens
-from swarm.inference.pipeline import LocalPipeline
+from swarm.entry.generate import GenerationJob, generate_tokens
+from local_pipeline import LocalPipeline
 
 GREEDY = SamplingParams(temperature=0.0)
 

@@ -6,7 +6,7 @@ import pytest
 from mlx_lm.utils import load_tokenizer
 from model_fixtures import default_model, tiny_models  # noqa: F401
 
-from swarm.inference.text_output import TextOutput
+from swarm.entry.text_output import TextOutput
 
 TEXTS = ["Once upon a time, there was a little girl.", " leading space", "héllo wörld 😀 ünïcode",
          "numbers 12345 and\n\nnew lines\tand  double  spaces", "日本語のテキスト"]

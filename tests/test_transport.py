@@ -1,4 +1,6 @@
-"""Peer transport over real loopback sockets: frames, arrays, handshake, hostile input."""
+"""The peer protocol over real loopback sockets: frames, arrays, the listener and handshake, hostile input.
+
+Sending and receiving go through the data lane (transport/lane.py) as in a node; see also test_lane.py."""
 
 from __future__ import annotations
 
@@ -12,72 +14,29 @@ import mlx.core as mx
 import msgpack
 import pytest
 
-from discovery.liveness import probe
 from discovery.profile import NodeProfile
 from discovery.profile_exchange import fetch_profile
-from swarm.transport import (
-    MAGIC,
-    Frame,
-    PeerUnreachable,
-    ProtocolError,
-    TcpTransport,
-    array_frame,
-    decode_array,
-    encode_array,
-    encode_frame,
-    frame_array,
-    read_frame,
-)
-from swarm.transport.handshake import hello_header
+from peer_nodes import HOST, SWARM, PeerNode, established_to, frame_bytes, hello_bytes, token, transport_warnings
+from swarm.transport.arrays import decode_array, encode_array
+from swarm.transport.errors import PeerUnreachable, ProtocolError
+from swarm.transport.frames import MAGIC, read_frame
+from swarm.transport.messages import Forward, Token
 
 pytestmark = pytest.mark.timeout(30)
 
-HOST = "127.0.0.1"
-SWARM = "test-swarm"
 MAX_PAYLOAD = 1024 * 1024
 PREFIX = struct.Struct(">II")
 
 
-class Inbox:
-    """on_message that records frames and lets a test wait for the n-th one."""
-
-    def __init__(self) -> None:
-        self.frames: list[tuple[str, Frame]] = []
-        self._arrived = asyncio.Event()
-
-    async def __call__(self, sender: str, frame: Frame) -> None:
-        self.frames.append((sender, frame))
-        self._arrived.set()
-
-    async def wait_for(self, count: int, timeout: float = 5.0) -> list[tuple[str, Frame]]:
-        async def until() -> None:
-            while len(self.frames) < count:
-                self._arrived.clear()
-                await self._arrived.wait()
-
-        await asyncio.wait_for(until(), timeout)
-        return self.frames
-
-
-async def started(node_id: str, port: int = 0, **kwargs) -> tuple[TcpTransport, Inbox]:
-    transport = TcpTransport(node_id, SWARM, HOST, port, max_payload=MAX_PAYLOAD, **kwargs)
-    inbox = Inbox()
-    await transport.start(inbox)
-    return transport, inbox
-
-
 @pytest.fixture
 async def pair():
-    """(receiver, its inbox, sender, its inbox): two started transports."""
-    receiver, inbox = await started("node-a")
-    sender, sender_inbox = await started("node-b")
-    yield receiver, inbox, sender, sender_inbox
+    """(receiver, sender): two started nodes' data paths that know each other's address."""
+    addresses: dict[str, tuple[str, int]] = {}
+    receiver = await PeerNode("node-a", addresses, max_payload=MAX_PAYLOAD).start()
+    sender = await PeerNode("node-b", addresses, max_payload=MAX_PAYLOAD).start()
+    yield receiver, sender
     await sender.stop()
     await receiver.stop()
-
-
-def frame_bytes(header: dict, payload: bytes = b"") -> bytes:
-    return b"".join(bytes(piece) for piece in encode_frame(header, payload))
 
 
 def raw_frame(packed_header: bytes, payload: bytes = b"") -> bytes:
@@ -113,10 +72,6 @@ async def eventually(predicate, timeout: float = 2.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached in time"
         await asyncio.sleep(0.01)
-
-
-def transport_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "swarm.transport" and r.levelno >= logging.WARNING]
 
 
 # -- frames and arrays, no sockets --------------------------------------------
@@ -205,66 +160,90 @@ def test_unsupported_dtype_cannot_be_sent() -> None:
         encode_array(mx.zeros((2,), dtype=mx.int64))
 
 
-# -- two transports ---------------------------------------------------------
+# -- two nodes ---------------------------------------------------------------
+def hidden_states(a: mx.array, seq: int = 0) -> Forward:
+    """A forward into a later stage (start 1) carrying `a` ([1, L, H]); int32 only into stage 0."""
+    if a.dtype == mx.int32:
+        return Forward.of_tokens("r1", "p1", seq, "node-b", None, a.reshape(-1).tolist())
+    dtype, shape, data = encode_array(a)
+    return Forward("r1", "p1", seq, 1, "node-b", None, dtype, tuple(shape), bytes(data))
+
+
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16, mx.int32])
-async def test_arrays_travel_between_transports(pair, dtype: mx.Dtype) -> None:
-    receiver, inbox, sender, _ = pair
+async def test_arrays_travel_between_nodes(pair, dtype: mx.Dtype) -> None:
+    receiver, sender = pair
     a = (mx.random.normal((1, 3, 16)) * 50).astype(dtype)
-    header, payload = array_frame({"t": "activations", "req": "r1"}, a)
-    await sender.send("node-a", (HOST, receiver.port), header, payload)
-    [(from_node, frame)] = await inbox.wait_for(1)
-    assert from_node == "node-b" and frame.header["req"] == "r1"
-    b = frame_array(frame)
+    if dtype == mx.int32:
+        a = mx.abs(a).reshape(1, -1)
+    await sender.send("node-a", hidden_states(a))
+    [(from_node, message)] = await receiver.received_async(1)
+    assert from_node == "node-b" and message.rid == "r1"
+    b = message.array()
     assert b.dtype == dtype and mx.array_equal(a, b).item()
 
 
 async def test_thousand_frames_arrive_in_order(pair) -> None:
-    receiver, inbox, sender, _ = pair
+    receiver, sender = pair
     for seq in range(1000):
-        await sender.send("node-a", (HOST, receiver.port), {"t": "tok", "seq": seq}, seq.to_bytes(4, "big") * (seq % 7))
-    frames = await inbox.wait_for(1000)
-    assert [f.header["seq"] for _, f in frames] == list(range(1000))
-    assert all(f.payload == s.to_bytes(4, "big") * (s % 7) for s, (_, f) in enumerate(frames))
+        n = seq % 7 + 1
+        a = mx.full((1, n, 4), float(seq))
+        await sender.send("node-a", hidden_states(a, seq))
+    got = await receiver.received_async(1000)
+    assert [m.pos for _, m in got] == list(range(1000))
+    assert all(m.array().shape == (1, s % 7 + 1, 4) and m.array()[0, 0, 0].item() == s for s, (_, m) in enumerate(got))
 
 
 async def test_concurrent_sends_never_interleave_frames(pair) -> None:
-    receiver, inbox, sender, _ = pair
-    sizes = [1, 70_000, 3, 300_000, 0, 123_457] * 20
-    await asyncio.gather(
-        *(sender.send("node-a", (HOST, receiver.port), {"t": "x", "i": i}, bytes([i % 256]) * n) for i, n in enumerate(sizes))
-    )
-    frames = await inbox.wait_for(len(sizes))
-    assert sorted(f.header["i"] for _, f in frames) == list(range(len(sizes)))
-    for _, f in frames:
-        i = f.header["i"]
-        assert f.payload == bytes([i % 256]) * sizes[i]
+    receiver, sender = pair
+    sizes = [1, 17_500, 3, 75_000, 1, 30_864] * 20  # hidden-state floats: up to 300 KB a frame
+    await asyncio.gather(*(sender.send("node-a", hidden_states(mx.full((1, n, 1), float(i % 256)), i))
+                           for i, n in enumerate(sizes)))
+    got = await receiver.received_async(len(sizes))
+    assert sorted(m.pos for _, m in got) == list(range(len(sizes)))
+    for _, m in got:
+        a = m.array()
+        assert a.shape == (1, sizes[m.pos], 1) and mx.all(a == float(m.pos % 256)).item()
 
 
-async def test_replies_travel_on_the_repliers_own_connection(pair) -> None:
-    receiver, inbox, sender, sender_inbox = pair
-    await sender.send("node-a", (HOST, receiver.port), {"t": "ping"})
-    await inbox.wait_for(1)
-    await receiver.send("node-b", (HOST, sender.port), {"t": "pong"})
-    [(from_node, frame)] = await sender_inbox.wait_for(1)
-    assert from_node == "node-a" and frame.type == "pong"
+async def test_replies_travel_on_the_same_connection(pair) -> None:
+    """One connection per pair of peers, used in both directions: the reply takes the request's."""
+    receiver, sender = pair
+    await sender.send("node-a", token(0))
+    await receiver.received_async(1)
+    await receiver.send("node-b", token(1))
+    [(from_node, message)] = await sender.received_async(1)
+    assert from_node == "node-a" and message.at == 2
+    out, back = sender.links.link("node-a"), receiver.links.link("node-b")
+    assert out.dialed and not back.dialed
+    assert out.sock.getsockname() == back.sock.getpeername()
+    assert established_to(sender.port, receiver.port) == 1
 
 
-async def test_unknown_message_types_are_delivered(pair) -> None:
-    receiver, inbox, sender, _ = pair
-    await sender.send("node-a", (HOST, receiver.port), {"t": "from-the-future", "x": 1})
-    [(_, frame)] = await inbox.wait_for(1)
-    assert frame.type == "from-the-future"
+async def test_unknown_message_types_are_refused_by_name(pair, caplog) -> None:
+    receiver, sender = pair
+    await sender.send("node-a", token(0))
+    await receiver.received_async(1)
+    good = sender.links.link("node-a")
+    caplog.clear()
+    reply = await raw_session(receiver.port, MAGIC + hello_bytes("raw-client") + frame_bytes({"t": "from-the-future"}))
+    assert Token.T not in reply.decode(errors="replace")
+    [warning] = transport_warnings(caplog)
+    assert "from-the-future" in warning and "unknown message type" in warning
+    await sender.send("node-a", token(1))
+    [(_, message)] = await receiver.received_async(1)
+    assert message.at == 2 and sender.links.link("node-a") is good
 
 
 async def test_sockets_have_nodelay(pair) -> None:
-    receiver, _, sender, _ = pair
-    await sender.send("node-a", (HOST, receiver.port), {"t": "x"})
-    sock = sender._outgoing["node-a"]._writer.get_extra_info("socket")
-    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    receiver, sender = pair
+    await sender.send("node-a", token(0))
+    await receiver.received_async(1)
+    for sock in (sender.links.link("node-a").sock, receiver.links.link("node-b").sock):
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
 
 
 # -- hostile input on the peer port -------------------------------------------
-HELLO = frame_bytes(hello_header("raw-client", SWARM))
+HELLO = hello_bytes("raw-client")
 
 
 @pytest.mark.parametrize(
@@ -274,23 +253,26 @@ HELLO = frame_bytes(hello_header("raw-client", SWARM))
         ("three bytes", b"SWR", True, None),
         ("magic then garbage", MAGIC + raw_frame(b"\xc1\xc1\xc1\xc1"), False, None),
         ("non-dict hello", MAGIC + raw_frame(msgpack.packb([1, 2, 3])), False, None),
-        ("hello with payload", MAGIC + frame_bytes(hello_header("raw-client", SWARM), b"xx"), False, None),
+        ("hello with payload", MAGIC + frame_bytes({"t": "hello", "v": 1, "node_id": "raw-client", "swarm": SWARM},
+                                                   b"xx"), False, None),
         ("not a hello", MAGIC + frame_bytes({"t": "activations"}), False, "protocol"),
-        ("wrong version", MAGIC + frame_bytes({**hello_header("raw-client", SWARM), "v": 99}), False, "version"),
-        ("wrong swarm", MAGIC + frame_bytes(hello_header("raw-client", "other-swarm")), False, "swarm"),
+        ("wrong version", MAGIC + frame_bytes({"t": "hello", "v": 99, "node_id": "raw-client", "swarm": SWARM}),
+         False, "version"),
+        ("wrong swarm", MAGIC + hello_bytes("raw-client", "other-swarm"), False, "swarm"),
         ("truncated frame", MAGIC + HELLO + raw_frame(msgpack.packb({"t": "x"}), b"abcdef")[:-3], True, None),
         ("huge header length", MAGIC + HELLO + PREFIX.pack(2**32 - 1, 0), False, None),
         ("huge payload length", MAGIC + HELLO + PREFIX.pack(10, MAX_PAYLOAD + 1), False, None),
         ("non-dict header", MAGIC + HELLO + raw_frame(msgpack.packb("t")), False, None),
         ("ext type header", MAGIC + HELLO + raw_frame(msgpack.packb({"t": msgpack.ExtType(7, b"")})), False, None),
+        ("malformed message", MAGIC + HELLO + frame_bytes({"t": "tok", "rid": "r", "plan": "p", "at": -1,
+                                                           "token": 1, "cu": 0}), False, None),
     ],
 )
 async def test_hostile_connection_is_closed_alone(pair, caplog, name, data, close_write, error_kind) -> None:
-    receiver, inbox, sender, _ = pair
-    address = (HOST, receiver.port)
-    await sender.send("node-a", address, {"t": "x", "seq": 0})
-    await inbox.wait_for(1)
-    good_connection = sender._outgoing["node-a"]
+    receiver, sender = pair
+    await sender.send("node-a", token(0))
+    await receiver.received_async(1)
+    good_connection = sender.links.link("node-a")
     caplog.clear()
 
     # Closed by the server without us closing first (the "huge" cases send no body).
@@ -300,17 +282,17 @@ async def test_hostile_connection_is_closed_alone(pair, caplog, name, data, clos
         error = await read_frame(reader_with(reply))
         assert error.header["t"] == "error" and error.header["kind"] == error_kind
     assert len(transport_warnings(caplog)) == 1, transport_warnings(caplog)
-    await sender.send("node-a", address, {"t": "x", "seq": 1})
-    frames = await inbox.wait_for(2)
-    assert [f.header["seq"] for _, f in frames] == [0, 1]
-    assert sender._outgoing["node-a"] is good_connection  # never disturbed
-    assert all(sender_id == "node-b" for sender_id, _ in frames)
+    await sender.send("node-a", token(1))
+    got = [m.at for _, m in await receiver.received_async(1)]
+    assert got == [2] and receiver.nothing_received()
+    assert sender.links.link("node-a") is good_connection  # never disturbed
 
 
 async def test_liveness_probe_leaves_no_warning(pair, caplog) -> None:
-    receiver, _, _, _ = pair
+    receiver, _ = pair
     caplog.set_level(logging.DEBUG, logger="swarm.transport")
-    assert await probe(HOST, receiver.port)
+    _, writer = await asyncio.open_connection(HOST, receiver.port)  # connect and close: a bare probe
+    writer.close()
     await asyncio.sleep(0.1)  # let the server see the close
     assert transport_warnings(caplog) == []
     assert any("liveness" in r.getMessage() for r in caplog.records)
@@ -318,32 +300,32 @@ async def test_liveness_probe_leaves_no_warning(pair, caplog) -> None:
 
 async def test_profile_request_is_answered() -> None:
     profile = NodeProfile(node_id="node-p", name="p", swarm=SWARM, api_port=8000, peer_port=9000, speed=0.5)
-    transport, _ = await started("node-p", profile_provider=lambda: profile)
+    node = await PeerNode("node-p", {}, profile=profile).start()
     try:
-        assert await fetch_profile(HOST, transport.port) == profile
+        assert await fetch_profile(HOST, node.port) == profile
     finally:
-        await transport.stop()
+        await node.stop()
 
 
-async def test_on_message_failure_closes_only_that_connection(caplog) -> None:
-    inbox = Inbox()
+async def test_handler_failure_closes_only_that_connection(caplog) -> None:
+    addresses: dict[str, tuple[str, int]] = {}
+    got = []
 
-    async def fragile(sender_id: str, frame: Frame) -> None:
-        if frame.type == "boom":
+    def fragile(sender_id: str, message) -> None:
+        if message.token == 666:
             raise RuntimeError("handler bug")
-        await inbox(sender_id, frame)
+        got.append(message)
 
-    receiver = TcpTransport("node-a", SWARM, HOST, 0)
-    await receiver.start(fragile)
-    sender, _ = await started("node-b")
+    receiver = await PeerNode("node-a", addresses, on_message=fragile).start()
+    sender = await PeerNode("node-b", addresses).start()
     try:
-        await sender.send("node-a", (HOST, receiver.port), {"t": "boom"})
-        first = sender._outgoing["node-a"]
+        await sender.send("node-a", Token("r1", "p1", 1, 666))
+        first = sender.links.link("node-a")
         await eventually(lambda: any("handler bug" in w for w in transport_warnings(caplog)))
-        await eventually(lambda: first.closed)  # the sender noticed the close: next send reconnects
-        await sender.send("node-a", (HOST, receiver.port), {"t": "fine"})
-        [(_, frame)] = await inbox.wait_for(1)
-        assert frame.type == "fine"
+        await eventually(lambda: first.peer_gone())  # the sender sees the close: next send reconnects
+        await sender.send("node-a", Token("r1", "p1", 2, 7))
+        await eventually(lambda: [m.token for m in got] == [7])
+        assert sender.links.link("node-a") is not first
     finally:
         await sender.stop()
         await receiver.stop()
@@ -357,11 +339,11 @@ def free_port() -> int:
 
 
 async def test_send_to_dead_port_raises_peer_unreachable() -> None:
-    sender, _ = await started("node-b", connect_timeout=0.5)
+    sender = await PeerNode("node-b", {"node-x": (HOST, free_port())}, connect_timeout=0.5).start()
     try:
         start = time.monotonic()
         with pytest.raises(PeerUnreachable) as info:
-            await sender.send("node-x", (HOST, free_port()), {"t": "x"})
+            await sender.send("node-x", token(0))
         assert info.value.node_id == "node-x" and time.monotonic() - start < 0.5 + 0.5
     finally:
         await sender.stop()
@@ -370,11 +352,12 @@ async def test_send_to_dead_port_raises_peer_unreachable() -> None:
 async def test_send_to_silent_listener_times_out() -> None:
     # Accepts but never says hello back: the connect timeout covers the handshake.
     server = await asyncio.start_server(lambda r, w: None, HOST, 0)
-    sender, _ = await started("node-b", connect_timeout=0.3)
+    sender = await PeerNode("node-b", {"node-x": (HOST, server.sockets[0].getsockname()[1])},
+                            connect_timeout=0.3).start()
     try:
         start = time.monotonic()
         with pytest.raises(PeerUnreachable, match="within"):
-            await sender.send("node-x", (HOST, server.sockets[0].getsockname()[1]), {"t": "x"})
+            await sender.send("node-x", token(0))
         assert time.monotonic() - start < 0.3 + 0.5
     finally:
         await sender.stop()
@@ -382,42 +365,44 @@ async def test_send_to_silent_listener_times_out() -> None:
 
 
 async def test_send_to_wrong_node_or_swarm_is_refused(pair) -> None:
-    receiver, inbox, sender, _ = pair
+    receiver, sender = pair
+    sender.addresses["node-z"] = sender.addresses["node-a"]
     with pytest.raises(PeerUnreachable, match="node"):
-        await sender.send("node-z", (HOST, receiver.port), {"t": "x"})
-    stranger = TcpTransport("node-s", "other-swarm", HOST, 0)
-    await stranger.start(Inbox())
+        await sender.send("node-z", token(0))
+    stranger = await PeerNode("node-s", dict(sender.addresses), swarm="other-swarm").start()
     try:
         with pytest.raises(PeerUnreachable, match="swarm"):
-            await stranger.send("node-a", (HOST, receiver.port), {"t": "x"})
+            await stranger.send("node-a", token(0))
     finally:
         await stranger.stop()
-    assert inbox.frames == []
+    await asyncio.sleep(0.1)
+    assert receiver.nothing_received()
 
 
 async def test_send_reconnects_after_peer_restart() -> None:
-    receiver, _ = await started("node-a")
-    sender, _ = await started("node-b")
+    addresses: dict[str, tuple[str, int]] = {}
+    receiver = await PeerNode("node-a", addresses).start()
+    sender = await PeerNode("node-b", addresses).start()
     port = receiver.port
     try:
-        await sender.send("node-a", (HOST, port), {"t": "x", "seq": 0})
+        await sender.send("node-a", token(0))
         await receiver.stop()
         with pytest.raises(PeerUnreachable):
-            await sender.send("node-a", (HOST, port), {"t": "x", "seq": 1})
-        receiver, inbox = await started("node-a", port=port)
-        await sender.send("node-a", (HOST, port), {"t": "x", "seq": 2})
-        [(_, frame)] = await inbox.wait_for(1)
-        assert frame.header["seq"] == 2
+            await sender.send("node-a", token(1))
+        receiver = await PeerNode("node-a", addresses, port=port).start()
+        await sender.send("node-a", token(2))
+        [(_, message)] = await receiver.received_async(1)
+        assert message.at == 3
     finally:
         await sender.stop()
         await receiver.stop()
 
 
 async def test_drop_closes_and_next_send_reconnects(pair) -> None:
-    receiver, inbox, sender, _ = pair
-    await sender.send("node-a", (HOST, receiver.port), {"t": "x"})
-    first = sender._outgoing["node-a"]
-    await sender.drop("node-a")
-    assert first.closed
-    await sender.send("node-a", (HOST, receiver.port), {"t": "x"})
-    assert len(await inbox.wait_for(2)) == 2
+    receiver, sender = pair
+    await sender.send("node-a", token(0))
+    first = sender.links.link("node-a")
+    await sender.worker.run(sender.lane.mlx_drop, "node-a")
+    assert first.sock.fileno() == -1 and sender.links.link("node-a") is None
+    await sender.send("node-a", token(1))
+    assert len(await receiver.received_async(2)) == 2

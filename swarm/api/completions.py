@@ -8,16 +8,16 @@ from contextlib import aclosing
 
 from aiohttp import web
 
-from ..inference.pipeline import NoPipeline
-from ..inference.service import Finished, InferenceService, PromptTooLong, TextDelta
+from ..entry.pipeline import NoPipeline
+from ..entry.service import Finished, InferenceService, PromptTooLong, TextDelta
 from .errors import ApiError
 from .request_parsing import CompletionParams, parse_messages, parse_params, parse_prompt, read_json_object
 from .sse import open_event_stream, send_event
 
 
 class CompletionRoutes:
-    def __init__(self, node):
-        self.node = node  # provides .model_id and .service (None until it can serve)
+    def __init__(self, service: InferenceService, model_id: str):
+        self.service, self.model_id = service, model_id
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self.chat)
@@ -26,34 +26,32 @@ class CompletionRoutes:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await read_json_object(request)
         messages = parse_messages(body)
-        service, params = self._prepare(body)
-        prompt = _encoded(service.encode_chat, messages)
-        return await self._respond(request, service, prompt, params, chat=True)
+        params = self._params(body)
+        prompt = _encoded(self.service.encode_chat, messages)
+        return await self._respond(request, prompt, params, chat=True)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await read_json_object(request)
         text = parse_prompt(body)
-        service, params = self._prepare(body)
-        return await self._respond(request, service, _encoded(service.encode_text, text), params, chat=False)
+        params = self._params(body)
+        return await self._respond(request, _encoded(self.service.encode_text, text), params, chat=False)
 
-    def _prepare(self, body: dict) -> tuple[InferenceService, CompletionParams]:
-        service = self.node.service
-        if service is None:
-            raise ApiError(503, f"this node cannot serve yet: {self.node.status_reason}", "service_unavailable")
-        params = parse_params(body, service.context_length, service.vocab_size)
-        if params.model is not None and params.model != self.node.model_id:
+    def _params(self, body: dict) -> CompletionParams:
+        params = parse_params(body, self.service.context_length, self.service.vocab_size)
+        if params.model is not None and params.model != self.model_id:
             raise ApiError(404, f"model {params.model!r} is not served here; this swarm serves "
-                                f"{self.node.model_id!r}", param="model", code="model_not_found")
-        return service, params
+                                f"{self.model_id!r}", param="model", code="model_not_found")
+        return params
 
-    async def _respond(self, request, service: InferenceService, prompt: list[int],
-                       params: CompletionParams, chat: bool) -> web.StreamResponse:
+    async def _respond(self, request, prompt: list[int], params: CompletionParams,
+                       chat: bool) -> web.StreamResponse:
+        service = self.service
         try:
             max_tokens = service.budget(len(prompt), params.max_tokens)
         except ValueError as e:
             raise ApiError(400, str(e), param="max_tokens", code="context_length_exceeded")
         events = service.complete(prompt, params.sampling, max_tokens, params.stop)
-        shape = _ChatShape(self.node.model_id) if chat else _TextShape(self.node.model_id)
+        shape = _ChatShape(self.model_id) if chat else _TextShape(self.model_id)
         async with aclosing(events):
             # The first event decides the HTTP status: no pipeline in time is a 503,
             # which a client can only see before the stream has started.

@@ -6,14 +6,16 @@ import asyncio
 
 from aiohttp import web
 
+from ..events import EventBus
+from ..status.node_status import NodeStatus
 from .sse import open_event_stream, send_event
 
 SNAPSHOT_EVERY_S = 1.0  # while anything happens, watchers get a fresh picture at least this often
 
 
 class TopologyRoutes:
-    def __init__(self, node):
-        self.node = node
+    def __init__(self, status: NodeStatus, events: EventBus):
+        self.status, self.bus = status, events
         self._closing = asyncio.Event()
 
     def add_to(self, app: web.Application) -> None:
@@ -25,33 +27,27 @@ class TopologyRoutes:
         self._closing.set()  # endless event streams must not hold up the node's shutdown
 
     async def snapshot(self, _request: web.Request) -> web.Response:
-        if self.node.service is None:
-            return web.json_response({"can_serve": False, "status": "starting", "nodes": [], "plan": None},
-                                     status=503)
-        return web.json_response(self.node.topology())
+        return web.json_response(self.status.topology())
 
     async def events(self, request: web.Request) -> web.StreamResponse:
-        if self.node.service is None:
-            return await self.snapshot(request)
-        bus = self.node.events
+        bus = self.bus
         queue = bus.subscribe()
         try:
             resp = await open_event_stream(request)
-            await send_event(resp, self.node.topology(), event="snapshot")
+            await send_event(resp, self.status.topology(), event="snapshot")
             while not self._closing.is_set():
                 try:
                     event = await asyncio.wait_for(queue.get(), SNAPSHOT_EVERY_S)
                 except asyncio.TimeoutError:
-                    await send_event(resp, self.node.topology(), event="snapshot")
+                    await send_event(resp, self.status.topology(), event="snapshot")
                     continue
                 await send_event(resp, event, event=event["type"])
                 while not queue.empty():
                     event = queue.get_nowait()
                     await send_event(resp, event, event=event["type"])
-                await send_event(resp, self.node.topology(), event="snapshot")
+                await send_event(resp, self.status.topology(), event="snapshot")
             return resp
         except ConnectionError:  # the watcher went away
             return resp
         finally:
-
             bus.unsubscribe(queue)

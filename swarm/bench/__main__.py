@@ -5,7 +5,7 @@
 
 Setups on the same model in the same run: mlx-lm alone in this process, the swarm
 with each node count (entry = stage 0, even split), and mlx-lm's ring pipeline
-(benchmarks/mlx_ring_pipeline.py) for each node count > 1.
+(swarm/bench/mlx_ring_pipeline.py) for each node count > 1.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ class SetupResult:
     measured: bool = True
     # derived (see derive()):
     per_hop_ms: float | None = None
-    # measured by the entry node per decode step: (step wall - stage compute) / hops (swarm/coordination/hop_timing.py)
+    # measured by the entry node per decode step: (step wall - stage compute) / hops (swarm/entry/hop_timing.py)
     hop_overhead_ms: float | None = None
     step_compute_ms: float | None = None  # median time the stages computed per decode step
     step_overhead_ms: float | None = None  # median step wall time minus that
@@ -32,7 +32,7 @@ class SetupResult:
 
 
 def hops_per_token(stages: int) -> int:
-    """Network messages per decoded token with the entry on stage 0 (coordination/messages.py):
+    """Network messages per decoded token with the entry on stage 0 (transport/messages.py):
     K-1 activations forward + 1 token id back; 0 for a single stage."""
     return stages if stages > 1 else 0
 

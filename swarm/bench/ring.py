@@ -1,4 +1,4 @@
-"""mlx-lm's own pipeline over mx.distributed's ring backend, via benchmarks/mlx_ring_pipeline.py.
+"""mlx-lm's own pipeline over mx.distributed's ring backend, via mlx_ring_pipeline.py (in this package).
 
 That script launches its ranks with `mlx.launch --hosts 127.0.0.1` (loopback only)
 and prints one JSON object measured on rank 0. It builds its own prompt ids
@@ -16,13 +16,9 @@ from pathlib import Path
 
 from .results import SetupResult
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "mlx_ring_pipeline.py"
-# Must match the worker in benchmarks/mlx_ring_pipeline.py; a mismatch shows as "same tokens: no".
+SCRIPT = "swarm.bench.mlx_ring_pipeline"  # run as a module: shipped with swarm-bench, found by any install
+# Must match the worker in mlx_ring_pipeline.py; a mismatch shows as "same tokens: no".
 RING_PROMPT_TEXT = "Once upon a time, in a small village by the sea, there lived an old fisherman. "
-
-
-def available() -> bool:
-    return SCRIPT.is_file()
 
 
 def ring_prompt(tokenizer, prompt_tokens: int) -> list[int]:
@@ -44,7 +40,7 @@ def not_measured(ranks: int, why: str) -> SetupResult:
 
 def measure_ring(model_path: Path, ranks: int, max_tokens: int, prompt_tokens: int,
                  reference_head: list[int] | None, timeout: float = 600.0) -> SetupResult:
-    cmd = [sys.executable, str(SCRIPT), "--model", str(model_path), "--ranks", str(ranks),
+    cmd = [sys.executable, "-m", SCRIPT, "--model", str(model_path), "--ranks", str(ranks),
            "--tokens", str(max_tokens), "--prompt-tokens", str(prompt_tokens), "--timeout", str(timeout)]
     # The script bounds itself with --timeout and kills its process group; this is a backstop.
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 60, stdin=subprocess.DEVNULL)

@@ -75,7 +75,7 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
     _with_load(ref, load)
     ring_ref = None
     ring_sizes = [k for k in nodes if k > 1] if with_ring else []
-    if ring_sizes and ring.available():
+    if ring_sizes:
         ring_ref = alone.generate(ring.ring_prompt(tokenizer, len(prompt)), RING_HEAD)[0]
     alone.close()
     reference = reference_text(tokenizer, ref_ids)
@@ -95,11 +95,7 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
                     r.kind = "swarm-batched"  # not a baseline for the per-hop numbers
                 results.append(_with_load(r, load))
 
-    if not with_ring:
-        pass
-    elif not ring.available():
-        results += [ring.not_measured(k, f"{ring.SCRIPT.name} not in this checkout") for k in ring_sizes]
-    else:
+    if with_ring:
         for k in ring_sizes:
             progress(f"mlx-lm ring pipeline with {k} ranks")
             load = loadavg()

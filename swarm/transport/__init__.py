@@ -1,29 +1,5 @@
-"""Peer transport: frames between nodes (TCP today; see base.py for RDMA)."""
+"""The peer protocol: typed messages in frames over one TCP connection per pair of peers.
 
-from .arrays import array_frame, decode_array, encode_array, frame_array
-from .base import Address, OnMessage, Transport
-from .errors import ConnectionClosed, HandshakeRejected, PeerUnreachable, ProtocolError
-from .frames import DEFAULT_MAX_PAYLOAD_BYTES, MAGIC, MAX_HEADER_BYTES, Frame, encode_frame, read_frame
-from .handshake import PROTOCOL_VERSION
-from .tcp import TcpTransport
-
-__all__ = [
-    "Address",
-    "ConnectionClosed",
-    "DEFAULT_MAX_PAYLOAD_BYTES",
-    "Frame",
-    "HandshakeRejected",
-    "MAGIC",
-    "MAX_HEADER_BYTES",
-    "OnMessage",
-    "PROTOCOL_VERSION",
-    "PeerUnreachable",
-    "ProtocolError",
-    "TcpTransport",
-    "Transport",
-    "array_frame",
-    "decode_array",
-    "encode_array",
-    "encode_frame",
-    "frame_array",
-]
+Where each part runs: listener.py on the event loop (accepts, answers hellos),
+lane.py on the MLX thread (reads and writes every frame), links.py from both.
+"""

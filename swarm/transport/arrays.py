@@ -1,9 +1,8 @@
 """mx.array <-> (dtype, shape, raw bytes) for activations and token ids.
 
-Convention: a frame carrying an array puts "dtype" and "shape" in its header
-and the raw C-order bytes in its payload (`array_frame`/`frame_array`).
-Encoding exposes the array's own buffer (no copy); decoding makes exactly one
-copy, into MLX memory.
+A message carrying an array (messages.Forward) puts "dtype" and "shape" in its
+header and the raw C-order bytes in its payload. Encoding exposes the array's own
+buffer (no copy); decoding makes exactly one copy, into MLX memory.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import mlx.core as mx
 import numpy as np
 
 from .errors import ProtocolError
-from .frames import Frame
 
 # wire name -> (mlx dtype, numpy dtype used to carry the bytes)
 _DTYPES: dict[str, tuple[mx.Dtype, type]] = {
@@ -25,6 +23,7 @@ _DTYPES: dict[str, tuple[mx.Dtype, type]] = {
     "int32": (mx.int32, np.int32),
 }
 _WIRE_NAME = {mlx_dtype: name for name, (mlx_dtype, _) in _DTYPES.items()}
+WIRE_DTYPES: dict[str, int] = {name: np.dtype(carrier).itemsize for name, (_, carrier) in _DTYPES.items()}  # bytes each
 MAX_DIMS = 8
 
 
@@ -56,14 +55,3 @@ def decode_array(dtype: Any, shape: Any, data: bytes | memoryview) -> mx.array:
         raise ProtocolError(f"{dtype}{list(shape)} needs {expected} bytes, got {memoryview(data).nbytes}")
     values = mx.array(np.frombuffer(data, dtype=carrier).reshape(shape))
     return values.view(mlx_dtype) if dtype == "bfloat16" else values
-
-
-def array_frame(header: dict[str, Any], a: mx.array) -> tuple[dict[str, Any], memoryview]:
-    """(header + dtype/shape, payload) ready for `Transport.send`."""
-    dtype, shape, data = encode_array(a)
-    return {**header, "dtype": dtype, "shape": shape}, data
-
-
-def frame_array(frame: Frame) -> mx.array:
-    """The array a frame built by `array_frame` carries."""
-    return decode_array(frame.header.get("dtype"), frame.header.get("shape"), frame.payload)

@@ -3,8 +3,9 @@
     connection: b"SWRM" frame*
     frame:      u32 header_len | u32 payload_len | header | payload   (big-endian)
 
-The header is a msgpack map with str keys and at least "t" (the message type);
-the payload is raw bytes (activations), never parsed here. msgpack only: no
+The header is a msgpack map with str keys and at least "t" (the message type:
+messages.py gives each type its fields); the payload is raw bytes (activations),
+never parsed here. msgpack only: no
 pickle, no ext types, so a hostile peer can make us build nothing but plain
 dicts/lists/str/bytes/numbers.
 """
@@ -91,6 +92,39 @@ async def read_frame(reader: asyncio.StreamReader, max_payload: int = DEFAULT_MA
             raise ConnectionClosed("connection closed between frames") from exc
         raise ProtocolError(f"connection closed mid-frame ({len(exc.partial)} of {exc.expected} bytes)") from exc
     return Frame(header, payload)
+
+
+class FrameParser:
+    """Bytes in, whole frames out, for a connection read as data arrives (connection.py).
+
+    Same checks as read_frame: lengths as soon as a frame's 8-byte prefix is in, so a
+    lying prefix costs no memory; ProtocolError for anything malformed or oversized."""
+
+    def __init__(self, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:
+        self.max_payload = max_payload
+        self._buf = bytearray()
+
+    @property
+    def mid_frame(self) -> bool:
+        return bool(self._buf)
+
+    def feed(self, data: bytes | memoryview) -> list[Frame]:
+        self._buf += data
+        frames = []
+        while len(self._buf) >= _PREFIX.size:
+            header_len, payload_len = _PREFIX.unpack_from(self._buf)
+            if header_len > MAX_HEADER_BYTES:
+                raise ProtocolError(f"frame header of {header_len} bytes (max {MAX_HEADER_BYTES})")
+            if payload_len > self.max_payload:
+                raise ProtocolError(f"frame payload of {payload_len} bytes (max {self.max_payload})")
+            end = _PREFIX.size + header_len + payload_len
+            if len(self._buf) < end:
+                break
+            header = decode_header(bytes(self._buf[_PREFIX.size:_PREFIX.size + header_len]))
+            payload = bytes(self._buf[_PREFIX.size + header_len:end]) if payload_len else b""
+            del self._buf[:end]
+            frames.append(Frame(header, payload))
+        return frames
 
 
 async def read_magic(reader: asyncio.StreamReader) -> bytes:

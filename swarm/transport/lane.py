@@ -1,4 +1,8 @@
-"""The data lane: peer frames read and written by the MLX thread itself, with no event loop between.
+"""The data lane: every peer frame is read and written here, by the MLX thread itself.
+
+This is the node's transport interface: `mlx_send(node_id, message)` and the
+`on_message(sender, message)` handler given to `serve` (stage/stage_service.py).
+It knows messages and connections, nothing of plans or stages.
 
 A pipeline stage idles while the others compute, and on an idle machine every
 thread wake-up and every cold line of asyncio costs tens to hundreds of
@@ -6,236 +10,217 @@ microseconds (benchmarks/wake_floor.py). So the thread that computes also reads
 its input and writes its output: a decode step arrives, is computed and leaves
 without waking another thread (benchmarks/lean_pipeline.py measures the floor).
 
-- Incoming: the TCP transport accepts a connection and checks the hello on the
-  event loop, then hands the socket over with `adopt`. Frames are parsed from
-  whatever arrives (non-blocking), so a slow or stalled sender holds up nobody.
-- Outgoing: `send` writes on a connection of the lane's own, opened on first use
-  (connect + hello, blocking, with timeouts). A frame is written whole, so
-  frames to one peer leave in order; a peer that stops reading fails the send
-  after `send_timeout` (PeerUnreachable), it never blocks the thread for longer.
-- Garbage on a connection closes that connection only, with one log line.
+- One connection per peer, in both directions (links.py): sending uses the one
+  there is, whoever opened it, and dials (connect + hello, blocking, within the
+  connect timeout: handshake.dial) only when there is none. Connections the peer
+  opened come from the listener (listener.py: accepted and answered on the event
+  loop) through `take_over`.
+- Every frame that comes in is decoded into a typed message here (messages.py),
+  once, with the sender's node id known from the hello; a malformed one closes its
+  connection with one log line, and nobody else notices.
+- A frame is written whole, so frames to one peer leave in order; a peer that stops
+  reading fails the send after `send_timeout` (PeerUnreachable).
+- A message to this node itself is handed to the handler directly: the entry's own
+  steps into its own stage 0, the last stage's token for its own request.
 
-Everything here runs on the worker thread (see engine/worker.py): the lane is
-not thread-safe and does not need to be.
+Runs on the MLX thread (engine/worker.py), except `take_over` (any thread): hence
+the `mlx_` names. Not thread-safe and does not need to be; links.py is.
+
+RDMA (Thunderbolt 5 via MLX's jaccl backend): what a lane over RDMA would need;
+the stage service must not change:
+  * Connection setup/teardown at run time. `mx.distributed` groups are fixed when
+    the group is initialised (all ranks, at once), but our plans change whenever
+    nodes join or leave. Either re-form the group on each plan change (a barrier
+    across all nodes; in-flight requests drained first), or, better, set up a queue
+    pair per peer when a link is made (links.py) and tear it down in `mlx_drop`.
+  * Registered (pinned) memory for activations: RDMA reads/writes only into memory
+    registered with the NIC. Keep a small pool of registered buffers sized for the
+    largest activation (1 x max_prefill x hidden x itemsize), receive into them, and
+    let Forward carry a view of the buffer (back to the pool once copied into MLX).
+  * A side channel for headers and control: the small msgpack headers, the hello
+    and liveness could stay on TCP; only payloads above a threshold go over RDMA,
+    with the header naming the buffer/sequence number the payload landed in.
+  * The same failure semantics: a dead link must surface as PeerUnreachable on
+    `mlx_send`, not as a hang in a collective.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-import select
 import socket
-import time
 from typing import Callable
 
-from .errors import ConnectionClosed, HandshakeRejected, PeerUnreachable, ProtocolError
-from .frames import _PREFIX, DEFAULT_MAX_PAYLOAD_BYTES, MAGIC, MAX_HEADER_BYTES, Frame, decode_header, encode_frame
-from .handshake import check_hello, error_header, hello_header, raise_if_rejected
+from .. import hop_trace
+from .connection import PeerConnection
+from .errors import HandshakeRejected, PeerUnreachable, ProtocolError
+from .frames import DEFAULT_MAX_PAYLOAD_BYTES
+from .handshake import dial
+from .links import PeerLinks
+from .messages import Forward, Hello, Message, Rejection, Token, decode
 
 log = logging.getLogger("swarm.transport")
+_TRACING = hop_trace.enabled()  # read once: off, the hop pays one global lookup for it
 
-OnFrame = Callable[[str, Frame], None]
+OnMessage = Callable[[str, Message], None]  # (sender node id, message), on the MLX thread
 Watch = Callable[[socket.socket, Callable[[], None] | None], None]  # register (callback) or forget (None)
-RECV_BYTES = 256 * 1024
+Post = Callable[..., None]  # run a function on the MLX thread (MlxWorker.post)
+DEFAULT_CONNECT_TIMEOUT = 2.0
 DEFAULT_SEND_TIMEOUT = 10.0
 
 
-class FrameParser:
-    """Bytes in, whole frames out; ProtocolError for anything malformed or oversized.
-
-    Lengths are checked as soon as a frame's 8-byte prefix is in, so a lying
-    prefix costs no memory."""
-
-    def __init__(self, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:
-        self.max_payload = max_payload
-        self._buf = bytearray()
-
-    @property
-    def mid_frame(self) -> bool:
-        return bool(self._buf)
-
-    def feed(self, data: bytes | memoryview) -> list[Frame]:
-        self._buf += data
-        frames = []
-        while len(self._buf) >= _PREFIX.size:
-            header_len, payload_len = _PREFIX.unpack_from(self._buf)
-            if header_len > MAX_HEADER_BYTES:
-                raise ProtocolError(f"frame header of {header_len} bytes (max {MAX_HEADER_BYTES})")
-            if payload_len > self.max_payload:
-                raise ProtocolError(f"frame payload of {payload_len} bytes (max {self.max_payload})")
-            end = _PREFIX.size + header_len + payload_len
-            if len(self._buf) < end:
-                break
-            header = decode_header(bytes(self._buf[_PREFIX.size:_PREFIX.size + header_len]))
-            payload = bytes(self._buf[_PREFIX.size + header_len:end]) if payload_len else b""
-            del self._buf[:end]
-            frames.append(Frame(header, payload))
-        return frames
-
-
-class _Connection:
-    def __init__(self, sock: socket.socket, peer: str, where: str, outgoing: bool, max_payload: int) -> None:
-        self.sock, self.peer, self.where, self.outgoing = sock, peer, where, outgoing
-        self.parser = FrameParser(max_payload)
-        self._recv_buf: bytearray | None = None
-
-    def recv(self) -> memoryview:
-        """What arrived, read into a buffer kept for the connection (no large allocation per read)."""
-        if self._recv_buf is None:
-            self._recv_buf = bytearray(RECV_BYTES)
-        n = self.sock.recv_into(self._recv_buf)
-        return memoryview(self._recv_buf)[:n]
-
-
 class DataLane:
-    def __init__(self, node_id: str, swarm: str, watch: Watch, on_frame: OnFrame,
+    def __init__(self, node_id: str, swarm: str, links: PeerLinks, watch: Watch, post: Post,
                  address_of: Callable[[str], tuple[str, int] | None], *,
-                 max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES, connect_timeout: float = 2.0,
+                 max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
                  send_timeout: float = DEFAULT_SEND_TIMEOUT) -> None:
-        self.node_id, self.swarm = node_id, swarm
-        self._watch, self._on_frame, self._address_of = watch, on_frame, address_of
+        self.node_id, self.swarm, self.links = node_id, swarm, links
+        self._watch, self._post, self._address_of = watch, post, address_of
         self.max_payload = max_payload
         self.connect_timeout, self.send_timeout = connect_timeout, send_timeout
-        self._incoming: set[_Connection] = set()
-        self._outgoing: dict[str, _Connection] = {}
+        self._on_message: OnMessage | None = None
+        self._watched: set[PeerConnection] = set()
 
-    # -- receiving --------------------------------------------------------
-    def adopt(self, sock: socket.socket, peer: str, where: str, pending: bytes = b"") -> None:
-        """Read frames from a handshaken connection from now on (it is ours to close).
+    def serve(self, on_message: OnMessage) -> None:
+        """From now on, every message for this node goes to `on_message` (set once, at start)."""
+        self._on_message = on_message
 
-        `pending`: bytes the transport had already read past the hello."""
-        sock.setblocking(False)
-        conn = _Connection(sock, peer, where, outgoing=False, max_payload=self.max_payload)
-        self._incoming.add(conn)
-        self._watch(sock, lambda: self._readable(conn))
-        if pending:
-            self._deliver(conn, pending)
+    # -- any thread -------------------------------------------------------------------------
+    def take_over(self, conn: PeerConnection, replaced: PeerConnection | None) -> None:
+        """A connection the peer opened is now the link (links.arrived): read it from now on."""
+        self._post(self._take_over_on_mlx_thread, conn, replaced)
 
-    def _readable(self, conn: _Connection) -> None:
+    # -- MLX thread: sending ----------------------------------------------------------------
+    def mlx_send(self, node_id: str, message: Message) -> None:
+        """Deliver `message` to `node_id` (this node: to the handler); PeerUnreachable if it cannot be."""
+        if node_id == self.node_id:
+            self._deliver(node_id, message, message.to_frame()[0] if _TRACING else None)
+            return
+        header, payload = message.to_frame()
+        conn = self._link(node_id)
         try:
-            data = conn.recv()
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:
-            self._close(conn, f"{exc}")
-            return
-        if not data:
-            self._close(conn, "closed mid-frame" if conn.parser.mid_frame else None)
-            return
-        self._deliver(conn, data)
-
-    def _deliver(self, conn: _Connection, data: bytes) -> None:
-        try:
-            frames = conn.parser.feed(data)
-        except ProtocolError as exc:
-            self._close(conn, str(exc))
-            return
-        for frame in frames:
-            if frame.header["t"] == "error" and not conn.outgoing:  # the peer rejected our hello
-                self._close(conn, f"peer says: {frame.header.get('message')}")
-                return
-            self._on_frame(conn.peer, frame)
-
-    # -- sending ----------------------------------------------------------
-    def send(self, node_id: str, header: dict, payload: bytes | memoryview = b"") -> None:
-        """Write one frame to `node_id`, connecting on first use; PeerUnreachable if that fails."""
-        pieces = encode_frame(header, payload)  # a bad header is the caller's bug: ValueError
-        conn = self._connection(node_id)
-        try:
-            _send_all(conn.sock, pieces)
-        except OSError as exc:  # incl. the send timeout
+            conn.write_frame(header, payload, self.send_timeout)
+        except OSError as exc:  # incl. the send timeout: a half-written frame leaves the link unusable
             self._close(conn, None)
             raise PeerUnreachable(node_id, f"connection broke: {type(exc).__name__}: {exc}") from exc
+        if _TRACING:
+            hop_trace.mark(hop_trace.STEP_START if self._starts_a_step(message) else "sent", header)
 
-    def drop(self, node_id: str) -> None:
-        conn = self._outgoing.get(node_id)
+    def mlx_drop(self, node_id: str) -> None:
+        """The peer left: close our connection to it."""
+        conn = self.links.link(node_id)
         if conn is not None:
             self._close(conn, None)
 
-    def close(self) -> None:
-        for conn in [*self._incoming, *self._outgoing.values()]:
+    def mlx_close(self) -> None:
+        for conn in {*self._watched, *self.links.all()}:
             self._close(conn, None)
 
-    def _connection(self, node_id: str) -> _Connection:
+    def _link(self, node_id: str) -> PeerConnection:
         address = self._address_of(node_id)
         if address is None:
             raise PeerUnreachable(node_id, "not in this node's view of the swarm")
-        conn = self._outgoing.get(node_id)
-        if conn is not None and (conn.where != _where(address) or _peer_closed(conn.sock)):
-            self._close(conn, None)  # the peer restarted or moved: a write would vanish into a dead socket
+        conn = self.links.link(node_id)
+        if conn is not None and conn.peer_closed():
+            self._close(conn, None)  # the peer restarted or hung up: a write would vanish into a dead socket
             conn = None
-        if conn is None:
-            conn = self._open(node_id, address)
-        return conn
+        return conn or self._dial(node_id, address)
 
-    def _open(self, node_id: str, address: tuple[str, int]) -> _Connection:
+    def _dial(self, node_id: str, address: tuple[str, int]) -> PeerConnection:
+        where = f"{address[0]}:{address[1]}"
         try:
-            sock = socket.create_connection(address, timeout=self.connect_timeout)
-        except OSError as exc:
-            raise PeerUnreachable(node_id, f"{_where(address)}: {type(exc).__name__}: {exc}") from None
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = _Connection(sock, node_id, _where(address), outgoing=True, max_payload=0)
+            conn = self.links.begin_dial(node_id, self.connect_timeout)
+        except TimeoutError as exc:
+            raise PeerUnreachable(node_id, str(exc)) from None
+        if conn is not None:
+            return conn  # it connected to us meanwhile
+        conn = None
         try:
-            self._handshake(conn)
+            conn = dial(address, self.node_id, self.swarm, node_id, self.connect_timeout, self.max_payload)
+        except HandshakeRejected as exc:
+            if exc.kind != "duplicate":
+                raise PeerUnreachable(node_id, f"{where}: {exc}") from None
         except (OSError, ProtocolError) as exc:
-            sock.close()
-            raise PeerUnreachable(node_id, f"{conn.where}: {type(exc).__name__}: {exc}") from None
-        sock.settimeout(self.send_timeout)
-        conn.parser.max_payload = self.max_payload  # the hello carried none; later frames may
-        self._outgoing[node_id] = conn
-        # Read it too: to see the peer close (so the next send reconnects) and to
-        # deliver anything it does send, like any other frame.
-        self._watch(sock, lambda: self._readable(conn))
+            raise PeerUnreachable(node_id, f"{where}: {type(exc).__name__}: {exc}") from None
+        finally:
+            replaced = self.links.end_dial(node_id, conn)
+        if conn is None:  # refused as a duplicate: the lower id is connecting to us, and its connection stays
+            conn = self.links.wait_arrival(node_id, self.connect_timeout)
+            if conn is None:
+                raise PeerUnreachable(node_id, f"{where} is connecting to us instead and did not arrive in time")
+            return conn
+        self._read(conn)
+        if replaced is not None:
+            log.warning("two connections to %s: keeping the newer one", node_id)
+            self._retire(replaced)
         return conn
 
-    def _handshake(self, conn: _Connection) -> None:
-        """Our hello, theirs back; within the connect timeout, which covers both (as on the event loop)."""
-        sock, deadline = conn.sock, time.monotonic() + self.connect_timeout
-        sock.sendall(MAGIC + b"".join(encode_frame(hello_header(self.node_id, self.swarm))))
-        frames: list[Frame] = []
-        while not frames:
-            sock.settimeout(max(0.001, deadline - time.monotonic()))
-            data = sock.recv(4096)
-            if not data:
-                raise ConnectionClosed("closed during the hello")
-            frames = conn.parser.feed(data)
-        raise_if_rejected(frames[0])
-        peer = check_hello(frames[0], self.swarm)
-        if peer != conn.peer:
-            rejection = HandshakeRejected("node", f"address answered as node {peer!r}, not {conn.peer!r}")
-            sock.sendall(b"".join(encode_frame(error_header(rejection.kind, rejection.message))))
-            raise rejection
+    # -- MLX thread: receiving --------------------------------------------------------------
+    def _take_over_on_mlx_thread(self, conn: PeerConnection, replaced: PeerConnection | None) -> None:
+        self._read(conn)
+        if replaced is not None:
+            self._retire(replaced)
 
-    def _close(self, conn: _Connection, problem: str | None) -> None:
-        if problem:
-            log.warning("closing peer connection %s %s: %s", "to" if conn.outgoing else "from", conn.where, problem)
-        self._incoming.discard(conn)
-        if self._outgoing.get(conn.peer) is conn and conn.outgoing:
-            del self._outgoing[conn.peer]
+    def _read(self, conn: PeerConnection) -> None:
+        self._watched.add(conn)
+        self._watch(conn.sock, functools.partial(self._readable, conn))
+        if conn.has_pending:  # bytes that came with the hello: no readiness event will announce them
+            self._readable(conn)
+
+    def _retire(self, conn: PeerConnection) -> None:
+        """No more writes from us: the peer reads to our end and closes; we read its last frames, then close."""
         try:
-            self._watch(conn.sock, None)
-        except (KeyError, ValueError):
-            pass  # never registered, or already closed
-        conn.sock.close()
+            conn.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            self._close(conn, None)
 
+    def _readable(self, conn: PeerConnection) -> None:
+        try:
+            frames = conn.read_frames()
+        except (ProtocolError, OSError) as exc:
+            self._close(conn, str(exc))
+            return
+        if frames is None:
+            self._close(conn, None)
+            return
+        for frame in frames:
+            try:
+                message = decode(frame)
+            except ProtocolError as exc:
+                self._close(conn, str(exc))
+                return
+            if isinstance(message, (Hello, Rejection)):  # the peer refused our hello, or garbled the protocol
+                self._close(conn, f"peer says: {message.message}" if isinstance(message, Rejection)
+                            else "a hello after the handshake")
+                return
+            try:
+                self._deliver(conn.peer, message, frame.header)
+            except Exception as exc:  # the handler's bug: noticed, and it costs this connection only
+                log.exception("handling a %s from %s", type(message).__name__, conn.peer)
+                self._close(conn, f"the handler raised {exc!r}")
+                return
 
-def _where(address: tuple[str, int]) -> str:
-    return f"{address[0]}:{address[1]}"
+    def _deliver(self, sender: str, message: Message, header: dict | None) -> None:
+        if _TRACING:
+            hop_trace.mark(hop_trace.STEP_END if isinstance(message, Token) else
+                           hop_trace.STEP_START if self._starts_a_step(message) else "received", header)
+        self._on_message(sender, message)
 
+    def _starts_a_step(self, message: Message) -> bool:
+        """This node, the entry, sending a sampled step into stage 0: where the hop trace cuts steps."""
+        return (isinstance(message, Forward) and message.start == 0 and message.sampling is not None
+                and message.entry == self.node_id)
 
-def _peer_closed(sock: socket.socket) -> bool:
-    """Has the peer closed (EOF or reset) since we last looked? Does not wait."""
-    poller = select.poll()
-    poller.register(sock, select.POLLIN)
-    if not poller.poll(0):
-        return False
-    try:
-        return sock.recv(1, socket.MSG_PEEK) == b""  # readable, so this returns at once
-    except OSError:
-        return True
+    def _close(self, conn: PeerConnection, problem: str | None) -> None:
+        if problem:
+            log.warning("closing peer connection %s %s (%s): %s", "to" if conn.dialed else "from", conn.where,
+                        conn.peer, problem)
+        self.links.remove(conn)
+        if conn in self._watched:
+            self._watched.discard(conn)
+            try:
+                self._watch(conn.sock, None)
+            except (KeyError, ValueError):
+                pass  # already closed
+        conn.close()
 
-
-def _send_all(sock: socket.socket, pieces: list) -> None:
-    """One sendmsg, without copying the payload; the rest, if the socket took only part (full buffer)."""
-    sent = sock.sendmsg(pieces)
-    if sent < sum(memoryview(p).nbytes for p in pieces):
-        sock.sendall(b"".join(pieces)[sent:])

@@ -7,9 +7,9 @@ thread: weights, which move in bulk. (The data path is the MLX thread's lane.)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from .frames import DEFAULT_MAX_PAYLOAD_BYTES, Frame, encode_frame, read_frame
-from .streams import close_quietly
 
 
 class StreamFrameLink:
@@ -26,4 +26,6 @@ class StreamFrameLink:
         return await read_frame(self._reader, self.max_payload)
 
     async def close(self) -> None:
-        await close_quietly(self._writer)
+        self._writer.close()
+        with contextlib.suppress(OSError, asyncio.TimeoutError):
+            await asyncio.wait_for(self._writer.wait_closed(), 1.0)

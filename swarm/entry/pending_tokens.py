@@ -1,14 +1,23 @@
 """The entry node's waiting room: one future per request for its next sampled token.
 
-A future resolves to the whole token message (see messages.token): the token id
-and the stages' compute time travel together.
+Event loop only. A future resolves to a TokenArrival: the token message (its id and
+the stages' compute time travel together) and, when the entry's MLX thread already
+started the next step on it (run_ahead.py), when that was.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
-from ..inference.pipeline import PipelineBroken
+from ..transport.messages import Error, Token
+from .pipeline import PipelineBroken
+
+
+@dataclass(frozen=True)
+class TokenArrival:
+    token: Token
+    next_started: float | None = None  # perf_counter() when the next step left (run_ahead.py)
 
 
 class PendingTokens:
@@ -27,23 +36,22 @@ class PendingTokens:
         waits[at] = (plan_id, fut)
         return fut
 
-    def resolve(self, header: dict) -> None:
-        waits = self._futures.get(header.get("rid"))
+    def resolve(self, message: Token | Error, next_started: float | None = None) -> None:
+        waits = self._futures.get(message.rid)
         if not waits:
             return  # a late answer for a request that already gave up
         # A late answer from a plan or attempt the request has left behind must not
         # stand in for the current step (it would repeat a token).
-        if header.get("t") == "tok":
-            plan_id, fut = waits.get(header.get("at"), (None, None))
-            if fut is not None and not fut.done() and header.get("plan") == plan_id \
-                    and isinstance(header.get("token"), int):
-                fut.set_result(header)
+        if isinstance(message, Token):
+            plan_id, fut = waits.get(message.at, (None, None))
+            if fut is not None and not fut.done() and message.plan_id == plan_id:
+                fut.set_result(TokenArrival(message, next_started))
         else:
             for plan_id, fut in waits.values():
-                if plan_id == header.get("plan") and not fut.done():
-                    fut.set_exception(PipelineBroken(f"{header.get('kind')}: {header.get('message')}"))
+                if plan_id == message.plan_id and not fut.done():
+                    fut.set_exception(PipelineBroken(f"{message.kind}: {message.message}"))
 
-    async def wait(self, rid: str, fut: asyncio.Future, timeout: float) -> dict:
+    async def wait(self, rid: str, fut: asyncio.Future, timeout: float) -> TokenArrival:
         try:
             return await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:

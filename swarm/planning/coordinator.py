@@ -1,8 +1,10 @@
-"""Turns the discovery view into a plan, loads our part of it, and hands out pipelines.
+"""Turns the discovery view into a plan, loads our part of it, and says when the swarm agrees.
 
 No master and no election: every node runs the same deterministic partitioner on
 the same view. Each node announces the plan id it serves (in its profile) once its
 layers are loaded; an entry node uses a plan only when every stage announces it.
+Agreement is waited for on a condition, notified whenever the view or our own
+layers change: nobody polls. Event loop only.
 """
 
 from __future__ import annotations
@@ -15,40 +17,29 @@ from discovery import Discovery
 from discovery.view import PeerEvent
 from partitioner import InsufficientMemoryError, ModelSpec, NodeCapacity, Plan, make_plan
 
-from ..inference.pipeline import NoPipeline
-from .events import EventBus
-from .hop_timing import HopTiming
-from .pending_tokens import PendingTokens
-from .router import Router
-from .run_ahead import RunAhead
-from .stage_host import StageHost
-from .swarm_pipeline import SwarmPipeline
+from ..entry.pending_tokens import PendingTokens
+from ..entry.pipeline import NoPipeline
+from ..events import EventBus
+from ..stage.stage_host import StageHost
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.025
 # After a pipeline broke, prefer waiting this long for a new plan (the liveness check
 # declares a dead peer gone within 3 s) over replaying into the same broken plan.
 NEW_PLAN_GRACE_S = 3.5
 
 
 class Coordinator:
-    def __init__(self, spec: ModelSpec, fingerprint: str, discovery: Discovery, host: StageHost,
-                 router: Router, pending: PendingTokens, events: EventBus, *, strategy: str = "balanced",
-                 token_timeout: float = 120.0, recovery_timeout: float = 30.0, timing: HopTiming | None = None,
-                 run_ahead: RunAhead | None = None):
-        self.spec, self.fingerprint, self.discovery = spec, fingerprint, discovery
-        self.host, self.router, self.pending, self.events = host, router, pending, events
-        self.strategy, self.token_timeout, self.recovery_timeout = strategy, token_timeout, recovery_timeout
-        self.timing = timing
-        self.run_ahead = run_ahead
+    def __init__(self, node_id: str, spec: ModelSpec, fingerprint: str, discovery: Discovery, host: StageHost,
+                 pending: PendingTokens, events: EventBus, *, strategy: str = "balanced",
+                 recovery_timeout: float = 30.0):
+        self.node_id, self.spec, self.fingerprint, self.discovery = node_id, spec, fingerprint, discovery
+        self.host, self.pending, self.events = host, pending, events
+        self.strategy, self.recovery_timeout = strategy, recovery_timeout
         self.plan: Plan | None = None
         self.plan_error: str | None = None
         self._apply_task: asyncio.Task | None = None
-
-    @property
-    def node_id(self) -> str:
-        return self.router.node_id
+        self._changed = asyncio.Condition()  # the view, the plan or our layers changed
 
     async def start(self) -> None:
         await self.replan()
@@ -59,6 +50,7 @@ class Coordinator:
         if event.kind == "leave" and self.plan and event.node_id in {s.node_id for s in self.plan.stages}:
             self.pending.break_all(f"node {event.node_id} left")
         await self.replan()
+        await self._notify()  # an update may be a peer announcing the plan it now serves
 
     def members(self) -> list[NodeCapacity]:
         return [NodeCapacity(p.node_id, p.profile.memory_available, p.profile.speed)
@@ -78,6 +70,7 @@ class Coordinator:
         self.plan = plan
         self.pending.break_all("the plan changed", keep_plan=_id(plan))
         self.events.emit("plan", {"plan": plan.to_dict() if plan else None, "error": error})
+        await self._notify()
         if self._apply_task is None or self._apply_task.done():
             self._apply_task = asyncio.create_task(self._apply(), name="apply-plan")
 
@@ -109,12 +102,13 @@ class Coordinator:
                 await self.discovery.update_profile(
                     plan=plan.plan_id, state="serving" if layers else "idle",
                     layers=f"{layers[0]}-{layers[1]}" if layers else "", mem_used=str(self.host.weight_bytes))
+                await self._notify()
             if plan is self.plan:
                 if plan is not None:
                     self.events.emit("plan_loaded", {"node_id": self.node_id, "plan_id": plan.plan_id})
                 return
 
-    def agreed(self, plan: Plan) -> list[str]:
+    def waiting_for(self, plan: Plan) -> list[str]:
         """Stage nodes that do not serve `plan` yet (empty when the pipeline is whole)."""
         serving = {p.node_id: p.profile.extra.get("plan") for p in self.discovery.view(include_self=True)}
         serving[self.node_id] = self.host.plan_id
@@ -124,25 +118,34 @@ class Coordinator:
         """(can serve now, why not)."""
         if self.plan is None:
             return False, self.plan_error or "no plan yet"
-        waiting = self.agreed(self.plan)
+        waiting = self.waiting_for(self.plan)
         if waiting:
             return False, f"waiting for {', '.join(waiting)} to load plan {self.plan.plan_id}"
         return True, "ok"
 
-    async def pipeline(self, broken: SwarmPipeline | None = None) -> SwarmPipeline:
-        """A pipeline every stage agrees on; waits up to recovery_timeout, then NoPipeline."""
+    async def agreed_plan(self, broken: Plan | None = None) -> Plan:
+        """A plan every stage serves, other than `broken` unless no other comes within the grace
+        period; NoPipeline after recovery_timeout."""
         start = time.monotonic()
-        while True:
-            plan = self.plan
-            waited = time.monotonic() - start
-            if plan is not None and not self.agreed(plan):
-                same = broken is not None and broken.plan.plan_id == plan.plan_id
-                if not same or waited > NEW_PLAN_GRACE_S:
-                    return SwarmPipeline(plan, self.router, self.pending, self.token_timeout, self.timing,
-                                         self.run_ahead)
-            if waited > self.recovery_timeout:
-                raise NoPipeline(f"no whole pipeline after {self.recovery_timeout:.0f}s: {self.status()[1]}")
-            await asyncio.sleep(POLL_S)
+        async with self._changed:
+            while True:
+                plan, waited = self.plan, time.monotonic() - start
+                if plan is not None and not self.waiting_for(plan):
+                    if broken is None or broken.plan_id != plan.plan_id or waited > NEW_PLAN_GRACE_S:
+                        return plan
+                    wake_by = NEW_PLAN_GRACE_S - waited  # the same plan is good enough then
+                else:
+                    wake_by = self.recovery_timeout - waited
+                if waited > self.recovery_timeout:
+                    raise NoPipeline(f"no whole pipeline after {self.recovery_timeout:.0f}s: {self.status()[1]}")
+                try:
+                    await asyncio.wait_for(self._changed.wait(), max(0.001, min(wake_by, self.recovery_timeout - waited)))
+                except asyncio.TimeoutError:
+                    pass
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
 
 
 def _id(plan: Plan | None) -> str | None:

@@ -1,6 +1,6 @@
 """Where a decoded token's time goes in a local swarm: py-spy on every node during a long decode.
 
-    python -m swarm.bench.profile [--model DIR] [--nodes 2] [--seconds 20] [--out DIR]
+    python benchmarks/profile_nodes.py [--model DIR] [--nodes 2] [--seconds 20] [--out DIR]
 
 Starts the nodes (loopback, static peers, even split), streams long greedy
 completions at concurrency 1, samples every node with `py-spy record --format raw
@@ -20,17 +20,19 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from .client import stream_completion
-from .cluster import LocalCluster
-from .prompts import PROMPT
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from swarm.bench.client import stream_completion  # noqa: E402
+from swarm.bench.cluster import LocalCluster  # noqa: E402
+from swarm.bench.prompts import PROMPT  # noqa: E402
 
 # First match wins, tested against the whole collapsed stack (innermost frame last).
 CATEGORIES = [
     ("mlx compute (Stage.forward / eval)", ("Stage.forward", "shard.py", "libmlx", "mlx::core")),
-    ("mlx thread idle (waiting for work)", ("_worker (concurrent/futures/thread.py",)),
-    ("sampling / array->bytes", ("sampling.py", "arrays.py", "tobytes", "frame_array", "encode_array")),
+    ("mlx thread idle (waiting for work)", ("_serve (swarm/engine/worker.py",)),
+    ("sampling / array->bytes", ("sampling.py", "arrays.py", "tobytes", "messages.py", "encode_array")),
     ("msgpack + frames", ("frames.py", "msgpack")),
-    ("socket I/O (asyncio streams)", ("streams.py", "selector_events.py", "sock_", "tcp.py", "outgoing.py")),
+    ("socket I/O (data lane, listener)", ("connection.py", "lane.py", "listener.py", "selector_events.py", "sock_")),
     ("HTTP / SSE / detokenize", ("aiohttp", "sse.py", "completions.py", "text_output.py", "tokenizer")),
     ("event loop (select, scheduling)", ("select (", "epoll", "base_events.py", "events.py")),
     ("thread hand-off (executor, futures)", ("thread.py", "futures", "_base.py", "queue.py")),

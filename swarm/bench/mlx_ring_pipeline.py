@@ -1,6 +1,6 @@
 """mlx-lm's own pipeline parallelism over mx.distributed's ring backend, on localhost.
 
-    python benchmarks/mlx_ring_pipeline.py [--model DIR] [--ranks 2] [--tokens 64] [--prompt-tokens 128]
+    python -m swarm.bench.mlx_ring_pipeline [--model DIR] [--ranks 2] [--tokens 64] [--prompt-tokens 128]
 
 Launches N ranks with `mlx.launch --backend ring --hosts 127.0.0.1 -n N` (every
 rank local, every socket on 127.0.0.1), runs one fixed greedy generation with
@@ -63,7 +63,6 @@ def _launch_cmd() -> list[str]:
 def _blas_env(mode: str) -> list[str]:
     if mode == "off":
         return []
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from swarm.engine.blas import find_optimized_blas
     blas = find_optimized_blas()
     return [f"LD_PRELOAD={blas}"] if blas else []
@@ -75,7 +74,7 @@ def launch(args: argparse.Namespace) -> dict:
            "--starting-port", str(port)]
     for e in _blas_env(args.blas):
         cmd += ["--env", e]
-    cmd += [sys.executable, str(Path(__file__).resolve()), "--worker", "--model", str(args.model),
+    cmd += [sys.executable, "-m", "swarm.bench.mlx_ring_pipeline", "--worker", "--model", str(args.model),
             "--tokens", str(args.tokens), "--prompt-tokens", str(args.prompt_tokens)]
     # Own session: on timeout one killpg reaches mlx.launch, its bash wrappers and every rank.
     p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -210,7 +209,6 @@ def worker(args: argparse.Namespace) -> None:
     t_end = time.perf_counter()
     _drain(group, size)
     if rank == 0:
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
         from swarm.engine.blas import blas_in_use
         print(RESULT + json.dumps({
             "ranks": size, "pipeline": kind, "model": str(path), "n_layers": n_layers, "split": split,
@@ -239,7 +237,6 @@ def main(argv: list[str] | None = None) -> int:
         worker(args)
         return 0
     if args.model is None:
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
         from swarm.models.resolve import resolve_model
         args.model = resolve_model(None).path
     print(json.dumps(launch(args), indent=2))

@@ -4,12 +4,12 @@ Without this, a token travels: data lane (MLX thread) -> event loop -> generatio
 loop -> event loop -> MLX thread, two thread wake-ups before the next step can
 leave, and the client's HTTP write in between. With it, the generation loop arms
 each step ("when the token at position `at` comes, go on unless it is one of
-these"), the MLX thread starts that step as soon as the token arrives (when the
-entry is also the first stage), and the generation loop, when it gets there,
-finds the step under way and only waits for its token. Same frames, same
-positions, same sampling: the output cannot differ, only the wait shrinks.
+these"), the MLX thread starts that step as soon as the token arrives, and the
+generation loop, when it gets there, finds the step under way and only waits for
+its token. Same messages, same positions, same sampling: the output cannot differ,
+only the wait shrinks.
 
-Shared by the event loop and the MLX thread, hence the lock.
+Shared by the event loop and the MLX thread, hence the lock and the `mlx_` name.
 """
 
 from __future__ import annotations
@@ -18,18 +18,17 @@ import threading
 import time
 from dataclasses import dataclass
 
-import numpy as np
-
-from ..transport.frames import Frame
-from . import messages as msg
+from ..engine.sampling import SamplingParams
+from ..transport.messages import Forward, Token
 
 
 @dataclass(frozen=True)
 class _Armed:
     plan_id: str
     at: int  # position of the awaited token, which is also the next step's position
-    sampling: dict
+    sampling: SamplingParams
     stop_ids: frozenset[int]
+    first_stage: str  # node id the next step goes to
 
 
 @dataclass(frozen=True)
@@ -40,10 +39,14 @@ class _Launched:
     started: float  # perf_counter() when the step left: the step's time is measured from here
 
 
-class RunAhead:
-    # added to a token's header when its next step was started: when (perf_counter)
-    NEXT_STARTED = "next_started"
+@dataclass(frozen=True)
+class NextStep:
+    to: str  # the first stage's node id
+    forward: Forward
+    started: float
 
+
+class RunAhead:
     def __init__(self, node_id: str) -> None:
         self.node_id = node_id
         self._lock = threading.Lock()
@@ -51,9 +54,10 @@ class RunAhead:
         self._launched: dict[str, _Launched] = {}
 
     # -- event loop -------------------------------------------------------
-    def arm(self, rid: str, plan_id: str, at: int, sampling: dict, stop_ids: frozenset[int]) -> None:
+    def arm(self, rid: str, plan_id: str, at: int, sampling: SamplingParams, stop_ids: frozenset[int],
+            first_stage: str) -> None:
         with self._lock:
-            self._armed[rid] = _Armed(plan_id, at, sampling, stop_ids)
+            self._armed[rid] = _Armed(plan_id, at, sampling, stop_ids, first_stage)
 
     def started(self, rid: str, plan_id: str, pos: int, tokens: list[int]) -> float | None:
         """When this very step was started by the MLX thread (None: not started, send it)."""
@@ -69,21 +73,15 @@ class RunAhead:
             self._launched.pop(rid, None)
 
     # -- MLX thread -------------------------------------------------------
-    def started_at(self, rid: str) -> float | None:
+    def mlx_next_step(self, token: Token) -> NextStep | None:
+        """For a token that just arrived: the armed next step, if any (it is taken: started once)."""
         with self._lock:
-            launched = self._launched.get(rid)
-        return launched.started if launched else None
-
-    def next_step(self, token_header: dict) -> Frame | None:
-        """For a token that just arrived: the forward frame of the armed next step, if any."""
-        rid, token = token_header.get("rid"), token_header.get("token")
-        with self._lock:
-            armed = self._armed.get(rid)
-            if (armed is None or not isinstance(token, int) or token in armed.stop_ids
-                    or (token_header.get("plan"), token_header.get("at")) != (armed.plan_id, armed.at)):
+            armed = self._armed.get(token.rid)
+            if (armed is None or token.token in armed.stop_ids
+                    or (token.plan_id, token.at) != (armed.plan_id, armed.at)):
                 return None
-            del self._armed[rid]
-            self._launched[rid] = _Launched(armed.plan_id, armed.at, token, time.perf_counter())
-        header = {**msg.forward(rid, armed.plan_id, armed.at, 0, self.node_id, armed.sampling),
-                  "dtype": "int32", "shape": [1, 1]}
-        return Frame(header, np.asarray([[token]], dtype=np.int32).tobytes())
+            del self._armed[token.rid]
+            started = time.perf_counter()
+            self._launched[token.rid] = _Launched(armed.plan_id, armed.at, token.token, started)
+        forward = Forward.of_tokens(token.rid, armed.plan_id, armed.at, self.node_id, armed.sampling, [token.token])
+        return NextStep(armed.first_stage, forward, started)

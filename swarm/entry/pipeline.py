@@ -9,11 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import mlx.core as mx
-
 from ..engine.sampling import SamplingParams
-from ..engine.stage import Stage
-from ..engine.worker import MlxWorker
 
 
 class PipelineBroken(Exception):
@@ -30,26 +26,3 @@ class Pipeline(Protocol):
         """continue_unless: a hint that the caller will want the next step unless the token is in it."""
 
     async def release(self, request_id: str) -> None: ...
-
-
-class LocalPipeline:
-    """All stages in this process, chained on the MLX worker thread."""
-
-    def __init__(self, stages: list[Stage], worker: MlxWorker):
-        self.stages = stages
-        self.worker = worker
-
-    def _run(self, request_id: str, tokens: list[int], start_pos: int, sampling):
-        x = mx.array([tokens], dtype=mx.int32)
-        for stage in self.stages:
-            x = stage.forward(request_id, x, start_pos, sampling)
-        return x if sampling is not None else None
-
-    async def forward(self, request_id, tokens, start_pos, sampling, continue_unless=None):
-        return await self.worker.run(self._run, request_id, tokens, start_pos, sampling)
-
-    async def release(self, request_id: str) -> None:
-        def _release():
-            for stage in self.stages:
-                stage.release(request_id)
-        await self.worker.run(_release)

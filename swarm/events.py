@@ -1,4 +1,4 @@
-"""Topology events for the dashboard: joins, leaves, plans, requests."""
+"""Topology events for the dashboard (joins, leaves, plans, requests): emitted by planning and the entry, streamed by the API."""
 
 from __future__ import annotations
 

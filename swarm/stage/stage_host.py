@@ -1,4 +1,9 @@
-"""The layers this node holds for the current plan, reloaded only where they change."""
+"""The layers this node holds for the current plan, reloaded only where they change.
+
+`assign` runs on the event loop (planning calls it) and loads on the MLX thread; the
+stage service reads `stage` and `plan` on the MLX thread. `plan` is None while the
+layers change, so no message is served by layers of another plan.
+"""
 
 from __future__ import annotations
 

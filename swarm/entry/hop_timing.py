@@ -7,7 +7,7 @@ returns the sum with the token. The entry node times the whole step, so
     overhead = step wall time - sum of stage compute
 
 is everything the swarm adds on top of the layers themselves: serialization,
-TCP, event-loop and thread hand-offs. Divided by the hops a token makes (one per
+TCP and whatever thread hand-offs remain. Divided by the hops a token makes (one per
 network message), it is the per-hop overhead, measured per step, without the
 noise of comparing two separate runs.
 """
@@ -26,9 +26,6 @@ class HopTiming:
 
     def record(self, wall_s: float, compute_us: int, hops: int) -> None:
         self._steps.append((wall_s, compute_us / 1e6, hops))
-
-    def reset(self) -> None:
-        self._steps.clear()
 
     def to_dict(self) -> dict:
         """Medians over the recent decode steps this node was the entry of (ms)."""

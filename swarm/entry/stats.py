@@ -11,8 +11,9 @@ WINDOW_S = 10.0
 
 
 class RequestStats:
-    def __init__(self, emit: Callable[[str, dict], None] | None = None) -> None:
-        self.emit = emit or (lambda kind, data: None)
+    def __init__(self, emit: Callable[[str, dict], None] | None = None, entry: str | None = None) -> None:
+        """`emit(kind, data)` gets request_started/finished events, `data` naming this node as `entry`."""
+        self._emit, self.entry = emit, entry
         self.active: set[str] = set()
         self.total_requests = 0
         self.total_tokens = 0
@@ -22,13 +23,13 @@ class RequestStats:
     def track(self, request_id: str):
         self.active.add(request_id)
         self.total_requests += 1
-        self.emit("request_started", {"request_id": request_id})
+        self._event("request_started", {"request_id": request_id})
         counted = self.total_tokens
         try:
             yield
         finally:
             self.active.discard(request_id)
-            self.emit("request_finished", {"request_id": request_id, "tokens": self.total_tokens - counted})
+            self._event("request_finished", {"request_id": request_id, "tokens": self.total_tokens - counted})
 
     def token(self) -> None:
         self.total_tokens += 1
@@ -46,3 +47,7 @@ class RequestStats:
     def to_dict(self) -> dict:
         return {"active_requests": len(self.active), "tokens_per_second": round(self.tokens_per_second(), 2),
                 "total_requests": self.total_requests, "total_tokens": self.total_tokens}
+
+    def _event(self, kind: str, data: dict) -> None:
+        if self._emit is not None:
+            self._emit(kind, {**data, "entry": self.entry})

@@ -1,0 +1,96 @@
+"""Two builds' per-hop overhead, side by side: request by request, on the same machine at the same time.
+
+    python benchmarks/ab_hop.py --a ../main/.venv/bin/python --b .venv/bin/python [--nodes 3] [--rounds 10]
+
+Starts one local swarm per interpreter (each runs `swarm.cli` from its own checkout:
+loopback, static peers, even split, as swarm-bench does), then alternates: a batch of
+greedy streams on A, the same on B, A, B, ... After each batch it reads the entry's
+own per-step measurement (/health decode_timing: step wall time minus the stages'
+compute, per hop, median over the batch's steps). Alternating batches within one
+run keeps the machine's drift (other processes, the hour) out of the ratio, which
+separate swarm-bench runs on a shared machine cannot. Prints each round and the
+medians; `B/A` below 1 means B's hops are cheaper.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from unittest import mock
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from swarm.bench.client import stream_completion  # noqa: E402
+from swarm.bench.cluster import LocalCluster, get_json  # noqa: E402
+from swarm.bench.prompts import PROMPT  # noqa: E402
+
+STEPS_PER_BATCH = 300  # more than the entry's window of 256 steps: a reading sees only its own batch
+
+
+def started(python: str, nodes: int, workdir: Path, model: str | None) -> LocalCluster:
+    workdir.mkdir(parents=True)
+    cluster = LocalCluster(nodes, workdir, model)
+    # The nodes run that build's code: its interpreter, and a working directory that is no
+    # checkout (`python -m` would import the package from there first).
+    with mock.patch.object(sys, "executable", python), _cwd(workdir):
+        return cluster.__enter__()
+
+
+@contextlib.contextmanager
+def _cwd(path: Path):
+    before = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def batch(cluster: LocalCluster, tokens: int) -> dict:
+    for _ in range(-(-STEPS_PER_BATCH // (tokens - 1))):
+        stream_completion(cluster.entry.url, PROMPT, tokens)
+    return get_json(cluster.entry.url + "/health")[1]["decode_timing"]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--a", required=True, help="python of build A (its checkout's venv)")
+    p.add_argument("--b", required=True, help="python of build B")
+    p.add_argument("--nodes", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--model", default=None)
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="ab-hop-") as tmp:
+        a = started(args.a, args.nodes, Path(tmp) / "a", args.model)
+        try:
+            b = started(args.b, args.nodes, Path(tmp) / "b", args.model)
+            try:
+                for c in (a, b):  # warm up: connections made, code paths run once
+                    stream_completion(c.entry.url, PROMPT, 8)
+                rows = []
+                print(f"{'round':>5} {'A ms/hop':>9} {'B ms/hop':>9} {'B/A':>6} {'A step':>8} {'B step':>8}")
+                for r in range(args.rounds):
+                    ta, tb = batch(a, args.tokens), batch(b, args.tokens)
+                    ha, hb = ta["overhead_per_hop_ms"], tb["overhead_per_hop_ms"]
+                    rows.append((ha, hb, ta["step_ms"], tb["step_ms"]))
+                    print(f"{r + 1:>5} {ha:9.3f} {hb:9.3f} {hb / ha:6.2f} {ta['step_ms']:8.1f} {tb['step_ms']:8.1f}",
+                          flush=True)
+            finally:
+                b.stop()
+        finally:
+            a.stop()
+    med = [statistics.median(col) for col in zip(*rows)]
+    ratios = statistics.median(hb / ha for ha, hb, _, _ in rows)
+    print(f"median: A {med[0]:.3f} ms/hop, B {med[1]:.3f} ms/hop, B/A {ratios:.2f} (median of rounds); "
+          f"decode step A {med[2]:.1f} ms, B {med[3]:.1f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""The entry node's view of one agreed plan as a Pipeline (see pipeline.py). Event loop.
+
+Every message leaves through the outbox: the stage service posts it to the MLX
+thread, whose data lane sends it (or queues it for our own stage 0). A send that
+fails comes back as an Error message for the request, like any stage's failure.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Awaitable, Callable, Protocol
+
+from partitioner import Plan
+
+from ..engine.sampling import SamplingParams
+from ..transport.messages import Forward
+from .hop_timing import HopTiming
+from .pending_tokens import PendingTokens
+from .run_ahead import RunAhead
+
+
+class Outbox(Protocol):
+    """How the event loop hands messages to the MLX thread (stage/stage_service.py)."""
+
+    def post(self, node_id: str, forward: Forward) -> None:
+        """Send `forward` on the MLX thread; if it cannot be, an Error reaches its entry."""
+
+    def post_release(self, rid: str, node_ids: list[str]) -> None:
+        """Tell these stages to free the request's caches (best effort)."""
+
+
+class SwarmPipeline:
+    def __init__(self, plan: Plan, node_id: str, outbox: Outbox, pending: PendingTokens, token_timeout: float,
+                 timing: HopTiming, run_ahead: RunAhead):
+        self.plan, self.entry, self.outbox, self.pending = plan, node_id, outbox, pending
+        self.token_timeout, self.timing, self.run_ahead = token_timeout, timing, run_ahead
+
+    @property
+    def path(self) -> list[str]:
+        return [s.node_id for s in self.plan.stages]
+
+    async def forward(self, request_id: str, tokens: list[int], start_pos: int,
+                      sampling: SamplingParams | None, continue_unless: frozenset[int] | None = None) -> int | None:
+        """`continue_unless`: the caller will want the next step too, unless the token is one of these
+        (see run_ahead.py); None: it may not."""
+        first, plan_id = self.plan.stages[0].node_id, self.plan.plan_id
+        at = start_pos + len(tokens)
+        fut = self.pending.expect(request_id, plan_id, at) if sampling else None  # before sending: errors too
+        started = self.run_ahead.started(request_id, plan_id, start_pos, tokens)
+        t0 = started or time.perf_counter()
+        if started is None:
+            self.outbox.post(first, Forward.of_tokens(request_id, plan_id, start_pos, self.entry, sampling, tokens))
+        if fut is None:
+            return None  # prefill: nothing comes back; errors arrive with the next sampled step
+        if continue_unless is not None:
+            self.pending.expect(request_id, plan_id, at + 1)  # that step's token may beat our next call
+            self.run_ahead.arm(request_id, plan_id, at, sampling, continue_unless, first)
+        arrival = await self.pending.wait(request_id, fut, self.token_timeout)
+        if len(tokens) == 1:
+            # A step ends when the next one can start: when the token reached our MLX thread if that
+            # thread started the next step (run_ahead.py), when it reached us here if not.
+            ended = arrival.next_started or time.perf_counter()
+            self.timing.record(ended - t0, arrival.token.compute_us, self.hops)
+        return arrival.token.token
+
+    @property
+    def hops(self) -> int:
+        """Network messages per step: one per stage boundary, plus entry -> stage 0 and last stage -> entry
+        when those are other nodes."""
+        stages = self.path
+        return len(stages) - 1 + (stages[0] != self.entry) + (stages[-1] != self.entry)
+
+    async def release(self, request_id: str) -> None:
+        self.run_ahead.forget(request_id)
+        self.pending.forget(request_id)
+        self.outbox.post_release(request_id, self.path)
+
+
+class SwarmPipelines:
+    """The generation loop's PipelineSource (generate.py): a pipeline on the plan every stage serves."""
+
+    def __init__(self, agreed_plan: Callable[[Plan | None], Awaitable[Plan]], node_id: str, outbox: Outbox,
+                 pending: PendingTokens, token_timeout: float, timing: HopTiming, run_ahead: RunAhead):
+        self.agreed_plan, self.node_id, self.outbox, self.pending = agreed_plan, node_id, outbox, pending
+        self.token_timeout, self.timing, self.run_ahead = token_timeout, timing, run_ahead
+
+    async def __call__(self, broken: SwarmPipeline | None = None) -> SwarmPipeline:
+        """Waits for agreement (planning/coordinator.py); NoPipeline when none comes in time."""
+        plan = await self.agreed_plan(broken.plan if broken is not None else None)
+        return SwarmPipeline(plan, self.node_id, self.outbox, self.pending, self.token_timeout, self.timing,
+                             self.run_ahead)

@@ -1,0 +1,234 @@
+"""The node's one dispatcher: every message for this node, computed or handed on.
+
+On the MLX thread: the data lane (transport/lane.py) decodes each frame from a peer
+into a typed message and calls `mlx_on_message(sender, message)`, as it does for
+the messages this node sends itself (the entry's own steps into its own stage 0, the
+last stage's tokens for its own requests). So there is one switch:
+
+  Forward, Release -> queued for our stage; computed after each round of socket
+                      events, in arrival order, the result sent on by the lane
+  Token, Error     -> for a request this node is the entry of: its client waits on
+                      the event loop (pending tokens); a token whose next step was
+                      armed starts that step right here (entry/run_ahead.py)
+
+Deciding who may send what (issue 19) is one check at the top of `mlx_on_message`.
+
+From the event loop: `post` and `post_release` (the entry's outbox) hand messages
+to the MLX thread, which sends them; a send that fails becomes an Error for the
+request's entry, however the message got here.
+
+Frames for our stage are computed in arrival order, which also keeps each request's
+frames in order downstream. Different requests still overlap across nodes: while we
+compute one request, the next stage computes another.
+
+With max_batch > 1 (opt-in, `--batch-decode`), decode steps of different requests
+that queued up while we computed run as one pass: the weights are read once for all
+of them, which is what bounds decode speed. Batched rows may differ from a lone
+request's in the last bits, so greedy output can then differ from a single
+machine's; the default (1) keeps it identical.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+
+from ..engine.stage import CacheMismatch, Stage
+from ..engine.worker import MlxWorker
+from ..entry.pending_tokens import PendingTokens
+from ..entry.run_ahead import RunAhead
+from ..transport.arrays import encode_array
+from ..transport.errors import PeerUnreachable, ProtocolError
+from ..transport.lane import DataLane
+from ..transport.messages import Error, Forward, Message, Release, Token
+from .stage_host import StageHost
+
+log = logging.getLogger(__name__)
+
+IDLE_CACHE_S = 600.0  # caches of a request nobody touched this long are freed (its entry died)
+GC_EVERY_S = 60.0
+
+
+class StageService:
+    def __init__(self, host: StageHost, lane: DataLane, worker: MlxWorker, pending: PendingTokens,
+                 run_ahead: RunAhead, loop: asyncio.AbstractEventLoop, max_batch: int = 1):
+        self.host, self.lane, self.worker, self.pending = host, lane, worker, pending
+        self.run_ahead, self.loop, self.max_batch = run_ahead, loop, max_batch
+        self.node_id = lane.node_id
+        self.batched_passes = 0  # passes that ran more than one request's decode step
+        self.batched_rows = 0
+        self._queue: deque[Forward | Release] = deque()  # for our stage, in arrival order; MLX thread only
+        self._last_gc = time.monotonic()
+
+    def start(self) -> None:
+        """Take every message for this node from now on (the lane's handler, our queue after each round)."""
+        self.lane.serve(self.mlx_on_message)
+        self.worker.after_events(self._mlx_serve_queue)
+
+    async def stop(self) -> None:
+        await self.worker.run(self.lane.mlx_close)
+
+    # -- event loop: the entry's outbox (entry/swarm_pipeline.py) -------------------------------
+    def post(self, node_id: str, forward: Forward) -> None:
+        self.worker.post(self._mlx_send_or_fail, node_id, forward)
+
+    def post_release(self, rid: str, node_ids: list[str]) -> None:
+        self.worker.post(self._mlx_release_everywhere, rid, node_ids)
+
+    def drop_peer(self, node_id: str) -> None:
+        """A peer left: close our connection to it."""
+        self.worker.post(self.lane.mlx_drop, node_id)
+
+    # -- MLX thread -------------------------------------------------------------------------
+    def mlx_on_message(self, sender: str, message: Message) -> None:
+        if isinstance(message, (Forward, Release)):
+            self._queue.append(message)
+        elif isinstance(message, (Token, Error)):
+            self._mlx_to_entry(message)
+        else:  # the lane passes nothing else: a bug if it did
+            log.error("no handler for a %s from %s", type(message).__name__, sender)
+
+    def _mlx_to_entry(self, message: Token | Error) -> None:
+        """A token or error for a request this node is the entry of: its client waits on the loop."""
+        started = None
+        if isinstance(message, Token):
+            step = self.run_ahead.mlx_next_step(message)
+            if step is not None:
+                started = step.started
+                self._mlx_send_or_fail(step.to, step.forward)
+        self.loop.call_soon_threadsafe(self.pending.resolve, message, started)
+
+    def _mlx_send_or_fail(self, node_id: str, forward: Forward) -> None:
+        try:
+            self.lane.mlx_send(node_id, forward)
+        except PeerUnreachable as e:
+            self._mlx_fail(forward, "unreachable", str(e))
+
+    def _mlx_release_everywhere(self, rid: str, node_ids: list[str]) -> None:
+        for node_id in node_ids:
+            try:
+                self.lane.mlx_send(node_id, Release(rid))  # to us: queued behind our stage's frames
+            except PeerUnreachable:
+                pass  # a dead stage freed its caches by dying
+
+    def _mlx_fail(self, forward: Forward, kind: str, message: str) -> None:
+        log.info("request %s: %s (%s)", forward.rid, kind, message)
+        try:
+            self.lane.mlx_send(forward.entry, Error(forward.rid, forward.plan_id, kind, message))
+        except PeerUnreachable:
+            pass  # the entry node is gone too; its clients are gone with it
+
+    def _mlx_serve_queue(self) -> None:
+        """Compute every message queued for our stage (called after each round of socket events)."""
+        while self._queue:
+            message = self._queue.popleft()
+            try:
+                if isinstance(message, Release):
+                    if self.host.stage is not None:
+                        self.host.stage.release(message.rid)
+                else:
+                    self._mlx_forward(self._with_queued_decode_steps(message))
+            except Exception:
+                log.exception("failed to serve a %s message", type(message).__name__)
+        now = time.monotonic()
+        if now - self._last_gc > GC_EVERY_S and self.host.stage is not None:
+            self._last_gc = now
+            self.host.stage.release_idle(IDLE_CACHE_S)
+
+    def _with_queued_decode_steps(self, first: Forward) -> list[Forward]:
+        """`first`, plus the decode steps queued right behind it, up to max_batch.
+
+        Only consecutive messages from the head of the queue: nothing overtakes one it was
+        queued behind, so each request's steps keep their order.
+        """
+        steps = [first]
+        if self.max_batch < 2 or not first.is_decode_step:
+            return steps
+        queued, rids = self._queue, {first.rid}
+        while (len(steps) < self.max_batch and queued and isinstance(queued[0], Forward)
+               and queued[0].is_decode_step and (queued[0].dtype, queued[0].shape) == (first.dtype, first.shape)
+               and queued[0].rid not in rids):
+            rids.add(queued[0].rid)
+            steps.append(queued.popleft())
+        return steps
+
+    def _mlx_forward(self, steps: list[Forward]) -> None:
+        stage, plan, index = self.host.stage, self.host.plan, self.host.stage_index()
+        accepted = [f for f in steps if self._mlx_accept(f, stage, plan)]
+        if not accepted:
+            return
+        if len(accepted) == 1 or not stage.shard.can_batch:  # (a block decode_batch cannot unroll)
+            for forward in accepted:
+                out, took_s = _compute(stage, forward)
+                self._mlx_deliver(forward, out, took_s, stage, plan, index)
+            return
+        outs = _compute_batch(stage, accepted)
+        self.batched_passes += 1
+        self.batched_rows += len(accepted)
+        for forward, (out, took_s) in zip(accepted, outs):
+            self._mlx_deliver(forward, out, took_s, stage, plan, index)
+
+    def _mlx_accept(self, forward: Forward, stage: Stage | None, plan) -> bool:
+        """Can our stage serve it? If not, its entry is told."""
+        if plan is None or stage is None or forward.plan_id != plan.plan_id or forward.start != stage.range.start:
+            self._mlx_fail(forward, "plan_mismatch",
+                           f"node {self.node_id} serves plan {self.host.plan_id} layers "
+                           f"{stage.range.start if stage else None}, not {forward.plan_id} layer {forward.start}")
+            return False
+        return True
+
+    def _mlx_deliver(self, forward: Forward, out, took_s: float, stage: Stage, plan, index: int) -> None:
+        if isinstance(out, (CacheMismatch, ProtocolError)):
+            self._mlx_fail(forward, "cache" if isinstance(out, CacheMismatch) else "protocol", str(out))
+            return
+        compute_us = forward.compute_us + round(took_s * 1e6)
+        if stage.range.is_last:
+            if forward.sampling is not None:
+                token = Token(forward.rid, forward.plan_id, forward.pos + forward.length, out, compute_us)
+                try:
+                    self.lane.mlx_send(forward.entry, token)
+                except PeerUnreachable as e:
+                    log.info("request %s: its token could not reach entry %s (%s)", forward.rid, forward.entry, e)
+            return
+        nxt = plan.stages[index + 1]
+        self._mlx_send_or_fail(nxt.node_id, forward.onward(nxt.start, out, compute_us))
+
+
+def _result(stage: Stage, out):
+    """What to deliver for a forward result: a token, None, the request's failure, or the encoded
+    activations (dtype, shape, a view of the bytes: arrays.encode_array)."""
+    if isinstance(out, (int, Exception)) or out is None:
+        return out
+    if stage.range.is_last:
+        return None  # a prefill chunk on the last stage: nothing to send on
+    return encode_array(out)
+
+
+def _compute(stage: Stage, forward: Forward):
+    """Decode the input, run the shard, encode the output; and how long it took (what hop timing
+    calls compute). A request's own failure (lost cache, bad array) is returned, not raised."""
+    t0 = time.perf_counter()
+    try:
+        out = stage.forward(forward.rid, forward.array(), forward.pos, forward.sampling)
+    except (CacheMismatch, ProtocolError) as e:
+        out = e
+    return _result(stage, out), time.perf_counter() - t0
+
+
+def _compute_batch(stage: Stage, accepted: list[Forward]):
+    """_compute for several decode steps in one pass; each row is charged the whole pass."""
+    t0 = time.perf_counter()
+    items, results = [], {}
+    for i, forward in enumerate(accepted):
+        try:
+            items.append((i, (forward.rid, forward.array(), forward.pos, forward.sampling)))
+        except ProtocolError as e:
+            results[i] = e
+    outs = stage.decode_batch([item for _, item in items]) if items else []
+    for (i, _), out in zip(items, outs):
+        results[i] = out
+    encoded = [_result(stage, results[i]) for i in range(len(accepted))]
+    took = time.perf_counter() - t0
+    return [(out, took) for out in encoded]

@@ -1,0 +1,72 @@
+"""What a node says about itself and the swarm: /health and /v1/topology. Event loop."""
+
+from __future__ import annotations
+
+import time
+
+from discovery import Discovery
+
+from ..engine.blas import blas_in_use
+from ..entry.hop_timing import HopTiming
+from ..entry.stats import RequestStats
+from ..models.resolve import LocalModel
+from ..planning.coordinator import Coordinator
+from ..stage.stage_host import StageHost
+from ..stage.stage_service import StageService
+from ..transport.links import PeerLinks
+from .peer_stats import PeerStats
+
+
+class NodeStatus:
+    def __init__(self, model: LocalModel, backend: str, discovery: Discovery, coordinator: Coordinator,
+                 host: StageHost, stage_service: StageService, links: PeerLinks, stats: RequestStats,
+                 hop_timing: HopTiming, peer_stats: PeerStats):
+        self.model, self.backend, self.discovery, self.coordinator = model, backend, discovery, coordinator
+        self.host, self.stage_service, self.links = host, stage_service, links
+        self.stats, self.hop_timing, self.peer_stats = stats, hop_timing, peer_stats
+
+    def can_serve(self) -> tuple[bool, str]:
+        return self.coordinator.status()
+
+    def health(self) -> dict:
+        ok, reason = self.can_serve()
+        stage, plan, service = self.host.stage, self.coordinator.plan, self.stage_service
+        return {"status": "ok" if ok else reason, "node_id": self.discovery.node_id, "model": self.model.model_id,
+                "backend": self.backend, "blas": blas_in_use(), "plan_id": plan.plan_id if plan else None,
+                "layers": [stage.range.start, stage.range.end] if stage else None,
+                "cached_requests": stage.active_requests if stage else 0, **self.stats.to_dict(),
+                "decode_timing": self.hop_timing.to_dict(),
+                "decode_batching": {"max_batch": service.max_batch, "batched_passes": service.batched_passes,
+                                    "batched_rows": service.batched_rows},
+                "peer_connections": self.links.snapshot()}
+
+    def topology(self) -> dict:
+        coordinator, discovery, model = self.coordinator, self.discovery, self.model
+        plan = coordinator.plan
+        can_serve, status = coordinator.status()
+        layers_of = {s.node_id: [s.start, s.end] for s in plan.stages} if plan else {}
+        nodes = []
+        for peer in discovery.view(include_self=True):
+            p, own = peer.profile, peer.node_id == discovery.node_id
+            stats = self.stats.to_dict() if own else self.peer_stats.get(peer.node_id)
+            nodes.append({
+                "id": p.node_id, "name": p.name, "addresses": list(peer.addresses), "api_port": p.api_port,
+                "peer_port": p.peer_port, "backend": p.backend, "memory_total": p.memory_total,
+                "memory_available": p.memory_available,
+                "memory_used": self.host.weight_bytes if own else int(p.extra.get("mem_used") or 0),
+                "speed": p.speed, "state": p.extra.get("state", "joining"), "plan_id": p.extra.get("plan") or None,
+                "layers": layers_of.get(p.node_id), "self": own, "model_id": p.model_id,
+                "stats": stats or {},
+            })
+        order = {s.node_id: i for i, s in enumerate(plan.stages)} if plan else {}
+        nodes.sort(key=lambda n: (order.get(n["id"], len(order)), n["name"], n["id"]))
+        stages = plan.stages if plan else ()
+        return {
+            "swarm": discovery.profile.swarm, "node_id": discovery.node_id, "updated_at": time.time(),
+            "can_serve": can_serve, "status": status,
+            "model": {"id": model.model_id, "n_layers": model.n_layers, "fingerprint": model.fingerprint},
+            "plan": ({**plan.to_dict(), "id": plan.plan_id, "model": model.model_id, "spec": plan.model.to_dict(),
+                      "n_layers": model.n_layers} if plan else None),
+            "nodes": nodes,
+            "links": [{"from": a.node_id, "to": b.node_id} for a, b in zip(stages, stages[1:])],
+        }

@@ -1,0 +1,303 @@
+"""The peer protocol's messages, typed: built and checked here and nowhere else.
+
+Each message is an immutable NamedTuple with `to_frame()` (the header dict and
+payload that frames.py puts on the wire) and `from_frame()`, which validates the
+header once, where frames come in (the data lane), and raises ProtocolError for
+anything that is not a well-formed message of its type, naming the field. It checks
+what the message itself can know (types, ranges, that a payload fits its dtype and
+shape); whether the sender may send it, or whether a plan's stage can serve it, is
+decided by whoever receives it (stage/stage_service.py).
+
+NamedTuples, not frozen dataclasses, and one combined check per message before any
+field-by-field explanation: a forward is decoded and re-encoded on every hop, right
+after a stage's compute has evicted the caches, where every extra call costs ten
+times its warm price (docs/performance.md). A frozen dataclass's __init__ alone
+cost 2 µs warm for a Forward.
+
+Per generated token a request makes one hop per stage boundary plus one back:
+entry -> stage 0 -> ... -> last stage -> entry. When the entry node is stage 0 (the
+common case) the first hop is a local call, so K stages cost K network messages per
+token: K-1 activations and 1 token.
+
+The header keys are the wire format of protocol version 1 (handshake.py): short,
+because one goes with every hop.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple, Union
+
+import mlx.core as mx
+import numpy as np
+
+from ..engine.sampling import SamplingParams
+from .arrays import WIRE_DTYPES, decode_array
+from .errors import ProtocolError
+from .frames import Frame
+
+MAX_ID_CHARS = 128  # request, plan and node ids
+MAX_TEXT_CHARS = 4096  # error messages
+MAX_TOKEN_ID = 2**31 - 1  # token ids travel as int32
+MAX_POSITION = 2**31 - 1
+MAX_COMPUTE_US = 2**62
+_U64 = 2**64
+_HIDDEN_DTYPES = frozenset(WIRE_DTYPES) - {"int32"}
+
+
+# -- field checks: the slow path, run to name what is wrong ---------------------------------
+def _text(h: dict, key: str, max_chars: int = MAX_ID_CHARS, empty: bool = False) -> str:
+    value = h.get(key)
+    if not isinstance(value, str) or (not value and not empty) or len(value) > max_chars:
+        raise ProtocolError(f"{h.get('t')!r} message: {key!r} must be a string of 1-{max_chars} characters, "
+                            f"got {_brief(value)}")
+    return value
+
+
+def _int(h: dict, key: str, lo: int, hi: int) -> int:
+    value = h.get(key)
+    if type(value) is not int or not lo <= value <= hi:
+        raise ProtocolError(f"{h.get('t')!r} message: {key!r} must be an integer in [{lo}, {hi}], got {_brief(value)}")
+    return value
+
+
+def _id(value: Any) -> bool:
+    return type(value) is str and 0 < len(value) <= MAX_ID_CHARS
+
+
+def _brief(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def sampling_from_wire(value: Any) -> SamplingParams | None:
+    """The sampling parameters a forward carries (None: do not sample); ProtocolError if malformed."""
+    if value is None:
+        return None
+    if type(value) is not dict:
+        raise ProtocolError(f"'sampling' must be a map or nil, got {_brief(value)}")
+    t, p, k, seed = value.get("temperature"), value.get("top_p"), value.get("top_k"), value.get("seed")
+    if not (type(t) in (float, int) and 0 <= t < math.inf):  # (nan fails every comparison)
+        raise ProtocolError(f"sampling temperature must be a finite number >= 0, got {_brief(t)}")
+    if not (type(p) in (float, int) and 0 < p <= 1):
+        raise ProtocolError(f"sampling top_p must be in (0, 1], got {_brief(p)}")
+    if type(k) is not int or k < 0:
+        raise ProtocolError(f"sampling top_k must be an integer >= 0, got {_brief(k)}")
+    if type(seed) is not int or not 0 <= seed < _U64:
+        raise ProtocolError(f"sampling seed must be an integer in [0, 2^64), got {_brief(seed)}")
+    return SamplingParams(float(t), float(p), k, seed)
+
+
+# -- the data path ---------------------------------------------------------------------
+class Forward(NamedTuple):
+    """Positions [pos, pos + length) of one request, into the stage whose layers start at `start`.
+
+    Into stage 0 (start 0) the payload is int32 token ids of shape [1, length]; into a
+    later stage, hidden states of shape [1, length, hidden]. With `sampling`, the last
+    stage samples the token at pos + length and sends it to `entry`.
+    """
+
+    T = "fwd"
+    rid: str
+    plan_id: str
+    pos: int
+    start: int
+    entry: str
+    sampling: SamplingParams | None
+    dtype: str
+    shape: tuple[int, ...]
+    payload: bytes | memoryview
+    compute_us: int = 0  # what the stages so far spent computing this step (entry/hop_timing.py)
+
+    @classmethod
+    def of_tokens(cls, rid: str, plan_id: str, pos: int, entry: str, sampling: SamplingParams | None,
+                  tokens: list[int]) -> Forward:
+        ids = np.asarray([tokens], dtype=np.int32)
+        return cls(rid, plan_id, pos, 0, entry, sampling, "int32", ids.shape, ids.tobytes())
+
+    def onward(self, start: int, hidden: tuple[str, list[int], memoryview], compute_us: int) -> Forward:
+        """The same step into the next stage, carrying this stage's output as `arrays.encode_array` gave it
+        (the memoryview keeps the array alive until sent)."""
+        dtype, shape, data = hidden
+        return Forward(self.rid, self.plan_id, self.pos, start, self.entry, self.sampling, dtype, tuple(shape),
+                       data, compute_us)
+
+    @property
+    def length(self) -> int:
+        return self.shape[1]
+
+    @property
+    def is_decode_step(self) -> bool:
+        """One position past the first: what several requests may share a batched pass for."""
+        return self.pos > 0 and self.shape[1] == 1
+
+    def array(self) -> mx.array:
+        return decode_array(self.dtype, list(self.shape), self.payload)
+
+    def to_frame(self) -> tuple[dict, bytes | memoryview]:
+        sampling = self.sampling
+        return ({"t": "fwd", "rid": self.rid, "plan": self.plan_id, "pos": self.pos, "start": self.start,
+                 "entry": self.entry, "sampling": None if sampling is None else sampling.to_dict(),
+                 "cu": self.compute_us, "dtype": self.dtype, "shape": list(self.shape)}, self.payload)
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> Forward:
+        h, payload = frame.header, frame.payload
+        rid, plan, pos, start, entry, cu = h.get("rid"), h.get("plan"), h.get("pos"), h.get("start"), \
+            h.get("entry"), h.get("cu")
+        dtype, shape = h.get("dtype"), h.get("shape")
+        if (_id(rid) and _id(plan) and _id(entry) and type(pos) is int and type(start) is int and type(cu) is int
+                and 0 <= start <= MAX_POSITION and 0 <= cu <= MAX_COMPUTE_US and type(shape) is list
+                and len(shape) == (2 if start == 0 else 3) and shape[0] == 1 and type(shape[1]) is int
+                and 1 <= shape[1] and 0 <= pos <= MAX_POSITION - shape[1]
+                and (dtype == "int32" if start == 0 else (dtype in _HIDDEN_DTYPES and type(shape[2]) is int
+                                                          and shape[2] >= 1))
+                and len(payload) == shape[1] * (1 if start == 0 else shape[2]) * WIRE_DTYPES[dtype]):
+            return cls(rid, plan, pos, start, entry, sampling_from_wire(h.get("sampling")), dtype, tuple(shape),
+                       payload, cu)
+        raise cls._what_is_wrong(h, payload)
+
+    @staticmethod
+    def _what_is_wrong(h: dict, payload: bytes) -> ProtocolError:
+        try:
+            start = _int(h, "start", 0, MAX_POSITION)
+            dtype, shape = h.get("dtype"), h.get("shape")
+            rank = 2 if start == 0 else 3
+            if not (isinstance(shape, list) and len(shape) == rank and all(type(d) is int for d in shape)
+                    and shape[0] == 1 and all(d >= 1 for d in shape)):
+                raise ProtocolError(f"'fwd' message: shape must be [1, length{'' if rank == 2 else ', hidden'}] "
+                                    f"into layer {start}, got {_brief(shape)}")
+            if start == 0 and dtype != "int32":
+                raise ProtocolError(f"'fwd' message: token ids into layer 0 must be int32, got {_brief(dtype)}")
+            if start > 0 and dtype not in _HIDDEN_DTYPES:
+                raise ProtocolError(f"'fwd' message: hidden states must be one of {sorted(_HIDDEN_DTYPES)}, "
+                                    f"got {_brief(dtype)}")
+            expected = math.prod(shape) * WIRE_DTYPES[dtype]
+            if len(payload) != expected:
+                raise ProtocolError(f"'fwd' message: {dtype}{shape} needs {expected} bytes, got {len(payload)}")
+            _int(h, "pos", 0, MAX_POSITION - shape[1])
+            _text(h, "rid"), _text(h, "plan"), _text(h, "entry")
+            _int(h, "cu", 0, MAX_COMPUTE_US)
+        except ProtocolError as e:
+            return e
+        return ProtocolError("'fwd' message: malformed")  # not reached: the checks above mirror the fast one
+
+
+class Token(NamedTuple):
+    """The last stage's sampled token for position `at`, back to the request's entry."""
+
+    T = "tok"
+    rid: str
+    plan_id: str
+    at: int
+    token: int
+    compute_us: int = 0
+
+    def to_frame(self) -> tuple[dict, bytes]:
+        return {"t": "tok", "rid": self.rid, "plan": self.plan_id, "at": self.at, "token": self.token,
+                "cu": self.compute_us}, b""
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> Token:
+        h = frame.header
+        rid, plan, at, token, cu = h.get("rid"), h.get("plan"), h.get("at"), h.get("token"), h.get("cu")
+        if (_id(rid) and _id(plan) and type(at) is int and type(token) is int and type(cu) is int
+                and 1 <= at <= MAX_POSITION and 0 <= token <= MAX_TOKEN_ID and 0 <= cu <= MAX_COMPUTE_US):
+            return cls(rid, plan, at, token, cu)
+        return cls(_text(h, "rid"), _text(h, "plan"), _int(h, "at", 1, MAX_POSITION),
+                   _int(h, "token", 0, MAX_TOKEN_ID), _int(h, "cu", 0, MAX_COMPUTE_US))
+
+
+class Error(NamedTuple):
+    """A stage could not serve a request; sent to the request's entry."""
+
+    T = "err"
+    KINDS = frozenset({"plan_mismatch", "cache", "protocol", "unreachable"})
+    rid: str
+    plan_id: str
+    kind: str
+    message: str
+
+    def to_frame(self) -> tuple[dict, bytes]:
+        message = self.message  # a long exception text must not make the frame invalid
+        if len(message) > MAX_TEXT_CHARS:
+            message = message[:MAX_TEXT_CHARS - 3] + "..."
+        return {"t": "err", "rid": self.rid, "plan": self.plan_id, "kind": self.kind, "message": message}, b""
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> Error:
+        h = frame.header
+        kind = h.get("kind")
+        if kind not in cls.KINDS:
+            raise ProtocolError(f"'err' message: kind must be one of {sorted(cls.KINDS)}, got {_brief(kind)}")
+        return cls(_text(h, "rid"), _text(h, "plan"), kind, _text(h, "message", MAX_TEXT_CHARS, empty=True))
+
+
+class Release(NamedTuple):
+    """The entry is done with a request: free its KV caches."""
+
+    T = "rel"
+    rid: str
+
+    def to_frame(self) -> tuple[dict, bytes]:
+        return {"t": "rel", "rid": self.rid}, b""
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> Release:
+        return cls(_text(frame.header, "rid"))
+
+
+# -- the handshake (handshake.py) -----------------------------------------------------------
+class Hello(NamedTuple):
+    """Opens every frame connection, in both directions: who we are and what we speak."""
+
+    T = "hello"
+    version: int
+    node_id: str
+    swarm: str
+
+    def to_frame(self) -> tuple[dict, bytes]:
+        return {"t": "hello", "v": self.version, "node_id": self.node_id, "swarm": self.swarm}, b""
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> Hello:
+        h = frame.header
+        version = h.get("v")
+        if type(version) is not int:
+            raise ProtocolError(f"'hello' message: 'v' must be an integer, got {_brief(version)}")
+        swarm = h.get("swarm")
+        if not isinstance(swarm, str) or len(swarm) > 255:
+            raise ProtocolError(f"'hello' message: 'swarm' must be a string, got {_brief(swarm)}")
+        return cls(version, _text(h, "node_id"), swarm)
+
+
+class Rejection(NamedTuple):
+    """Why a hello was refused; the last frame on that connection."""
+
+    T = "error"  # reserved for the handshake since version 1
+    KINDS = frozenset({"version", "swarm", "protocol", "node", "duplicate"})
+    kind: str
+    message: str
+
+    def to_frame(self) -> tuple[dict, bytes]:
+        return {"t": "error", "kind": self.kind, "message": self.message[:MAX_TEXT_CHARS]}, b""
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> Rejection:
+        h = frame.header
+        kind, message = h.get("kind"), h.get("message")
+        # A newer peer may refuse for a reason we do not know: still a refusal, named as it came.
+        return cls(kind if isinstance(kind, str) else "protocol",
+                   message[:MAX_TEXT_CHARS] if isinstance(message, str) else "")
+
+
+Message = Union[Forward, Token, Error, Release, Hello, Rejection]
+_TYPES: dict[str, type] = {m.T: m for m in (Forward, Token, Error, Release, Hello, Rejection)}
+
+
+def decode(frame: Frame) -> Message:
+    """The typed message a frame carries; ProtocolError for an unknown type or a malformed one."""
+    kind = _TYPES.get(frame.header["t"])
+    if kind is None:
+        raise ProtocolError(f"unknown message type {_brief(frame.header['t'])} (known: {sorted(_TYPES)})")
+    return kind.from_frame(frame)

@@ -1,0 +1,127 @@
+"""Typed peer messages (transport/messages.py): every field checked once, where frames come in."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from swarm.engine.sampling import SamplingParams
+from swarm.transport.arrays import encode_array
+from swarm.transport.errors import ProtocolError
+from swarm.transport.frames import Frame, FrameParser, encode_frame
+from swarm.transport.messages import Error, Forward, Hello, Rejection, Release, Token, decode
+
+SAMPLING = SamplingParams(temperature=0.7, top_p=0.9, top_k=40, seed=2**64 - 1)
+
+
+def on_the_wire(message) -> Frame:
+    """What the receiving lane parses: the message encoded, framed and read back."""
+    [frame] = FrameParser().feed(b"".join(bytes(p) for p in encode_frame(*message.to_frame())))
+    return frame
+
+
+def tokens_in() -> Forward:
+    return Forward.of_tokens("r1", "plan1", 0, "entry", SAMPLING, [1, 2, 3])
+
+
+def hidden_in() -> Forward:
+    step = Forward.of_tokens("r1", "plan1", 5, "entry", None, [9])
+    return step.onward(10, encode_array(mx.ones((1, 1, 8))), compute_us=120)
+
+
+@pytest.mark.parametrize("message", [
+    tokens_in(), hidden_in(), Token("r1", "plan1", 4, 49151, 1500), Error("r1", "plan1", "cache", "lost"),
+    Release("r1"), Hello(1, "node-a", "swarm"), Rejection("swarm", "not ours")], ids=lambda m: type(m).__name__)
+def test_every_message_round_trips(message) -> None:
+    got = decode(on_the_wire(message))
+    if isinstance(message, Forward):
+        assert (got.rid, got.plan_id, got.pos, got.start, got.entry, got.sampling, got.dtype, got.shape,
+                got.compute_us, bytes(got.payload)) == \
+            (message.rid, message.plan_id, message.pos, message.start, message.entry, message.sampling,
+             message.dtype, message.shape, message.compute_us, bytes(message.payload))
+        assert mx.array_equal(got.array(), message.array()).item()
+    else:
+        assert got == message
+
+
+def test_a_forward_knows_its_step() -> None:
+    f = tokens_in()
+    assert f.length == 3 and not f.is_decode_step and f.array().tolist() == [[1, 2, 3]]
+    step = Forward.of_tokens("r1", "plan1", 7, "entry", SAMPLING, [5])
+    assert step.is_decode_step and hidden_in().is_decode_step and hidden_in().compute_us == 120
+
+
+def frame_of(message, changes: dict) -> Frame:
+    """The message's frame with header fields changed (`...`: left out)."""
+    header, payload = message.to_frame()
+    header = {k: v for k, v in {**header, **changes}.items() if v is not ...}
+    return Frame(header, payload)
+
+
+BAD = [
+    # (message, header changes, what the error names)
+    (tokens_in(), {"rid": ""}, "rid"),
+    (tokens_in(), {"rid": 7}, "rid"),
+    (tokens_in(), {"rid": "x" * 129}, "rid"),
+    (tokens_in(), {"plan": None}, "plan"),
+    (tokens_in(), {"entry": ...}, "entry"),
+    (tokens_in(), {"pos": -1}, "pos"),
+    (tokens_in(), {"pos": True}, "pos"),
+    (tokens_in(), {"pos": 1.5}, "pos"),
+    (tokens_in(), {"pos": 2**31}, "pos"),
+    (tokens_in(), {"start": -3}, "start"),
+    (tokens_in(), {"cu": -1}, "cu"),
+    (tokens_in(), {"shape": [1, 4]}, "bytes"),  # 3 ids of payload
+    (tokens_in(), {"shape": [2, 3]}, "shape"),  # one request per frame
+    (tokens_in(), {"shape": [1, 0]}, "shape"),
+    (tokens_in(), {"shape": [1, 3, 1]}, "shape"),  # token ids are [1, L]
+    (tokens_in(), {"shape": "1,3"}, "shape"),
+    (tokens_in(), {"dtype": "float32"}, "int32"),  # into layer 0: token ids
+    (hidden_in(), {"dtype": "int32"}, "hidden states"),
+    (hidden_in(), {"dtype": "float64"}, "hidden states"),
+    (hidden_in(), {"shape": [1, 1]}, "shape"),
+    (tokens_in(), {"sampling": [0.7]}, "sampling"),
+    (tokens_in(), {"sampling": {"temperature": -1, "top_p": 1, "top_k": 0, "seed": 0}}, "temperature"),
+    (tokens_in(), {"sampling": {"temperature": float("nan"), "top_p": 1, "top_k": 0, "seed": 0}}, "temperature"),
+    (tokens_in(), {"sampling": {"temperature": 1, "top_p": 0, "top_k": 0, "seed": 0}}, "top_p"),
+    (tokens_in(), {"sampling": {"temperature": 1, "top_p": 1, "top_k": -1, "seed": 0}}, "top_k"),
+    (tokens_in(), {"sampling": {"temperature": 1, "top_p": 1, "top_k": 0, "seed": 2**64}}, "seed"),
+    (tokens_in(), {"sampling": {"temperature": 1, "top_p": 1, "top_k": 0}}, "seed"),
+    (Token("r1", "p", 4, 7), {"token": -1}, "token"),
+    (Token("r1", "p", 4, 7), {"token": 2**31}, "token"),
+    (Token("r1", "p", 4, 7), {"at": 0}, "at"),
+    (Token("r1", "p", 4, 7), {"token": "7"}, "token"),
+    (Error("r1", "p", "cache", "x"), {"kind": "boom"}, "kind"),
+    (Error("r1", "p", "cache", "x"), {"message": None}, "message"),
+    (Release("r1"), {"rid": None}, "rid"),
+    (Hello(1, "n", "s"), {"v": "1"}, "'v'"),
+    (Hello(1, "n", "s"), {"node_id": ""}, "node_id"),
+]
+
+
+@pytest.mark.parametrize(("message", "changes", "named"), BAD, ids=[f"{type(m).__name__}-{c}" for m, c, _ in BAD])
+def test_malformed_messages_are_refused_naming_the_field(message, changes, named) -> None:
+    with pytest.raises(ProtocolError, match=named):
+        decode(frame_of(message, changes))
+
+
+def test_a_payload_that_does_not_fit_its_shape_is_refused() -> None:
+    header, payload = hidden_in().to_frame()
+    with pytest.raises(ProtocolError, match="needs 32 bytes"):
+        decode(Frame(header, bytes(payload)[:-1]))
+
+
+def test_unknown_types_are_refused_by_name() -> None:
+    with pytest.raises(ProtocolError, match="unknown message type 'from-the-future'"):
+        decode(Frame({"t": "from-the-future"}))
+
+
+def test_an_error_message_too_long_for_a_frame_is_shortened() -> None:
+    got = decode(on_the_wire(Error("r1", "p", "protocol", "x" * 100_000)))
+    assert got == Error("r1", "p", "protocol", "x" * 4093 + "...")
+
+
+def test_token_ids_travel_as_int32() -> None:
+    f = Forward.of_tokens("r", "p", 0, "e", None, [0, 2**31 - 1])
+    assert np.frombuffer(f.payload, dtype=np.int32).tolist() == [0, 2**31 - 1]
