@@ -20,8 +20,8 @@ from swarm.bench.cluster import LocalCluster, get_json
 from swarm.engine.batched_attention import projections_batch
 from swarm.engine.sampling import SamplingParams
 from swarm.engine.shard import load_shard
-from swarm.engine.stage import Stage
-from swarm.models.random_model import build_random_model
+from swarm.engine.shard_runner import ShardRunner
+from model_zoo import build_random_model
 
 from reference import reference_chat
 
@@ -53,11 +53,11 @@ def family_model(request, tmp_path_factory) -> Path:
 
 
 def test_batched_stage_equals_one_request_at_a_time(family_model: Path) -> None:
-    """In process: Stage.decode_batch against Stage.forward, rows of different lengths.
+    """In process: ShardRunner.decode_batch against ShardRunner.forward, rows of different lengths.
 
     Every family whose attention projections are batched (engine/batched_attention.py)."""
     model = family_model
-    single, batched = Stage(load_shard(model, 0, None)), Stage(load_shard(model, 0, None))
+    single, batched = ShardRunner(load_shard(model, 0, None)), ShardRunner(load_shard(model, 0, None))
     assert projections_batch(batched.shard.layers[0].self_attn)
     prompts = [[5, 9, 13, 2, 7], [3, 3], [11, 4, 8, 1, 9, 6, 2, 10]]
     greedy, seeded = SamplingParams(), SamplingParams(temperature=0.8, top_p=0.9, seed=3)

@@ -9,7 +9,7 @@ import mlx.core as mx
 from partitioner import Plan
 
 from ..engine.shard import load_shard
-from ..engine.stage import Stage
+from ..engine.shard_runner import ShardRunner
 from ..engine.worker import MlxWorker
 
 log = logging.getLogger(__name__)
@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 class StageHost:
     def __init__(self, model_dir, dtype: mx.Dtype | None, worker: MlxWorker):
         self.model_dir, self.dtype, self.worker = model_dir, dtype, worker
-        self.stage: Stage | None = None
+        self.stage: ShardRunner | None = None
         self.plan: Plan | None = None  # the plan `stage` serves; None while loading
 
     @property
@@ -43,7 +43,7 @@ class StageHost:
             self.stage = None
             shard = await self.worker.run(load_shard, self.model_dir, layers[0], layers[1], self.dtype, old)
             del old
-            self.stage = Stage(shard)
+            self.stage = ShardRunner(shard)
             log.info("now holding layers [%d, %d): %.1f MB", *layers, shard.weight_bytes() / 1e6)
         self.plan = plan
 

@@ -26,7 +26,7 @@ import time
 from collections import deque
 
 from ..engine.sampling import SamplingParams
-from ..engine.stage import CacheMismatch, Stage
+from ..engine.shard_runner import CacheMismatch, ShardRunner
 from ..engine.worker import MlxWorker
 from ..hop_trace import STEP_END, STEP_START, mark
 from ..transport.arrays import encode_array, frame_array
@@ -161,7 +161,7 @@ class StageService:
         for (frame, sampling), (out, took_s) in zip(accepted, outs):
             self._deliver(frame, sampling, out, took_s, stage, plan, index)
 
-    def _accept(self, frame: Frame, stage: Stage | None, plan) -> SamplingParams | None | bool:
+    def _accept(self, frame: Frame, stage: ShardRunner | None, plan) -> SamplingParams | None | bool:
         """The frame's sampling params if we can serve it; False (answered or dropped) if not."""
         h = frame.header
         rid, entry, plan_id = h.get("rid"), h.get("entry"), h.get("plan")
@@ -180,7 +180,7 @@ class StageService:
             return False
 
     def _deliver(self, frame: Frame, sampling: SamplingParams | None, out, took_s: float,
-                 stage: Stage, plan, index: int) -> None:
+                 stage: ShardRunner, plan, index: int) -> None:
         h = frame.header
         rid, entry, plan_id = h["rid"], h["entry"], h.get("plan")
         if isinstance(out, (CacheMismatch, ProtocolError)):
@@ -230,7 +230,7 @@ def _is_decode_step(frame: Frame) -> bool:
             and isinstance(shape, list) and len(shape) >= 2 and shape[0] == 1 and shape[1] == 1)
 
 
-def _result(stage: Stage, out):
+def _result(stage: ShardRunner, out):
     """What to deliver for a forward result: a token, None, or the encoded activations."""
     if isinstance(out, (int, Exception)) or out is None:
         return out
@@ -239,7 +239,7 @@ def _result(stage: Stage, out):
     return encode_array(out)  # the memoryview keeps the array alive until sent
 
 
-def _compute(stage: Stage, frame: Frame, sampling: SamplingParams | None):
+def _compute(stage: ShardRunner, frame: Frame, sampling: SamplingParams | None):
     """On the MLX thread: decode the input, run the shard, encode the output; and how long it took.
 
     A request's own failure (lost cache, bad array) is returned, not raised."""
@@ -254,7 +254,7 @@ def _compute(stage: Stage, frame: Frame, sampling: SamplingParams | None):
     return result
 
 
-def _compute_batch(stage: Stage, accepted: list[tuple[Frame, SamplingParams | None]]):
+def _compute_batch(stage: ShardRunner, accepted: list[tuple[Frame, SamplingParams | None]]):
     """_compute for several decode steps in one pass; each row is charged the whole pass."""
     t0 = time.perf_counter()
     items, results = [], {}

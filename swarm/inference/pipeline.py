@@ -12,7 +12,7 @@ from typing import Protocol
 import mlx.core as mx
 
 from ..engine.sampling import SamplingParams
-from ..engine.stage import Stage
+from ..engine.shard_runner import ShardRunner
 from ..engine.worker import MlxWorker
 
 
@@ -35,7 +35,7 @@ class Pipeline(Protocol):
 class LocalPipeline:
     """All stages in this process, chained on the MLX worker thread."""
 
-    def __init__(self, stages: list[Stage], worker: MlxWorker):
+    def __init__(self, stages: list[ShardRunner], worker: MlxWorker):
         self.stages = stages
         self.worker = worker
 
