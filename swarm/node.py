@@ -24,6 +24,7 @@ from .coordination.stage_host import StageHost
 from .coordination.stage_service import StageService
 from .engine.blas import blas_in_use
 from .engine.model_bytes import ModelBytes, measure_model_bytes
+from .engine.shard import check_splittable
 from .engine.speed_probe import cached_speed, measure_speed
 from .engine.worker import MlxWorker
 from .inference.service import InferenceService
@@ -50,9 +51,11 @@ def weights_dtype(choice: str, backend: str):
 
 
 def model_spec(b: ModelBytes, context_tokens: int) -> ModelSpec:
+    """Each layer's own weights and cache reserve (sliding windows, recurrent states) for the context."""
     return ModelSpec(n_layers=len(b.per_layer), bytes_per_layer=max(b.per_layer), embedding_bytes=b.embedding,
                      head_bytes=b.head, kv_bytes_per_token_per_layer=b.kv_per_token_per_layer,
-                     context_tokens=context_tokens)
+                     context_tokens=context_tokens, layer_weight_bytes=b.per_layer,
+                     layer_kv_bytes=b.kv_reserve(context_tokens))
 
 
 class Node:
@@ -81,6 +84,7 @@ class Node:
     def prepare_model(self) -> None:
         """Resolve and check the model before serving; raises ModelError with one clear line."""
         self.model = resolve_model(self.config.model, self.config.cache_dir, self.backend)
+        check_splittable(self.model.path)
         self.tokenizer = load_tokenizer(self.model.path, eos_token_ids=self.model.config.get("eos_token_id"))
 
     async def start(self) -> None:
@@ -163,6 +167,7 @@ class Node:
                 "model": self.model_id, "backend": self.backend, "blas": blas_in_use(),
                 "plan_id": self.coordinator.plan.plan_id if self.service and self.coordinator.plan else None,
                 "layers": [stage.range.start, stage.range.end] if stage else None,
+                "weights": stage.shard.weights_run_as if stage else None,
                 "cached_requests": stage.active_requests if stage else 0, **self.stats.to_dict(),
                 "decode_timing": self.hop_timing.to_dict(), "decode_batching": self._batching()}
 

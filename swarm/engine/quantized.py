@@ -66,9 +66,10 @@ def dequantize(model: nn.Module, dtype: mx.Dtype) -> None:
         model.update_modules(tree_unflatten(replaced))
 
 
-def cast_floats(model: nn.Module, dtype: mx.Dtype) -> None:
-    """Cast floating weights to `dtype`; quantized modules keep their packed weights, scales and biases."""
-    packed = {f"{path}." for path, m in model.named_modules() if isinstance(m, QUANTIZED)}
+def cast_floats(model: nn.Module, dtype: mx.Dtype, scales: bool = True) -> None:
+    """Cast floating weights to `dtype`. Packed quantized weights are integers and stay as
+    they are; their scales and biases are cast too unless `scales` is False."""
+    packed = set() if scales else {f"{path}." for path, m in model.named_modules() if isinstance(m, QUANTIZED)}
     cast = [(name, v.astype(dtype)) for name, v in tree_flatten(model.parameters())
             if mx.issubdtype(v.dtype, mx.floating) and v.dtype != dtype
             and name.rsplit(".", 1)[0] + "." not in packed]

