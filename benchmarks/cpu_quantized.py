@@ -9,8 +9,9 @@ loaded by the swarm engine as a whole-model shard three ways: as stored (a
 node's `--dtype native`), quantized weights kept with every float (scales,
 norms) in float32, and dequantized to float32 at load
 (`load_shard(..., dequantize_layers=True)`). Decode tok/s is a greedy stream
-of `--tokens` after a 64-token prompt; variants run in alternating rounds so
-the machine's drift hits all of them alike; the median per variant is shown.
+of `--tokens` after a 32-token prompt (the prompt's prefill is timed too);
+variants run in alternating rounds so the machine's drift hits all of them
+alike; the median per variant is shown.
 The node's choice (`--dequantize auto`) follows this table: see the README.
 """
 
@@ -35,7 +36,7 @@ from swarm.engine.shard import load_shard  # noqa: E402
 from swarm.engine.shard_runner import ShardRunner  # noqa: E402
 from swarm.models.resolve import resolve_model  # noqa: E402
 
-PROMPT = [(i * 97) % 4000 + 100 for i in range(64)]
+PROMPT = [(i * 97) % 4000 + 100 for i in range(32)]
 
 
 def quantized_copy(src: Path, out: Path, bits: int) -> Path:
@@ -52,22 +53,24 @@ def quantized_copy(src: Path, out: Path, bits: int) -> Path:
     return out
 
 
-def decode_tps(model_dir: Path, how: str, tokens: int) -> tuple[float, int, str]:
+def decode_tps(model_dir: Path, how: str, tokens: int) -> tuple[float, float, int, str]:
     if how == "float32, bf16 scales":  # what the engine did before: quantized modules left as stored
         shard = load_shard(model_dir, 0, None, None)
         cast_floats(shard.model, mx.float32, scales=False)
         mx.eval(shard.parameters())
+        shard.weights_run_as = weights_run_as(shard.model)
     else:
         dtype = None if how == "native" else mx.float32
         shard = load_shard(model_dir, 0, None, dtype, dequantize_layers=how == "dequantize")
     runner = ShardRunner(shard)
-    logits = runner.forward("b", mx.array([PROMPT]), 0)
-    token = int(mx.argmax(logits))
+    start = time.perf_counter()
+    token = int(mx.argmax(runner.forward("b", mx.array([PROMPT]), 0)))
+    prefill = time.perf_counter() - start
     start = time.perf_counter()
     for i in range(tokens):
         token = int(mx.argmax(runner.forward("b", mx.array([[token]]), len(PROMPT) + i)))
     tps = tokens / (time.perf_counter() - start)
-    out = tps, shard.weight_bytes(), weights_run_as(shard.model)
+    out = tps, prefill, shard.weight_bytes(), shard.weights_run_as
     del runner, shard
     gc.collect()
     mx.clear_cache()
@@ -85,24 +88,29 @@ def main(argv: list[str] | None = None) -> None:
         variants = [("float32 (as converted)", src, "float32")]
         for bits in (4, 8):
             q = quantized_copy(src, Path(tmp) / f"q{bits}", bits)
-            variants += [(f"{bits}-bit bf16, as stored", q, "native"),
-                         (f"{bits}-bit, floats cast to float32, scales bf16", q, "float32, bf16 scales"),
-                         (f"{bits}-bit, floats and scales cast to float32", q, "float32"),
+            variants += [(f"{bits}-bit, as stored (bfloat16)", q, "native"),
+                         (f"{bits}-bit, floats to float32, scales as stored", q, "float32, bf16 scales"),
+                         (f"{bits}-bit, floats and scales to float32", q, "float32"),
                          (f"{bits}-bit, dequantized to float32", q, "dequantize")]
         results: dict[str, list] = {name: [] for name, _, _ in variants}
         for _ in range(args.rounds):
             for name, path, deq in variants:
                 results[name].append(decode_tps(path, deq, args.tokens))
-                print(f"  {name}: {results[name][-1][0]:.2f} tok/s", file=sys.stderr, flush=True)
+                print(f"  {name}: {results[name][-1][0]:.2f} tok/s, prefill {results[name][-1][1]:.2f} s",
+                      file=sys.stderr, flush=True)
     base = statistics.median(r[0] for r in results[variants[0][0]])
     print(f"\nBLAS: {blas_in_use()}; {args.tokens} tokens after a {len(PROMPT)}-token prompt, "
           f"median of {args.rounds} alternating rounds\n")
-    print("| weights | run as | resident weights MB | decode tok/s | vs float32 |")
-    print("|---|---|---:|---:|---:|")
+    base_prefill = statistics.median(r[1] for r in results[variants[0][0]])
+    print(f"| weights | run as | resident weights MB | prefill {len(PROMPT)} tokens s | decode tok/s | "
+          "decode vs float32 | prefill vs float32 |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     for name, _, _ in variants:
         tps = statistics.median(r[0] for r in results[name])
-        _, nbytes, run_as = results[name][-1]
-        print(f"| {name} | {run_as} | {nbytes / 1e6:.0f} | {tps:.2f} | {tps / base:.2f}x |")
+        prefill = statistics.median(r[1] for r in results[name])
+        _, _, nbytes, run_as = results[name][-1]
+        print(f"| {name} | {run_as} | {nbytes / 1e6:.0f} | {prefill:.2f} | {tps:.2f} | {tps / base:.2f}x "
+              f"| {base_prefill / prefill:.2f}x |")
 
 
 if __name__ == "__main__":

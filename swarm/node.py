@@ -50,6 +50,12 @@ def weights_dtype(choice: str, backend: str):
     return None if choice == "native" else getattr(mx, choice)
 
 
+def dequantize_layers(choice: str, backend: str) -> bool:
+    # On a CPU backend quantized matmuls prefill ~20x and decode ~1.3-2x slower than float32
+    # (benchmarks/cpu_quantized.py); the memory they save is what --dequantize no is for.
+    return backend == "cpu" if choice == "auto" else choice == "yes"
+
+
 def model_spec(b: ModelBytes, context_tokens: int) -> ModelSpec:
     """Each layer's own weights and cache reserve (sliding windows, recurrent states) for the context."""
     return ModelSpec(n_layers=len(b.per_layer), bytes_per_layer=max(b.per_layer), embedding_bytes=b.embedding,
@@ -63,6 +69,7 @@ class Node:
         self.config = config
         self.backend = backend_name()
         self.dtype = weights_dtype(config.dtype, self.backend)
+        self.dequantize = dequantize_layers(config.dequantize, self.backend)
         self.worker = MlxWorker()
         self.events = EventBus()
         self.stats = RequestStats(lambda kind, data: self.events.emit(kind, {**data, "entry": self.node_id}))
@@ -89,10 +96,11 @@ class Node:
 
     async def start(self) -> None:
         cfg, model = self.config, self.model
-        sizes = await self.worker.run(measure_model_bytes, model.path, self.dtype)
-        key = f"{machine_id()}:{model.fingerprint}:{self.dtype}:{self.backend}:{blas_in_use()}"
-        speed = cfg.speed or await self.worker.run(cached_speed, cfg.state_dir, key,
-                                                   lambda: measure_speed(model.path, model.n_layers, self.dtype))
+        sizes = await self.worker.run(measure_model_bytes, model.path, self.dtype, self.dequantize)
+        key = f"{machine_id()}:{model.fingerprint}:{self.dtype}:{self.dequantize}:{self.backend}:{blas_in_use()}"
+        speed = cfg.speed or await self.worker.run(
+            cached_speed, cfg.state_dir, key,
+            lambda: measure_speed(model.path, model.n_layers, self.dtype, self.dequantize))
         profile = build_local_profile(
             state_dir=cfg.state_dir, swarm=cfg.swarm, name=cfg.name, api_port=cfg.api_port,
             peer_port=cfg.peer_port, backend=self.backend, speed=speed, model_id=model.model_id,
@@ -107,7 +115,7 @@ class Node:
         self.transport = TcpTransport(profile.node_id, cfg.swarm, cfg.peer_host, cfg.peer_port,
                                       profile_provider=lambda: self.discovery.profile, adopt=self._adopt)
         self.router = Router(profile.node_id, self.transport, self._address_of)
-        self.host = StageHost(model.path, self.dtype, self.worker)
+        self.host = StageHost(model.path, self.dtype, self.worker, dequantize=self.dequantize)
         self.run_ahead = RunAhead(profile.node_id)
         self.stage_service = StageService(self.host, self.router, self.pending, self.worker, self.lane,
                                           self.run_ahead, max_batch=cfg.batch_decode)

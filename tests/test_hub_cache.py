@@ -48,7 +48,8 @@ def test_a_node_serves_a_cached_repo_id(tmp_path):
     model = build_random_model(tmp_path / "m", "qwen3", n_layers=4, quantize="4bit", seed=3)
     populate_cache(tmp_path / "hub", REPO, model)
     env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
-    with running_node(tmp_path, "--model", REPO, "--speed", "0.002", env=env) as node:
+    # --dequantize no: the 4-bit weights stay packed (a CPU node dequantizes by default).
+    with running_node(tmp_path, "--model", REPO, "--speed", "0.002", "--dequantize", "no", env=env) as node:
         models = json.loads(urllib.request.urlopen(node.url + "/v1/models", timeout=10).read())
         assert [m["id"] for m in models["data"]] == [REPO]
         body = json.dumps({"model": REPO, "messages": [{"role": "user", "content": "Count to five."}],
@@ -56,7 +57,7 @@ def test_a_node_serves_a_cached_repo_id(tmp_path):
         req = urllib.request.Request(node.url + "/v1/chat/completions", body, {"Content-Type": "application/json"})
         answer = json.loads(urllib.request.urlopen(req, timeout=120).read())["choices"][0]["message"]["content"]
         health = node.health()[1]
-    assert "4-bit" in health["weights"], health["weights"]
+    assert health["weights"] == "4-bit affine (group 32) + float32", health["weights"]
     # The node casts floats to float32 on a CPU backend; mlx-lm runs the stored dtype. A 4-bit
     # model of float32 floats (what the zoo writes) runs the same either way.
     assert answer == reference_chat(model, [{"role": "user", "content": "Count to five."}], 12)[0]

@@ -23,7 +23,7 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
-from mlx_lm.utils import load_model
+from mlx_lm.utils import dequantize_model, load_model
 from model_zoo import FAMILIES, build_random_model
 
 from swarm.engine import families
@@ -72,9 +72,11 @@ def _greedy(run, chunks: list[int]) -> tuple[list[int], list[mx.array]]:
     return tokens, logprobs
 
 
-def whole_model(path: Path, chunks: list[int]):
-    """mlx-lm on the whole model, fed the same chunks."""
+def whole_model(path: Path, chunks: list[int], dequantize: bool = False):
+    """mlx-lm on the whole model, fed the same chunks (dequantized by mlx-lm's own dequantize_model)."""
     model, _ = load_model(path)
+    if dequantize:
+        model = dequantize_model(model)
     cache = make_prompt_cache(model)
 
     def run(x, pos):
@@ -84,9 +86,9 @@ def whole_model(path: Path, chunks: list[int]):
     return _greedy(run, chunks)
 
 
-def split_model(path: Path, sizes: list[int], chunks: list[int]):
+def split_model(path: Path, sizes: list[int], chunks: list[int], dequantize: bool = False):
     bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
-    runners = [ShardRunner(load_shard(path, a, b)) for a, b in zip(bounds, bounds[1:])]
+    runners = [ShardRunner(load_shard(path, a, b, dequantize_layers=dequantize)) for a, b in zip(bounds, bounds[1:])]
 
     def run(x, pos):
         for runner in runners:
@@ -119,10 +121,12 @@ def test_family_splits_exactly(zoo, family):
 
 @pytest.mark.parametrize("family, quantize", QUANTIZED)
 def test_quantized_family_splits_exactly(zoo, family, quantize):
+    """Kept quantized (Metal's default, a CPU node's --dequantize no) and dequantized at load (a CPU
+    node's default): either way the split equals mlx-lm on the whole model with the same weights."""
     path = zoo(family, quantize)
-    for sizes, chunks in RUNS[1:]:
-        assert_same(split_model(path, sizes, chunks), whole_model(path, chunks),
-                    f"{family} {quantize} split {sizes}")
+    for (sizes, chunks), dequantize in zip(RUNS[1:], (False, True)):
+        assert_same(split_model(path, sizes, chunks, dequantize), whole_model(path, chunks, dequantize),
+                    f"{family} {quantize} split {sizes}, dequantized: {dequantize}")
 
 
 def _layer_bytes(path: Path) -> list[int]:

@@ -22,11 +22,11 @@ CONTEXT = 64
 STEPS = 12
 
 
-def measure_speed(model_dir: Path, n_layers: int, dtype: mx.Dtype | None) -> float:
+def measure_speed(model_dir: Path, n_layers: int, dtype: mx.Dtype | None, dequantize: bool = False) -> float:
     """Seconds per layer per decoded token (call on the MLX thread)."""
     start = max(0, min(n_layers // 2, n_layers - PROBE_LAYERS))
     end = min(n_layers, start + PROBE_LAYERS)
-    shard = load_shard(model_dir, start, end, dtype)
+    shard = load_shard(model_dir, start, end, dtype, dequantize_layers=dequantize)
     caches = shard.make_caches()
     x = shard.example_input(CONTEXT)
     mx.eval(shard(x, caches), caches.arrays())
