@@ -50,12 +50,6 @@ def weights_dtype(choice: str, backend: str):
     return None if choice == "native" else getattr(mx, choice)
 
 
-def dequantize_layers(choice: str, backend: str) -> bool:
-    # On a CPU backend quantized matmuls prefill ~20x and decode ~1.3-2x slower than float32
-    # (benchmarks/cpu_quantized.py); the memory they save is what --dequantize no is for.
-    return backend == "cpu" if choice == "auto" else choice == "yes"
-
-
 def model_spec(b: ModelBytes, context_tokens: int) -> ModelSpec:
     """Each layer's own weights and cache reserve (sliding windows, recurrent states) for the context."""
     return ModelSpec(n_layers=len(b.per_layer), bytes_per_layer=max(b.per_layer), embedding_bytes=b.embedding,
@@ -69,7 +63,9 @@ class Node:
         self.config = config
         self.backend = backend_name()
         self.dtype = weights_dtype(config.dtype, self.backend)
-        self.dequantize = dequantize_layers(config.dequantize, self.backend)
+        # Quantized weights stay packed unless asked: on a CPU backend dequantizing makes prefill ~7-15x
+        # faster but a 4-bit layer 7x bigger (benchmarks/cpu_quantized.py), and memory is what a swarm pools.
+        self.dequantize = config.dequantize
         self.worker = MlxWorker()
         self.events = EventBus()
         self.stats = RequestStats(lambda kind, data: self.events.emit(kind, {**data, "entry": self.node_id}))

@@ -66,9 +66,10 @@ def dequantize(model: nn.Module, dtype: mx.Dtype) -> None:
         model.update_modules(tree_unflatten(replaced))
 
 
-def cast_floats(model: nn.Module, dtype: mx.Dtype, scales: bool = True) -> None:
-    """Cast floating weights to `dtype`. Packed quantized weights are integers and stay as
-    they are; their scales and biases are cast too unless `scales` is False."""
+def cast_floats(model: nn.Module, dtype: mx.Dtype, scales: bool = False) -> None:
+    """Cast floating weights to `dtype`. Packed quantized weights stay as they are, and so do their
+    scales and biases unless `scales`: casting them gained nothing measurable on a CPU and costs
+    memory (benchmarks/cpu_quantized.py)."""
     packed = set() if scales else {f"{path}." for path, m in model.named_modules() if isinstance(m, QUANTIZED)}
     cast = [(name, v.astype(dtype)) for name, v in tree_flatten(model.parameters())
             if mx.issubdtype(v.dtype, mx.floating) and v.dtype != dtype

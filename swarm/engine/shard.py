@@ -132,6 +132,8 @@ class Shard(nn.Module):
                 strip_arrays(layer)
                 hook(layer, _PassThrough())
         self._strip_outside(plan, dtype)
+        if self.hidden_size is None:  # no nn.Embedding before the layers: the config says it
+            self.hidden_size = getattr(getattr(model, "args", None), "hidden_size", None)
         first, last = model_layers[layers.start], model_layers[layers.end - 1]
         self._entry = _Edge(inject=not layers.is_first, stop=not layers.is_last and first is last,
                             last_position=layers.is_last and first is last)
