@@ -14,7 +14,6 @@ model like any other (chat template included).
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 import zlib

@@ -58,7 +58,8 @@ def test_a_hub_repo_id_not_in_the_local_cache_is_one_clear_line(tmp_path):
                        env={**os.environ, "HF_HUB_CACHE": str(tmp_path / "empty-hub"), "HF_HUB_OFFLINE": "1"})
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "mlx-community/Not-Cached-4bit is not in the local Hugging Face cache" in lines[0]
+    assert len(lines) == 1
+    assert "mlx-community/Not-Cached-4bit is no local path and not in the local Hugging Face cache" in lines[0]
     assert str(tmp_path / "empty-hub") in lines[0]
 
 

@@ -30,6 +30,6 @@ def cached_repo(repo_id: str) -> Path:
     except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError) as e:
         cache = constants.HF_HUB_CACHE
         raise ModelNotFoundError(
-            f"model not found: {repo_id} is not in the local Hugging Face cache ({cache}); "
-            f"nodes never download: fetch it first (e.g. `huggingface-cli download {repo_id}`) "
+            f"model not found: {repo_id} is no local path and not in the local Hugging Face cache "
+            f"({cache}); nodes never download: fetch it first (e.g. `huggingface-cli download {repo_id}`) "
             f"or give a model directory") from e
