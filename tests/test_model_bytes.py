@@ -47,3 +47,11 @@ def test_cache_reserves_follow_each_layer_kind(tmp_path):
     for kind, cache in zip(kinds, nemotron.caches):
         assert (cache.fixed > 0, cache.per_token > 0) == (kind == "M", kind == "*"), (kind, cache)
     assert nemotron.caches[2] == LayerCache()
+
+
+def test_a_shard_says_what_its_weights_run_as(tmp_path):
+    mixed = build_random_model(tmp_path / "mixed", "qwen3", quantize="mixed")
+    assert load_shard(mixed, 0, 3, mx.float32).weights_run_as == "4/8-bit affine, mixed (group 32) + float32"
+    assert load_shard(mixed, 0, 3, mx.float32, dequantize_layers=True).weights_run_as == "float32"
+    plain = build_random_model(tmp_path / "plain", "llama")
+    assert load_shard(plain, 2, 4, mx.float16).weights_run_as == "float16"

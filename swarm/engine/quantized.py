@@ -27,7 +27,7 @@ def quantized_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def weights_run_as(model: nn.Module) -> str:
-    """E.g. "float32", "4-bit affine (group 64) + float32", "4/8-bit affine (mixed) + bfloat16"."""
+    """E.g. "float32", "4-bit affine (group 64) + float32", "4/8-bit affine, mixed (group 32) + bfloat16"."""
     quantized = quantized_modules(model)
     paths = {f"{path}." if path else "" for path, _ in quantized}
     floats = Counter()
@@ -41,7 +41,7 @@ def weights_run_as(model: nn.Module) -> str:
     groups = sorted({m.group_size for _, m in quantized})
     modes = sorted({getattr(m, "mode", "affine") for _, m in quantized})
     grouping = f"group {groups[0]}" if len(groups) == 1 else "mixed groups"
-    kind = f"{'/'.join(map(str, bits))}-bit {'/'.join(modes)}" + (" (mixed)" if len(bits) > 1 else "")
+    kind = f"{'/'.join(map(str, bits))}-bit {'/'.join(modes)}" + (", mixed" if len(bits) > 1 else "")
     return f"{kind} ({grouping}) + {float_part}"
 
 
