@@ -122,3 +122,13 @@ def test_quantized_models_load_with_their_bits(tmp_path, kind, bits):
     model, _ = load(str(path))
     got = {m.bits for _, m in model.named_modules() if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))}
     assert got == bits and "quantization" in config
+
+
+@pytest.mark.parametrize("family, key", [("gpt2", "n_layer"), ("gpt_bigcode", "n_layer"), ("exaone", "num_layers"),
+                                         ("openelm", "num_transformer_layers")])
+def test_families_name_their_layer_count_their_own_way_and_resolve(tmp_path, family, key):
+    from swarm.models.resolve import resolve_model
+    path = build_random_model(tmp_path / family, family)
+    config = json.loads((path / "config.json").read_text())
+    assert key in config and "num_hidden_layers" not in config
+    assert resolve_model(str(path)).n_layers == 6

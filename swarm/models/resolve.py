@@ -19,6 +19,17 @@ from .gguf_convert import cached_conversion, default_model_gguf
 from .hub_cache import cached_repo, looks_like_repo_id
 
 DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
+# What mlx-lm families call their layer count in config.json (gpt2: n_layer, exaone: num_layers, ...).
+LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "num_transformer_layers")
+
+
+def layer_count(config: dict) -> int | None:
+    """The model's layer count from its config (or its text_config, for multimodal wrappers)."""
+    for source in (config, config.get("text_config") or {}):
+        for key in LAYER_COUNT_KEYS:
+            if isinstance(source.get(key), int):
+                return source[key]
+    return None
 
 
 @dataclass(frozen=True)
@@ -30,7 +41,7 @@ class LocalModel:
 
     @property
     def n_layers(self) -> int:
-        return int(self.config["num_hidden_layers"])
+        return layer_count(self.config)
 
     @property
     def context_length(self) -> int:
@@ -62,8 +73,8 @@ def _describe(path: Path, model_id: str) -> LocalModel:
         config = json.loads(config_file.read_text())
     except (OSError, ValueError) as e:
         raise ModelFormatError(f"{config_file} is not valid JSON: {e}")
-    if not isinstance(config, dict) or not isinstance(config.get("num_hidden_layers"), int):
-        raise ModelFormatError(f"{config_file} has no integer num_hidden_layers")
+    if not isinstance(config, dict) or layer_count(config) is None:
+        raise ModelFormatError(f"{config_file} has no integer layer count ({', '.join(LAYER_COUNT_KEYS)})")
     weights = sorted(path.glob("model*.safetensors"))
     if not weights:
         raise ModelFormatError(f"{path} has no model*.safetensors weight files")
