@@ -247,6 +247,10 @@ FAMILIES: dict[str, Callable[[Shape], dict[str, Any]]] = {
                           "moe_num_experts": 4, "moe_top_k": 2, "moe_intermediate_size": 32, "share_expert_dim": 32,
                           "moe_layers_enum": ",".join(str(i) for i in range(1, s.n_layers))},
     "qwen2_vl": lambda s: {"head_dim": DROP},  # the text part of a vision-language wrapper
+    "gemma3": lambda s: {"vocab_size": s.vocab,  # the vision-language wrapper mlx-community's Gemma 3 use
+                         "text_config": {**base(s), "model_type": "gemma3_text", "sliding_window": WINDOW,
+                                         "sliding_window_pattern": 3, "query_pre_attn_scalar": s.head_dim,
+                                         "num_key_value_heads": 1}},
     "qwen3_vl": lambda s: {"text_config": {**base(s), "model_type": "qwen3_vl",
                                            "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3]}}},
     # --- layers that share state with other layers (refused) ----------------------------
