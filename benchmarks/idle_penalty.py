@@ -25,7 +25,7 @@ import mlx.core as mx  # noqa: E402
 
 from swarm.engine.sampling import SamplingParams  # noqa: E402
 from swarm.engine.shard import load_shard  # noqa: E402
-from swarm.engine.stage import Stage  # noqa: E402
+from swarm.engine.shard_runner import ShardRunner  # noqa: E402
 from swarm.models.resolve import resolve_model  # noqa: E402
 
 PROMPT = list(range(100, 290))  # 190 ids, about swarm-bench's prompt length
@@ -36,7 +36,7 @@ def even_split(n_layers: int, k: int) -> list[tuple[int, int]]:
     return list(zip(bounds, bounds[1:]))
 
 
-def decode(stages: list[Stage], rid: str, tokens: int, idle_s: float) -> list[float]:
+def decode(stages: list[ShardRunner], rid: str, tokens: int, idle_s: float) -> list[float]:
     """Prefill, then `tokens` greedy steps; compute seconds per step, sleeps excluded."""
     x = mx.array([PROMPT[:-1]], dtype=mx.int32)
     for s in stages:
@@ -69,7 +69,7 @@ def main() -> None:
     model = resolve_model(args.model, backend=backend)
     dtype = mx.float32 if backend == "cpu" else None
     splits = {1: [(0, model.n_layers)], args.stages: even_split(model.n_layers, args.stages)}
-    stages = {k: [Stage(load_shard(model.path, a, b, dtype)) for a, b in v] for k, v in splits.items()}
+    stages = {k: [ShardRunner(load_shard(model.path, a, b, dtype)) for a, b in v] for k, v in splits.items()}
     gaps = [float(g) for g in args.idle_ms.split(",")]
     results: dict[tuple[int, float], list[float]] = {}
     for r in range(args.rounds):  # alternate setups so drift in the machine hits all alike

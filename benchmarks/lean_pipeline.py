@@ -3,7 +3,7 @@
     python benchmarks/lean_pipeline.py [--stages 3] [--tokens 48] [--rounds 3] [--model DIR|GGUF]
 
 Starts one process per stage on loopback, each holding its layers of the model
-(swarm's own Stage), and runs one greedy stream through them. Nothing of the
+(swarm's own ShardRunner), and runs one greedy stream through them. Nothing of the
 swarm's node is in the way: no event loop, no router, no MLX thread hand-off.
 Each process blocks in recv() on its input socket, decodes swarm's frame format
 (msgpack header + raw bytes), runs its shard and writes the result to the next
@@ -76,10 +76,10 @@ def run_stage(index: int, k: int, start: int, end: int, model_dir: str, ports: l
 
     from swarm.engine.sampling import SamplingParams
     from swarm.engine.shard import load_shard
-    from swarm.engine.stage import Stage
+    from swarm.engine.shard_runner import ShardRunner
     from swarm.transport.arrays import decode_array, encode_array
 
-    stage = Stage(load_shard(Path(model_dir), start, end, mx.float32))
+    stage = ShardRunner(load_shard(Path(model_dir), start, end, mx.float32))
     server = socket.create_server(("127.0.0.1", ports[index]))
     print("ready", flush=True)
     while True:  # the next stage may not listen yet; connect before accepting, or the ring deadlocks

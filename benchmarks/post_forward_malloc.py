@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import mlx.core as mx  # noqa: E402
 
 from swarm.engine.shard import load_shard  # noqa: E402
-from swarm.engine.stage import Stage  # noqa: E402
+from swarm.engine.shard_runner import ShardRunner  # noqa: E402
 from swarm.models.resolve import resolve_model  # noqa: E402
 
 M_MXFAST = 1
@@ -46,7 +46,7 @@ def main() -> int:
         return 1
     model = resolve_model(args.model)
     start = max(1, (model.n_layers - args.layers) // 2)  # a middle stage: hidden states in, hidden states out
-    stage = Stage(load_shard(model.path, start, start + args.layers, mx.float32))
+    stage = ShardRunner(load_shard(model.path, start, start + args.layers, mx.float32))
     hidden = mx.random.normal((1, 150, model.config["hidden_size"]))
     stage.forward("r", hidden, 0)
     pos = 150

@@ -27,7 +27,7 @@ from node_process import running_node  # noqa: E402
 
 from swarm.engine.sampling import SamplingParams  # noqa: E402
 from swarm.engine.shard import load_shard  # noqa: E402
-from swarm.engine.stage import Stage  # noqa: E402
+from swarm.engine.shard_runner import ShardRunner  # noqa: E402
 from swarm.engine.worker import MlxWorker  # noqa: E402
 from local_pipeline import LocalPipeline  # noqa: E402  (tests/: all stages in one process)
 
@@ -49,7 +49,7 @@ def mlx_lm_decode_tps(model_dir: Path, n: int) -> float:
 def engine_decode_tps(model_dir: Path, prompt: list[int], n: int) -> float:
     """The swarm engine in this process, no HTTP: one local stage with all layers."""
     worker = MlxWorker()
-    pipeline = LocalPipeline([Stage(worker.run_sync(load_shard, model_dir, 0, None, mx.float32))], worker)
+    pipeline = LocalPipeline([ShardRunner(worker.run_sync(load_shard, model_dir, 0, None, mx.float32))], worker)
 
     async def run():
         async def source(_broken=None):

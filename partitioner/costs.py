@@ -48,9 +48,18 @@ class Clock:
 
 
 def max_layers_in_memory(model: ModelSpec, node: NodeCapacity, first: bool, last: bool) -> int:
-    """Most layers the node can hold in this position; -1 if not even the extras fit."""
-    room = node.memory_bytes - model.stage_bytes(0, first, last)
-    return room // model.layer_bytes if room >= 0 else -1
+    """Most layers the node can hold in this position, wherever they lie in the model
+    (the heaviest run of that many layers must fit); -1 if not even the extras fit."""
+    if model.stage_bytes(0, first, last) > node.memory_bytes:
+        return -1
+    lo, hi = 0, model.n_layers  # stage_bytes grows with the layer count: binary search
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if model.stage_bytes(mid, first, last) <= node.memory_bytes:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def can_hold_one_layer(model: ModelSpec, node: NodeCapacity) -> bool:

@@ -54,6 +54,51 @@ def deepseek_v3_4bit(context_tokens: int = 8192) -> ModelSpec:
     )
 
 
+def deepseek_v3_4bit_per_layer(context_tokens: int = 8192) -> ModelSpec:
+    """The same model with each layer's own size: 3 dense layers, then 58 with 256 experts.
+
+    Parameters per layer from its shape (hidden 7168, MLA attention 187M, dense MLP
+    3 x 7168 x 18432, experts 256 x 3 x 7168 x 2048 plus one shared expert and the
+    router), at 4.5 bits. The uniform spec above averages them: an expert layer is
+    heavier than that average, a dense one far lighter.
+    """
+    hidden, vocab, bits = 7168, 129280, 4.5
+    attention = 187_000_000
+    dense = attention + 3 * hidden * 18432
+    experts = attention + 257 * 3 * hidden * 2048 + 256 * hidden
+    weights = tuple(int(p * bits / 8) for p in [dense] * 3 + [experts] * 58)
+    embedding = int(vocab * hidden * bits / 8)
+    return ModelSpec(
+        n_layers=61,
+        embedding_bytes=embedding,
+        head_bytes=embedding + hidden * 2,
+        kv_bytes_per_token_per_layer=(512 + 64) * 2,
+        context_tokens=context_tokens,
+        layer_weight_bytes=weights,
+    )
+
+
+def gemma3_27b_4bit(context_tokens: int = 131072) -> ModelSpec:
+    """Gemma-3-27B-class at 4.5 bits: 62 layers, 5 sliding-window (1024 tokens) per global one.
+
+    A sliding layer keeps at most its window in its cache, a global one the whole
+    context: 8 kB per token per layer (16 KV heads of 128, bf16).
+    """
+    hidden, vocab, bits, kv_per_token, window = 5376, 262144, 4.5, 2 * 16 * 128 * 2, 1024
+    per_layer = int((2 * hidden * 4096 + 2 * hidden * 2048 + 3 * hidden * 21504) * bits / 8)
+    kv = tuple(kv_per_token * (context_tokens if i % 6 == 5 else min(window, context_tokens)) for i in range(62))
+    embedding = int(vocab * hidden * bits / 8)
+    return ModelSpec(
+        n_layers=62,
+        bytes_per_layer=per_layer,
+        embedding_bytes=embedding,
+        head_bytes=embedding + hidden * 2,
+        kv_bytes_per_token_per_layer=kv_per_token,
+        context_tokens=context_tokens,
+        layer_kv_bytes=kv,
+    )
+
+
 def _studios(count: int, usable: int) -> tuple[NodeCapacity, ...]:
     # Two of the eight are slower M2 Max machines; 1 ms per hop over Thunderbolt.
     return tuple(
@@ -110,5 +155,17 @@ EXAMPLES: tuple[Example, ...] = (
         "DeepSeek-V3 4-bit",
         deepseek_v3_4bit(),
         _studios(8, 56 * GB),
+    ),
+    Example(
+        "DeepSeek-V3-class with each layer's own size, 8 x 64 GB at 56 GB",
+        "DeepSeek-V3 4-bit, 3 dense + 58 expert layers",
+        deepseek_v3_4bit_per_layer(),
+        _studios(8, 56 * GB),
+    ),
+    Example(
+        "Gemma-3-27B-class at 128k context on two 16 GB machines",
+        "Gemma-3-27B 4-bit, sliding-window layers reserve only their window",
+        gemma3_27b_4bit(),
+        (NodeCapacity("mini-a", 16 * GB, 0.0004, 0.001), NodeCapacity("mini-b", 16 * GB, 0.0004, 0.001)),
     ),
 )

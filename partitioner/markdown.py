@@ -21,11 +21,14 @@ def ms(seconds: float) -> str:
 def render_example(example: Example) -> str:
     model, nodes = example.model, example.nodes
     by_id = {node.node_id: node for node in nodes}
+    costs = model.layer_costs
+    per_layer = (human_bytes(model.layer_bytes) if model.uniform
+                 else f"{human_bytes(min(costs))} to {human_bytes(max(costs))}")
     lines = [
         f"### {example.title}",
         "",
         f"Model: {example.model_name}, {model.n_layers} layers, "
-        f"{human_bytes(model.layer_bytes)} per layer incl. KV for {model.context_tokens} tokens, "
+        f"{per_layer} per layer incl. KV for {model.context_tokens} tokens, "
         f"embedding {human_bytes(model.embedding_bytes)}, head {human_bytes(model.head_bytes)}, "
         f"{human_bytes(model.total_bytes)} in all.",
         "",
@@ -49,7 +52,7 @@ def render_example(example: Example) -> str:
         ]
         last = len(plan.stages) - 1
         for i, stage in enumerate(plan.stages):
-            used = model.stage_bytes(stage.n_layers, i == 0, i == last)
+            used = model.range_bytes(stage.start, stage.end, i == 0, i == last)
             memory = by_id[stage.node_id].memory_bytes
             lines.append(
                 f"| {i} | {stage.node_id} | [{stage.start}, {stage.end}) | {stage.n_layers} "

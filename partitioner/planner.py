@@ -79,10 +79,7 @@ def _idle(
 def _insufficient(model: ModelSpec, nodes: Sequence[NodeCapacity]) -> InsufficientMemoryError:
     needed = model.total_bytes
     available = sum(node.memory_bytes for node in nodes)
-    detail = (
-        f"{model.n_layers} layers x {model.layer_bytes:,} bytes incl. KV cache"
-        f" + embedding {model.embedding_bytes:,} + head {model.head_bytes:,}"
-    )
+    detail = f"{model.describe_layers()} + embedding {model.embedding_bytes:,} + head {model.head_bytes:,}"
     if available >= needed:
         detail += "; enough in total, but layers cannot be split across nodes to fit"
     return InsufficientMemoryError(needed, available, detail)

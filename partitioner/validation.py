@@ -11,9 +11,19 @@ from .model import ModelSpec, NodeCapacity
 def validate(model: ModelSpec, nodes: Sequence[NodeCapacity]) -> None:
     if model.n_layers <= 0:
         raise ValueError(f"model must have a positive number of layers, got {model.n_layers}")
-    if model.bytes_per_layer <= 0:
+    for field in ("layer_weight_bytes", "layer_kv_bytes"):
+        values = getattr(model, field)
+        if values and len(values) != model.n_layers:
+            raise ValueError(f"{field} must give one value per layer ({model.n_layers}), got {len(values)}")
+        if any(v < 0 for v in values):
+            raise ValueError(f"{field} must not be negative")
+    if model.layer_weight_bytes:
+        if max(model.layer_weight_bytes) <= 0:
+            raise ValueError("layer_weight_bytes must hold a positive value")
+    elif model.bytes_per_layer <= 0:
         raise ValueError(f"bytes_per_layer must be positive, got {model.bytes_per_layer}")
-    for field in ("embedding_bytes", "head_bytes", "kv_bytes_per_token_per_layer", "context_tokens"):
+    for field in ("bytes_per_layer", "embedding_bytes", "head_bytes", "kv_bytes_per_token_per_layer",
+                  "context_tokens"):
         if getattr(model, field) < 0:
             raise ValueError(f"{field} must not be negative, got {getattr(model, field)}")
     if not nodes:

@@ -35,6 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default=None, help="display name (default: the host name)")
     p.add_argument("--dtype", default="auto", choices=["auto", "native", "float32", "float16", "bfloat16"],
                    help="weights dtype; auto = float32 on a CPU backend, as stored on Metal")
+    p.add_argument("--dequantize", default="no", choices=["no", "yes"],
+                   help="turn a quantized model's weights into --dtype floats at load: on a CPU backend "
+                        "prefill gets ~7-15x faster and decode up to ~1.3x, at ~7x the memory of 4-bit "
+                        "weights (default: %(default)s, keep them packed)")
     p.add_argument("--max-tokens-default", type=int, default=512,
                    help="tokens generated when a request gives no max_tokens (default: %(default)s)")
     p.add_argument("--swarm", default="default",
@@ -98,6 +102,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
     return NodeConfig(model=args.model, api_host=args.api_host, api_port=args.api_port,
                       peer_port=args.peer_port, state_dir=args.state_dir, cache_dir=args.cache_dir,
                       node_id=args.node_id, name=args.name, dtype=args.dtype,
+                      dequantize=args.dequantize == "yes",
                       default_max_tokens=args.max_tokens_default, swarm=args.swarm,
                       interfaces=args.interfaces, peers=args.peers, mdns=not args.no_mdns,
                       memory_limit=args.memory_limit, speed=args.speed, strategy=args.strategy,

@@ -26,6 +26,7 @@ from partitioner import ModelSpec
 from .api.app import make_app
 from .engine.blas import blas_in_use
 from .engine.model_bytes import ModelBytes, measure_model_bytes
+from .engine.shard import check_splittable
 from .engine.speed_probe import cached_speed, measure_speed
 from .engine.worker import MlxWorker
 from .entry.hop_timing import HopTiming
@@ -61,9 +62,11 @@ def weights_dtype(choice: str, backend: str):
 
 
 def model_spec(b: ModelBytes, context_tokens: int) -> ModelSpec:
+    """Each layer's own weights and cache reserve (sliding windows, recurrent states) for the context."""
     return ModelSpec(n_layers=len(b.per_layer), bytes_per_layer=max(b.per_layer), embedding_bytes=b.embedding,
                      head_bytes=b.head, kv_bytes_per_token_per_layer=b.kv_per_token_per_layer,
-                     context_tokens=context_tokens)
+                     context_tokens=context_tokens, layer_weight_bytes=b.per_layer,
+                     layer_kv_bytes=b.kv_reserve(context_tokens))
 
 
 class Node:
@@ -71,22 +74,27 @@ class Node:
         self.config = config
         self.backend = backend_name()
         self.dtype = weights_dtype(config.dtype, self.backend)
+        # Quantized weights stay packed unless asked: on a CPU backend dequantizing makes prefill ~7-15x
+        # faster but a 4-bit layer 7x bigger (benchmarks/cpu_quantized.py), and memory is what a swarm pools.
+        self.dequantize = config.dequantize
         self.worker = MlxWorker()  # the MLX thread, from the first measurement to the last frame
         self._stops: list = []  # what to stop, in reverse order of starting
 
     def prepare_model(self) -> None:
         """Resolve and check the model before serving; raises ModelError with one clear line."""
         self.model: LocalModel = resolve_model(self.config.model, self.config.cache_dir, self.backend)
+        check_splittable(self.model.path)
         self.tokenizer = load_tokenizer(self.model.path, eos_token_ids=self.model.config.get("eos_token_id"))
 
     async def start(self) -> None:
         cfg, model, worker = self.config, self.model, self.worker
 
         # What this node is: its model's sizes, its speed, its profile (and so its id).
-        sizes = await worker.run(measure_model_bytes, model.path, self.dtype)
-        key = f"{machine_id()}:{model.fingerprint}:{self.dtype}:{self.backend}:{blas_in_use()}"
-        speed = cfg.speed or await worker.run(cached_speed, cfg.state_dir, key,
-                                              lambda: measure_speed(model.path, model.n_layers, self.dtype))
+        sizes = await worker.run(measure_model_bytes, model.path, self.dtype, self.dequantize)
+        key = f"{machine_id()}:{model.fingerprint}:{self.dtype}:{self.dequantize}:{self.backend}:{blas_in_use()}"
+        speed = cfg.speed or await worker.run(
+            cached_speed, cfg.state_dir, key,
+            lambda: measure_speed(model.path, model.n_layers, self.dtype, self.dequantize))
         profile = build_local_profile(
             state_dir=cfg.state_dir, swarm=cfg.swarm, name=cfg.name, api_port=cfg.api_port,
             peer_port=cfg.peer_port, backend=self.backend, speed=speed, model_id=model.model_id,
@@ -108,7 +116,7 @@ class Node:
 
         # The entry side's bookkeeping, and the stage side that serves every peer message.
         pending, run_ahead, hop_timing = PendingTokens(), RunAhead(node_id), HopTiming()
-        host = StageHost(model.path, self.dtype, worker)
+        host = StageHost(model.path, self.dtype, worker, dequantize=self.dequantize)
         stage_service = StageService(host, lane, worker, pending, run_ahead, asyncio.get_running_loop(),
                                      max_batch=cfg.batch_decode)
 

@@ -27,6 +27,7 @@ class NodeConfig:
     node_id: str | None = None  # None: kept in state_dir
     name: str | None = None  # display name; None: the host name
     dtype: str = "auto"  # weights dtype: auto = float32 on CPU, as stored on Metal
+    dequantize: bool = False  # quantized layers loaded as `dtype` floats (faster CPU prefill, more memory)
     default_max_tokens: int = 512
     # swarm membership
     swarm: str = "default"

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from swarm.engine.stage import Stage
+from swarm.engine.shard_runner import ShardRunner
 from swarm.engine.worker import MlxWorker
 
 
 class LocalPipeline:
     """All stages in this process, chained on the MLX worker thread."""
 
-    def __init__(self, stages: list[Stage], worker: MlxWorker):
+    def __init__(self, stages: list[ShardRunner], worker: MlxWorker):
         self.stages = stages
         self.worker = worker
 

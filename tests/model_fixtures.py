@@ -24,6 +24,6 @@ def default_model():
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
     """One small deterministic random-weight model per family, built once per session."""
-    from swarm.models.random_model import build_random_model
+    from model_zoo import build_random_model
     root = tmp_path_factory.mktemp("tiny-models")
     return {f: build_random_model(root / f, family=f, n_layers=6, seed=1) for f in FAMILIES}

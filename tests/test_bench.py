@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from swarm.models.random_model import build_random_model
+from model_zoo import build_random_model
 
 
 def _bench_cmd() -> list[str]:

@@ -96,7 +96,7 @@ def test_no_reexec_when_already_preloaded(tmp_path: Path, blas: Path) -> None:
 
 
 def test_preloaded_blas_gives_the_same_greedy_tokens(tmp_path: Path, blas: Path) -> None:
-    from swarm.models.random_model import build_random_model
+    from model_zoo import build_random_model
     model = build_random_model(tmp_path / "m", family="llama", n_layers=4, seed=1)
 
     def run(**env: str) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -37,6 +38,29 @@ def test_broken_models_exit_2_with_one_line(tmp_path):
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("swarm-node: error:"), (path, r.stderr)
         assert "Traceback" not in r.stderr
+
+
+def test_a_model_that_cannot_be_split_is_refused_at_start_by_name(tmp_path):
+    from model_zoo import build_random_model
+    from swarm.engine.families import REFUSED
+    for family in ("gemma3n", "hunyuan"):
+        model = build_random_model(tmp_path / family, family)
+        r = run_node("--model", str(model), "--no-mdns", tmp_path=tmp_path)
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.strip() == f"swarm-node: error: {family}: cannot be split into contiguous layer ranges: " \
+                                   f"{REFUSED[family]}"
+
+
+def test_a_hub_repo_id_not_in_the_local_cache_is_one_clear_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "swarm.cli", "--api-port", "0", "--no-mdns", "--state-dir",
+                        str(tmp_path / "s"), "--model", "mlx-community/Not-Cached-4bit"],
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "HF_HUB_CACHE": str(tmp_path / "empty-hub"), "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "mlx-community/Not-Cached-4bit is no local path and not in the local Hugging Face cache" in lines[0]
+    assert str(tmp_path / "empty-hub") in lines[0]
 
 
 def test_help_explains_the_flags():

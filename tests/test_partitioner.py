@@ -16,7 +16,7 @@ from partitioner import (
 )
 from partitioner.__main__ import main
 from partitioner.by_memory import largest_remainder
-from partitioner.examples import smollm2_135m
+from partitioner.examples import deepseek_v3_4bit, deepseek_v3_4bit_per_layer, gemma3_27b_4bit, smollm2_135m
 
 GB = 10**9
 
@@ -178,6 +178,10 @@ def test_to_dict_round_trips_through_json():
         (ModelSpec(2, 10), [node("a", speed=-1.0)], "seconds_per_layer"),
         (ModelSpec(2, 10), [node("a", speed=float("nan"))], "seconds_per_layer"),
         (ModelSpec(2, 10), [node("a", hop=-0.1)], "hop_latency_s"),
+        (ModelSpec(2, layer_weight_bytes=(1,)), [node("a")], "one value per layer"),
+        (ModelSpec(2, layer_weight_bytes=(1, -1)), [node("a")], "layer_weight_bytes must not be negative"),
+        (ModelSpec(2, layer_weight_bytes=(0, 0)), [node("a")], "positive value"),
+        (ModelSpec(2, 10, layer_kv_bytes=(1, 2, 3)), [node("a")], "layer_kv_bytes must give one value per layer"),
     ],
 )
 def test_malformed_input_is_rejected_with_a_clear_message(model, nodes, message):
@@ -196,6 +200,55 @@ def test_smollm2_sizes_match_its_published_shape():
     assert model.kv_bytes_per_token_per_layer == 1536
     weights = model.n_layers * model.bytes_per_layer + model.embedding_bytes
     assert 530 * 10**6 < weights < 545 * 10**6  # ~540 MB in float32
+
+
+def test_each_layer_weighs_its_own_size():
+    # Two light layers then two heavy ones: a stage is planned with the heaviest run of its length.
+    model = ModelSpec(n_layers=4, layer_weight_bytes=(1, 1, 5, 5), embedding_bytes=2, head_bytes=3)
+    assert model.layer_costs == (1, 1, 5, 5) and model.layer_bytes == 5
+    assert [model.stage_bytes(k, False, False) for k in range(5)] == [0, 5, 10, 11, 12]
+    assert model.range_bytes(0, 2, True, False) == 4 and model.range_bytes(2, 4, False, True) == 13
+    assert model.total_bytes == 17
+    # 13 bytes hold the embedding and any 3 consecutive layers, 8 the head and any one:
+    # that fits, where "largest layer x n" would allow only 2 + 1 layers.
+    memory = {"a": 13, "b": 8}
+    for strategy in ("balanced", "memory"):
+        plan = make_plan(model, [node(k, memory=m) for k, m in memory.items()], strategy)
+        assert [(s.node_id, s.n_layers) for s in plan.stages] == [("a", 3), ("b", 1)]
+        for i, s in enumerate(plan.stages):
+            assert model.range_bytes(s.start, s.end, i == 0, i == 1) <= memory[s.node_id]
+
+
+def test_an_average_layer_size_would_overflow_a_mixed_model_s_nodes():
+    # DeepSeek V3's expert layers weigh more than the average layer; the old uniform spec
+    # put 9 layers on a 56 GB node, which its real expert layers overflow.
+    average, real = deepseek_v3_4bit(), deepseek_v3_4bit_per_layer()
+    nodes = [NodeCapacity(f"s{i}", 56 * GB, 0.0008 if i >= 6 else 0.0005, 0.001) for i in range(8)]  # as in the docs
+    last = len(nodes) - 1
+    old = make_plan(average, nodes)
+    assert any(real.range_bytes(s.start, s.end, i == 0, i == last) > 56 * GB for i, s in enumerate(old.stages))
+    plan = make_plan(real, nodes)
+    assert all(real.range_bytes(s.start, s.end, i == 0, i == last) <= 56 * GB for i, s in enumerate(plan.stages))
+
+
+def test_sliding_window_layers_reserve_only_their_window():
+    model = gemma3_27b_4bit(context_tokens=131072)
+    global_kv, sliding_kv = model.layer_kv_bytes[5], model.layer_kv_bytes[0]
+    assert global_kv == 128 * sliding_kv  # 131072 tokens against a window of 1024
+    every_layer_full = ModelSpec(62, model.bytes_per_layer, model.embedding_bytes, model.head_bytes,
+                                 model.kv_bytes_per_token_per_layer, 131072)
+    assert model.total_bytes < 0.35 * every_layer_full.total_bytes
+    nodes = [node("a", 16 * GB), node("b", 16 * GB)]
+    assert len(make_plan(model, nodes).stages) == 2
+    with pytest.raises(InsufficientMemoryError):
+        make_plan(every_layer_full, nodes)
+
+
+def test_per_layer_sizes_are_part_of_the_plan_id():
+    a = ModelSpec(n_layers=3, layer_weight_bytes=(1, 2, 3))
+    b = ModelSpec(n_layers=3, layer_weight_bytes=(3, 2, 1))
+    assert make_plan(a, [node("x")]).plan_id != make_plan(b, [node("x")]).plan_id
+    assert a.to_dict()["layer_weight_bytes"] == [1, 2, 3] and "layer_kv_bytes" not in a.to_dict()
 
 
 def test_docs_show_exactly_what_the_examples_script_prints(capsys):

@@ -22,13 +22,19 @@ HOPS = [0.0, 0.0, 0.25, 1.0, 3.0]
 
 @st.composite
 def models(draw, max_layers: int = 8) -> ModelSpec:
+    """Uniform layers, or each layer its own weights and cache reserve (mixed models)."""
+    n = draw(st.integers(1, max_layers))
+    per_layer = draw(st.booleans())
     return ModelSpec(
-        n_layers=draw(st.integers(1, max_layers)),
+        n_layers=n,
         bytes_per_layer=draw(st.integers(1, 10)),
         embedding_bytes=draw(st.integers(0, 10)),
         head_bytes=draw(st.integers(0, 10)),
         kv_bytes_per_token_per_layer=draw(st.integers(0, 2)),
         context_tokens=draw(st.integers(0, 3)),
+        layer_weight_bytes=tuple(draw(st.lists(st.integers(1, 12), min_size=n, max_size=n))) if per_layer else (),
+        layer_kv_bytes=tuple(draw(st.lists(st.integers(0, 6), min_size=n, max_size=n)))
+        if per_layer and draw(st.booleans()) else (),
     )
 
 
@@ -99,9 +105,11 @@ def assert_well_formed(plan: Plan, model: ModelSpec, nodes: list[NodeCapacity]) 
     idle_ids = [i.node_id for i in plan.idle]
     assert len(set(stage_ids)) == len(stage_ids)
     assert sorted(stage_ids + idle_ids) == sorted(by_id)
-    # No node over its memory, counting the extras of the first and last stage.
+    # No node over its memory, counting the extras of the first and last stage: neither
+    # what its range holds nor the heaviest run of as many layers (what it was planned with).
     last = len(plan.stages) - 1
     for i, s in enumerate(plan.stages):
+        assert model.range_bytes(s.start, s.end, i == 0, i == last) <= model.stage_bytes(s.n_layers, i == 0, i == last)
         assert model.stage_bytes(s.n_layers, i == 0, i == last) <= by_id[s.node_id].memory_bytes
     # The reported bottleneck is the slowest stage under the documented timing rule.
     times = [stage_time(by_id[s.node_id], s.n_layers, len(plan.stages)) for s in plan.stages]
@@ -148,6 +156,16 @@ def test_balanced_matches_brute_force_on_every_objective(model, nodes):
     deviation = sum(abs(layers.get(i, 0) - r) for i, r in ideal_shares(model, nodes).items())
     assert (max(times), deviation, sum(times)) == best
     assert plan.bottleneck_s == float(best[0])
+
+
+@FAST
+@given(models(max_layers=12))
+def test_stage_bytes_is_the_heaviest_run_of_that_many_layers(model):
+    n = model.n_layers
+    for k in range(1, n + 1):
+        runs = [model.range_bytes(a, a + k, False, False) for a in range(n - k + 1)]
+        assert model.stage_bytes(k, False, False) == max(runs)
+    assert model.total_bytes == sum(model.layer_costs) + model.embedding_bytes + model.head_bytes
 
 
 def roomy(model: ModelSpec, nodes: list[NodeCapacity]) -> list[NodeCapacity]:

@@ -12,7 +12,7 @@ from model_fixtures import FAMILIES, default_model, tiny_models  # noqa: F401
 
 from swarm.engine.sampling import SamplingParams
 from swarm.engine.shard import load_shard
-from swarm.engine.stage import Stage
+from swarm.engine.shard_runner import ShardRunner
 from swarm.engine.worker import MlxWorker
 from swarm.entry.generate import GenerationJob, generate_tokens
 from local_pipeline import LocalPipeline
@@ -39,7 +39,7 @@ def chained_tokens(model_dir, sizes: list[int], prompt: list[int], n: int,
                    sampling: SamplingParams = GREEDY) -> list[int]:
     worker = MlxWorker()
     try:
-        stages = [Stage(worker.run_sync(load_shard, model_dir, a, b)) for a, b in splits_to_ranges(sizes)]
+        stages = [ShardRunner(worker.run_sync(load_shard, model_dir, a, b)) for a, b in splits_to_ranges(sizes)]
         pipeline = LocalPipeline(stages, worker)
 
         async def pipe(_broken=None):

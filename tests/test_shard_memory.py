@@ -21,8 +21,9 @@ def resident_after_load(model_dir, start: int, end: int):
 def test_resident_bytes_follow_layers(default_model):
     path, n = default_model.path, default_model.n_layers
     full, full_bytes = resident_after_load(path, 0, n)
-    embed_bytes = full.embed_tokens.weight.nbytes
-    per_layer = (full.weight_bytes() - embed_bytes - full.norm.weight.nbytes) / n
+    inner = full.model.model  # SmolLM2 is a llama: embed_tokens, layers, norm
+    embed_bytes = inner.embed_tokens.weight.nbytes
+    per_layer = (full.weight_bytes() - embed_bytes - inner.norm.weight.nbytes) / n
     del full
     for start, end in [(10, 13), (4, 20), (0, 5), (25, 30)]:
         shard, resident = resident_after_load(path, start, end)

@@ -4,7 +4,7 @@ The four projections (q, k, v, o: a quarter of a block's weights) run once for
 all rows; only RoPE, the cache update and the attention itself run row by row,
 because each request's cache holds a different number of positions. This is
 the attention of mlx-lm's llama, qwen2 and qwen3 families written for that
-case; other families keep their own attention, called row by row.
+case (unrolled_decode.py uses it for those families only).
 """
 
 from __future__ import annotations
@@ -14,18 +14,10 @@ import mlx.nn as nn
 from mlx_lm.models.base import scaled_dot_product_attention
 from mlx_lm.models.cache import KVCache
 
-# mlx-lm modules whose Attention is exactly the one below (qwen3 adds q_norm/k_norm).
-_FAMILIES = {"mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3"}
-
-
-def projections_batch(attn: nn.Module) -> bool:
-    return type(attn).__module__ in _FAMILIES
-
-
 def batched_attention(attn: nn.Module, x: mx.array, caches: list[KVCache]) -> mx.array:
-    """x: (B, 1, D), already normalised; row b attends over caches[b]. Returns (B, 1, D)."""
-    if not projections_batch(attn):
-        return mx.concatenate([attn(x[b:b + 1], None, cache) for b, cache in enumerate(caches)], axis=0)
+    """x: (B, 1, D), already normalised; row b attends over caches[b]. Returns (B, 1, D).
+
+    `attn` is the Attention of mlx-lm's llama, qwen2 or qwen3 (qwen3 adds q_norm / k_norm)."""
     B, L, _ = x.shape
     queries = attn.q_proj(x).reshape(B, L, attn.n_heads, -1)
     keys = attn.k_proj(x).reshape(B, L, attn.n_kv_heads, -1)

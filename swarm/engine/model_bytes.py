@@ -1,54 +1,127 @@
-"""How many bytes each part of a model takes once loaded, without loading it."""
+"""How many bytes each part of a model takes once loaded, without loading it.
+
+Each layer's own weights, in the dtype this node will run them as (floats cast
+to `dtype`, quantized weights kept packed or dequantized), and each layer's
+cache per kind: a full-attention layer keeps every position, a sliding-window
+layer at most its window, a linear-attention or state-space layer a state of
+fixed size. The cache shapes come from one lazy forward of one token through
+the model's own code (nothing evaluated, no weight read), so MLA's compressed
+keys or a family's own head sizes need no code of ours. What the first and the
+last stage hold besides their layers comes from the dry run (model_outline.py),
+exactly as a shard keeps it.
+"""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
+from mlx_lm.models.cache import CacheList, make_prompt_cache
 from mlx_lm.utils import load_model
 
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+from . import families
+from .model_outline import BETWEEN, POST, PRE, outline
+from .quantized import QUANTIZED
+
+
+@dataclass(frozen=True)
+class LayerCache:
+    per_token: int = 0  # bytes per cached position
+    window: int | None = None  # most positions kept; None: all of them
+    fixed: int = 0  # bytes that do not grow with the context (a recurrent state)
+
+    def reserve(self, context_tokens: int) -> int:
+        kept = context_tokens if self.window is None else min(self.window, context_tokens)
+        return self.fixed + self.per_token * kept
 
 
 @dataclass(frozen=True)
 class ModelBytes:
     per_layer: tuple[int, ...]
-    embedding: int
-    norm: int
-    lm_head: int  # 0 with tied embeddings: the last stage then holds the embedding as its head
-    kv_per_token_per_layer: int
+    embedding: int  # what the first stage holds besides its layers
+    head: int  # what the last stage holds besides its layers (the embedding again when tied)
+    caches: tuple[LayerCache, ...]
 
     @property
-    def head(self) -> int:
-        """What the last stage holds besides its layers."""
-        return self.norm + (self.lm_head or self.embedding)
+    def kv_per_token_per_layer(self) -> int:
+        return max((c.per_token for c in self.caches), default=0)
+
+    def kv_reserve(self, context_tokens: int) -> tuple[int, ...]:
+        return tuple(c.reserve(context_tokens) for c in self.caches)
 
 
-def measure_model_bytes(model_dir: Path, dtype: mx.Dtype | None) -> ModelBytes:
-    model, config = load_model(Path(model_dir), lazy=True)  # lazy: shapes only, nothing read
-    quantized = {name for name, m in model.named_modules()
-                 if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))}
-    n_layers = len(model.model.layers)
-    per_layer = [0] * n_layers
-    embedding = norm = lm_head = 0
-    for name, value in tree_flatten(model.parameters()):
-        nbytes = value.nbytes
-        if dtype is not None and mx.issubdtype(value.dtype, mx.floating) and name.rsplit(".", 1)[0] not in quantized:
-            nbytes = value.size * dtype.size
-        if m := _LAYER.match(name):
-            per_layer[int(m.group(1))] += nbytes
-        elif name.startswith("model.embed_tokens."):
-            embedding += nbytes
-        elif name.startswith("model.norm."):
-            norm += nbytes
-        elif name.startswith("lm_head."):
-            lm_head += nbytes
-    attn = model.model.layers[0].self_attn
-    kv_heads = getattr(attn, "n_kv_heads", None) or config.get("num_key_value_heads") or config["num_attention_heads"]
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    act_bytes = (dtype or mx.float32).size if dtype is not None else 2 if mx.metal.is_available() else 4
-    return ModelBytes(tuple(per_layer), embedding, norm, lm_head, 2 * kv_heads * head_dim * act_bytes)
+def _own_bytes(m: nn.Module, dtype: mx.Dtype | None, dequantize: bool) -> dict[str, int]:
+    """Bytes of each of the module's own parameters once loaded as this node loads them."""
+    out = {}
+    for key, v in m.items():
+        if not isinstance(v, mx.array) or key.startswith("_"):
+            continue
+        if isinstance(m, QUANTIZED) and dequantize:
+            # the packed weight becomes a float matrix; scales and biases go away
+            size = {"weight": v.size * 32 // m.bits * (dtype or mx.float32).size,
+                    "bias": v.size * (dtype or v.dtype).size}.get(key, 0)
+        elif isinstance(m, QUANTIZED) or dtype is None or not mx.issubdtype(v.dtype, mx.floating):
+            size = v.nbytes
+        else:
+            size = v.size * dtype.size
+        out[key] = size
+    return out
+
+
+def _tree_bytes(module: nn.Module, dtype: mx.Dtype | None, dequantize: bool) -> int:
+    return sum(sum(_own_bytes(m, dtype, dequantize).values()) for _, m in module.named_modules())
+
+
+def _cache_shape(cache, positions: int, act_bytes: int) -> LayerCache:
+    if isinstance(cache, CacheList):
+        parts = [_cache_shape(c, positions, act_bytes) for c in cache.caches]
+        windows = [p.window for p in parts if p.per_token]
+        return LayerCache(sum(p.per_token for p in parts), max(windows) if windows and None not in windows else None,
+                          sum(p.fixed for p in parts))
+    if hasattr(cache, "offset"):
+        window = getattr(cache, "max_size", None) or getattr(cache, "chunk_size", None)
+        keys, values = getattr(cache, "keys", None), getattr(cache, "values", None)
+        if isinstance(keys, mx.array) and isinstance(values, mx.array) and keys.ndim == values.ndim == 4:
+            per_token = keys.shape[1] * keys.shape[3] + values.shape[1] * values.shape[3]  # (B, heads, T, dim)
+        else:
+            per_token = sum(a.size for _, a in tree_flatten(cache.state) if isinstance(a, mx.array)) // positions
+        return LayerCache(per_token=per_token * act_bytes, window=window)
+    return LayerCache(fixed=sum(a.size for _, a in tree_flatten(cache.state) if isinstance(a, mx.array)) * act_bytes)
+
+
+def _layer_caches(model: nn.Module, slots, act_bytes: int) -> tuple[LayerCache, ...]:
+    """Run one position lazily through the model's own code and read its caches' shapes."""
+    caches = make_prompt_cache(model)
+    try:
+        model(mx.zeros((1, 1), mx.int32), cache=caches)  # builds the graph only; nothing is evaluated
+    except Exception:
+        return tuple(LayerCache() for _ in slots)
+    shapes = [_cache_shape(c, 1, act_bytes) for c in caches]
+    out = []
+    for layer_slots in slots:
+        parts = [shapes[i] for i in layer_slots]
+        windows = [p.window for p in parts if p.per_token]
+        out.append(LayerCache(sum(p.per_token for p in parts),
+                              max(windows) if windows and None not in windows else None, sum(p.fixed for p in parts)))
+    return tuple(out)
+
+
+def measure_model_bytes(model_dir: Path, dtype: mx.Dtype | None, dequantize: bool = False) -> ModelBytes:
+    model, _ = load_model(Path(model_dir), lazy=True)  # lazy: shapes only, nothing read
+    family = families.family_of(model)
+    plan = outline(model, family)
+    layers = list(model.layers)
+    per_layer = tuple(_tree_bytes(layer, dtype, dequantize) for layer in layers)
+    inside = {id(m) for layer in layers for _, m in layer.named_modules()}
+    outside: dict[str, int] = {}
+    for path, m in model.named_modules():
+        if id(m) not in inside:
+            prefix = f"{path}." if path else ""
+            outside.update({prefix + key: size for key, size in _own_bytes(m, dtype, dequantize).items()})
+    embedding = sum(b for p, b in outside.items() if plan.phases(p) & {PRE, BETWEEN})
+    head = sum(b for p, b in outside.items() if plan.phases(p) & {POST, BETWEEN})
+    act_bytes = (dtype or (mx.float16 if mx.metal.is_available() else mx.float32)).size
+    return ModelBytes(per_layer, embedding, head, _layer_caches(model, plan.cache_slots, act_bytes))

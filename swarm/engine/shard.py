@@ -1,28 +1,47 @@
-"""A shard: the transformer layers [start, end) of an mlx-lm model, and only those.
+"""A shard: the layers [start, end) of an mlx-lm model, run by the model's own forward.
 
-The first shard also owns the token embedding, the last one the final norm and the
-head (the embedding matrix itself when embeddings are tied). Weights outside the
-shard are never evaluated, so they are never read from disk into memory.
+The shard keeps the whole model object and restricts it to its range, so the
+model's own code does everything it does around the layers: embedding scales,
+per-layer masks and caches, extra norms, soft-caps and logit scales. Nothing
+of that is re-written here, and a new mlx-lm family works without code of ours.
+
+- Layers outside the range keep their attributes but hold no weights; called,
+  they hand their input on.
+- A shard that is not first injects the hidden states it received at its first
+  layer; the embedding it does not own is a weightless stand-in, so the model's
+  own embedding code runs harmlessly (its output is never used).
+- A shard that is not last stops right after its last layer (the layer raises
+  `StopAfterLayer`): nothing after it is built or evaluated.
+- The last shard runs the head on the last position only.
+- Weights outside what the shard needs are never evaluated, so never read from
+  disk; which of the weights outside the layers a position needs is found by a
+  dry run of the model's forward (model_outline.py).
+
+The first shard takes token ids (1, L); later ones hidden states (1, L, D). The
+last returns the logits of the final position (vocab,), the others hidden states.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
-from mlx_lm.models.base import create_attention_mask
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
-from .batched_attention import batched_attention
+from ..models.errors import ModelFormatError, UnsplittableModel
+from . import families
+from .layer_hooks import LayerHook, hidden_of, hook, strip_arrays, with_hidden
+from .model_outline import BETWEEN, POST, PRE, Outline, outline
+from .quantized import cast_floats, dequantize, weights_run_as
+from .shard_caches import ShardCaches
+from .unrolled_decode import UnrolledDecode
 
-
-# A transformer block as llama, qwen2, qwen3 and most mlx-lm families write it:
-# h = x + self_attn(input_layernorm(x)); out = h + mlp(post_attention_layernorm(h))
-_BLOCK_PARTS = ("self_attn", "input_layernorm", "post_attention_layernorm", "mlp")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -44,117 +63,219 @@ class LayerRange:
         return self.end == self.n_layers
 
 
+class StopAfterLayer(Exception):
+    """Raised by a non-last shard's last layer: carries its output out of the model's forward."""
+
+    def __init__(self, hidden: mx.array):
+        self.hidden = hidden
+
+
+class _PassThrough(LayerHook):
+    """A layer outside the shard: hands its input on."""
+
+    def call(self, layer, call, args, kwargs):
+        return hidden_of(args, kwargs)
+
+
+class _Edge(LayerHook):
+    """The first and/or last layer of a shard."""
+
+    def __init__(self, inject: bool, stop: bool, last_position: bool):
+        self.inject, self.stop, self.last_position = inject, stop, last_position
+        self.pending: mx.array | None = None  # hidden states to inject at the next call
+
+    def call(self, layer, call, args, kwargs):
+        if self.inject:
+            if self.pending is None:
+                raise RuntimeError("the shard's first layer ran twice in one forward")
+            args, kwargs = with_hidden(args, kwargs, self.pending)
+            self.pending = None
+        out = call(*args, **kwargs)
+        if self.stop:
+            raise StopAfterLayer(out)
+        if self.last_position and out.shape[1] > 1:
+            out = out[:, -1:, :]  # the head runs on the position whose logits are wanted
+        return out
+
+
+class _WeightlessEmbedding(LayerHook):
+    """Stands in for an embedding a later shard does not own: right shape and dtype, no weights."""
+
+    def __init__(self, dims: int, dtype: mx.Dtype):
+        self.dims, self.dtype = dims, dtype
+
+    def call(self, layer, call, args, kwargs):
+        ids = args[0] if args else next(iter(kwargs.values()))
+        return mx.zeros((*ids.shape, self.dims), self.dtype)
+
+
+def _embedding_shape(m: nn.Module, dtype: mx.Dtype | None) -> tuple[int, mx.Dtype]:
+    if isinstance(m, nn.QuantizedEmbedding):
+        return m.weight.shape[-1] * 32 // m.bits, m.scales.dtype
+    w = m.weight
+    return w.shape[-1], dtype if dtype is not None and mx.issubdtype(w.dtype, mx.floating) else w.dtype
+
+
 class Shard(nn.Module):
-    def __init__(self, full_model: nn.Module, layers: LayerRange):
+    def __init__(self, model: nn.Module, layers: LayerRange, plan: Outline, family: str,
+                 dtype: mx.Dtype | None = None):
         super().__init__()
-        inner = getattr(full_model, "model", None)
-        if inner is None or not hasattr(inner, "layers"):
-            raise ValueError(
-                f"model type {getattr(full_model, 'model_type', '?')!r} does not keep "
-                "its blocks in model.layers; swarm cannot split it"
-            )
-        if len(inner.layers) != layers.n_layers:
-            raise ValueError(f"model has {len(inner.layers)} layers, range expects {layers.n_layers}")
+        self.model = model
         self.range = layers
-        self.layers = inner.layers[layers.start : layers.end]
-        tied = not hasattr(full_model, "lm_head")
-        if layers.is_first or (layers.is_last and tied):
-            self.embed_tokens = inner.embed_tokens
-        if layers.is_last:
-            self.norm = inner.norm
-            if not tied:
-                self.lm_head = full_model.lm_head
-        self.tied = tied
+        self.family = family
+        model_layers = list(model.layers)
+        if len(model_layers) != layers.n_layers:
+            raise ValueError(f"model has {len(model_layers)} layers, range expects {layers.n_layers}")
+        self.hidden_size, self.activation_dtype = None, dtype
+        for i, layer in enumerate(model_layers):
+            if not layers.start <= i < layers.end:
+                strip_arrays(layer)
+                hook(layer, _PassThrough())
+        self._strip_outside(plan, dtype)
+        if self.hidden_size is None:  # no nn.Embedding before the layers: the config says it
+            self.hidden_size = getattr(getattr(model, "args", None), "hidden_size", None)
+        first, last = model_layers[layers.start], model_layers[layers.end - 1]
+        self._entry = _Edge(inject=not layers.is_first, stop=not layers.is_last and first is last,
+                            last_position=layers.is_last and first is last)
+        hook(first, self._entry)
+        if last is not first:
+            hook(last, _Edge(inject=False, stop=not layers.is_last, last_position=layers.is_last))
+        self._cache_slots = plan.slots_of(layers.start, layers.end)
+        self.unrolled = UnrolledDecode.for_shard(self)
 
-    def make_caches(self) -> list[KVCache]:
-        return [KVCache() for _ in self.layers]
+    def _strip_outside(self, plan: Outline, dtype: mx.Dtype | None) -> None:
+        """Keep the weights outside the layers that this position in the pipeline reads."""
+        r = self.range
+        inside = {id(m) for layer in self.model.layers for _, m in layer.named_modules()}
+        for path, m in self.model.named_modules():
+            if id(m) in inside:
+                continue
+            prefix = f"{path}." if path else ""
+            is_embedding = path in plan.embedding_modules
+            if is_embedding and self.hidden_size is None:
+                self.hidden_size, self.activation_dtype = _embedding_shape(m, dtype)
+            for key in [k for k, v in m.items() if isinstance(v, mx.array) and not k.startswith("_")]:
+                phases = plan.phases(prefix + key)
+                keep = ((PRE in phases and (r.is_first or not is_embedding)) or BETWEEN in phases
+                        or (POST in phases and r.is_last))
+                if not keep:
+                    del m[key]
+            if is_embedding and not r.is_first and not any(isinstance(v, mx.array) for v in m.values()):
+                hook(m, _WeightlessEmbedding(self.hidden_size, self.activation_dtype))
 
-    def __call__(self, x: mx.array, caches: list[KVCache]) -> mx.array:
-        """x is token ids (1, L) on the first shard, hidden states (1, L, D) after.
+    @property
+    def owned_layers(self) -> list[nn.Module]:
+        return list(self.model.layers)[self.range.start:self.range.end]
+
+    def make_caches(self) -> ShardCaches:
+        return ShardCaches(make_prompt_cache(self.model), self._cache_slots)
+
+    def __call__(self, x: mx.array, caches: ShardCaches) -> mx.array:
+        """x is token ids (B, L) on the first shard, hidden states (B, L, D) after.
 
         Returns hidden states, or on the last shard the logits of the final position.
         """
-        h = self.embed_tokens(x) if self.range.is_first else x
-        mask = create_attention_mask(h, caches[0])
-        for layer, cache in zip(self.layers, caches):
-            h = layer(h, mask, cache=cache)
-        if not self.range.is_last:
-            return h
-        h = self.norm(h[:, -1:, :])
-        head = self.embed_tokens.as_linear if self.tied else self.lm_head
-        return head(h)[0, -1]
+        if self.range.is_first:
+            ids = x
+        else:
+            self._entry.pending = x
+            ids = mx.zeros(x.shape[:2], mx.int32)  # what the stand-in embedding looks at
+        try:
+            out = self.model(ids, cache=caches)
+        except StopAfterLayer as stop:
+            out = stop.hidden
+        finally:
+            missed, self._entry.pending = self._entry.pending, None
+        if missed is not None:
+            raise RuntimeError(f"{self.family}: the model's forward never reached layer {self.range.start}")
+        caches.advance(x.shape[1])
+        return out[0, -1] if self.range.is_last else out
+
+    def example_input(self, length: int) -> mx.array:
+        """An input of `length` positions this shard accepts (for probes and checks)."""
+        if self.range.is_first:
+            return mx.zeros((1, length), mx.int32)
+        return mx.random.normal((1, length, self.hidden_size), key=mx.random.key(0)).astype(self.activation_dtype)
 
     @property
     def can_batch(self) -> bool:
-        """True when every block is the standard pre-norm attention + MLP block decode_batch unrolls."""
-        return all(all(hasattr(layer, a) for a in _BLOCK_PARTS) for layer in self.layers)
+        """True when decode_batch runs several requests as one pass (else it runs them one by one)."""
+        return self.unrolled is not None
 
-    def decode_batch(self, x: mx.array, caches: list[list[KVCache]]) -> mx.array:
+    def decode_batch(self, x: mx.array, caches: list[ShardCaches]) -> mx.array:
         """One new position for each of B requests: x is ids (B, 1) or hidden states (B, 1, D).
 
-        Each request attends over its own cache (lengths differ), so only that part
-        of attention runs row by row (see batched_attention); the projections, the
-        MLP and the head, all of the weights, run once for all rows.
         Returns hidden states (B, 1, D), or on the last shard the logits (B, vocab).
-        Rows can differ from a single-request forward in the last bits (matmul kernels
-        depend on the row count), so this is used only when the node opts in.
+        Families not proven exact by the unrolled pass run row by row: never silently wrong.
         """
-        h = self.embed_tokens(x) if self.range.is_first else x
-        for i, layer in enumerate(self.layers):
-            h = h + batched_attention(layer.self_attn, layer.input_layernorm(h), [c[i] for c in caches])
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        if not self.range.is_last:
-            return h
-        head = self.embed_tokens.as_linear if self.tied else self.lm_head
-        return head(self.norm(h))[:, -1]
+        if self.unrolled is not None:
+            return self.unrolled(x, caches)
+        rows = [self(x[b:b + 1], c) for b, c in enumerate(caches)]
+        return mx.stack(rows) if self.range.is_last else mx.concatenate(rows, axis=0)
 
     def weight_bytes(self) -> int:
         return sum(v.nbytes for _, v in tree_flatten(self.parameters()))
 
 
+def check_splittable(model_dir: Path) -> str:
+    """Refuse a model whose family cannot be cut into layer ranges (UnsplittableModel), before
+    any weight is read: builds it lazily and dry-runs its forward. Returns its family."""
+    try:
+        model, _ = load_model(Path(model_dir), lazy=True, strict=True)
+    except (TypeError, KeyError, ValueError, AttributeError, FileNotFoundError) as e:
+        raise ModelFormatError(f"{model_dir}: mlx-lm cannot build this model: {type(e).__name__}: {e}") from e
+    family = families.family_of(model)
+    families.check_splittable(family)
+    outline(model, family)
+    return family
+
+
 def load_shard(model_dir: Path, start: int, end: int | None, dtype: mx.Dtype | None = None,
-               reuse: Shard | None = None) -> Shard:
-    """Build the model lazily, keep only this shard's modules, then evaluate them.
+               reuse: Shard | None = None, dequantize_layers: bool = False) -> Shard:
+    """Build the model lazily, keep only this shard's weights, then evaluate them.
 
     `dtype` casts floating (non-quantized) weights, e.g. to float32 on a CPU backend
     where float16 matmuls are several times slower. `end` None means the last layer.
-    Modules that `reuse` (the shard this node held before a re-plan) already has are
-    taken over as they are, so a node only reads the layers it newly owns.
+    Weights that `reuse` (the shard this node held before a re-plan) already holds
+    are taken over as they are, so a node only reads the layers it newly owns.
+    `dequantize_layers` turns quantized weights into `dtype` (see quantized.py).
+    Raises UnsplittableModel when the family cannot be cut this way.
     """
-    model, config = load_model(Path(model_dir), lazy=True, strict=True)
-    n_layers = len(model.model.layers)
-    shard = Shard(model, LayerRange(start, n_layers if end is None else end, n_layers))
-    del model
+    model, _ = load_model(Path(model_dir), lazy=True, strict=True)
+    family = families.family_of(model)
+    families.check_splittable(family)
+    n_layers = len(model.layers)
+    shard = Shard(model, LayerRange(start, n_layers if end is None else end, n_layers), outline(model, family),
+                  family, dtype)
     if reuse is not None:
         _take_over(shard, reuse)
+    if dequantize_layers:
+        dequantize(shard.model, dtype or mx.float32)
     if dtype is not None:
-        shard.update(
-            _cast_floats(shard.parameters(), dtype, quantized=_quantized_paths(shard))
-        )
+        cast_floats(shard.model, dtype)
     mx.eval(shard.parameters())
     shard.eval()
+    _smoke_test(shard)
+    shard.weights_run_as = weights_run_as(shard.model)
+    log.info("%s layers [%d, %d) of %d: %.1f MB, weights run as %s", family, shard.range.start, shard.range.end,
+             n_layers, shard.weight_bytes() / 1e6, shard.weights_run_as)
     return shard
 
 
 def _take_over(shard: Shard, old: Shard) -> None:
-    for i in range(max(shard.range.start, old.range.start), min(shard.range.end, old.range.end)):
-        shard.layers[i - shard.range.start] = old.layers[i - old.range.start]
-    for name in ("embed_tokens", "norm", "lm_head"):
-        if name in shard and name in old:
-            shard[name] = old[name]
+    """Arrays the old shard holds under the same names and shapes replace the unread new ones."""
+    held = dict(tree_flatten(old.model.parameters()))
+    taken = [(k, held[k]) for k, v in tree_flatten(shard.model.parameters())
+             if k in held and held[k].shape == v.shape]
+    shard.model.load_weights(taken, strict=False)
 
 
-def _quantized_paths(shard: Shard) -> set[str]:
-    return {name for name, m in shard.named_modules() if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))}
-
-
-def _cast_floats(params, dtype, quantized: set[str], prefix: str = ""):
-    # Quantized modules keep their packed weights, scales and biases as they are.
-    if isinstance(params, dict):
-        return {k: _cast_floats(v, dtype, quantized, f"{prefix}{k}.") for k, v in params.items()}
-    if isinstance(params, list):
-        return [_cast_floats(v, dtype, quantized, f"{prefix}{i}.") for i, v in enumerate(params)]
-    module_path = prefix.rsplit(".", 2)[0]
-    if module_path in quantized or not mx.issubdtype(params.dtype, mx.floating) or params.dtype == dtype:
-        return params
-    return params.astype(dtype)
+def _smoke_test(shard: Shard) -> None:
+    """One forward at load, so a family that fails cut this way fails now, with its reason."""
+    try:
+        caches = shard.make_caches()
+        mx.eval(shard(shard.example_input(2), caches), caches.arrays())
+    except Exception as e:  # whatever the model's own code raises
+        r = shard.range
+        raise UnsplittableModel(f"{shard.family}: layers [{r.start}, {r.end}) of {r.n_layers} fail when run "
+                                f"as a shard: {type(e).__name__}: {e}") from e

@@ -22,21 +22,19 @@ CONTEXT = 64
 STEPS = 12
 
 
-def measure_speed(model_dir: Path, n_layers: int, dtype: mx.Dtype | None) -> float:
+def measure_speed(model_dir: Path, n_layers: int, dtype: mx.Dtype | None, dequantize: bool = False) -> float:
     """Seconds per layer per decoded token (call on the MLX thread)."""
     start = max(0, min(n_layers // 2, n_layers - PROBE_LAYERS))
     end = min(n_layers, start + PROBE_LAYERS)
-    shard = load_shard(model_dir, start, end, dtype)
-    hidden = shard.layers[0].input_layernorm.weight.shape[0]
-    wdtype = shard.layers[0].input_layernorm.weight.dtype
+    shard = load_shard(model_dir, start, end, dtype, dequantize_layers=dequantize)
     caches = shard.make_caches()
-    x = mx.random.normal((1, CONTEXT, hidden), key=mx.random.key(0)).astype(wdtype)
-    mx.eval(shard(x, caches))
-    step = x[:, :1, :]
-    mx.eval(shard(step, caches))  # warm-up
+    x = shard.example_input(CONTEXT)
+    mx.eval(shard(x, caches), caches.arrays())
+    step = x[:, :1]
+    mx.eval(shard(step, caches), caches.arrays())  # warm-up
     t0 = time.perf_counter()
     for _ in range(STEPS):
-        mx.eval(shard(step, caches))
+        mx.eval(shard(step, caches), caches.arrays())
     return (time.perf_counter() - t0) / STEPS / (end - start)
 
 

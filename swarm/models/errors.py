@@ -11,3 +11,7 @@ class ModelNotFoundError(ModelError):
 
 class ModelFormatError(ModelError):
     """The model file exists but cannot be read or is not a supported layout."""
+
+
+class UnsplittableModel(ModelError):
+    """The model's architecture cannot be cut into independent contiguous layer ranges."""

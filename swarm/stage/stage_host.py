@@ -14,16 +14,17 @@ import mlx.core as mx
 from partitioner import Plan
 
 from ..engine.shard import load_shard
-from ..engine.stage import Stage
+from ..engine.shard_runner import ShardRunner
 from ..engine.worker import MlxWorker
 
 log = logging.getLogger(__name__)
 
 
 class StageHost:
-    def __init__(self, model_dir, dtype: mx.Dtype | None, worker: MlxWorker):
+    def __init__(self, model_dir, dtype: mx.Dtype | None, worker: MlxWorker, dequantize: bool = False):
         self.model_dir, self.dtype, self.worker = model_dir, dtype, worker
-        self.stage: Stage | None = None
+        self.dequantize = dequantize  # quantized layers loaded as `dtype` floats
+        self.stage: ShardRunner | None = None
         self.plan: Plan | None = None  # the plan `stage` serves; None while loading
 
     @property
@@ -46,9 +47,10 @@ class StageHost:
         elif self.stage is None or (self.stage.range.start, self.stage.range.end) != layers:
             old = self.stage.shard if self.stage else None
             self.stage = None
-            shard = await self.worker.run(load_shard, self.model_dir, layers[0], layers[1], self.dtype, old)
+            shard = await self.worker.run(load_shard, self.model_dir, layers[0], layers[1], self.dtype, old,
+                                          self.dequantize)
             del old
-            self.stage = Stage(shard)
+            self.stage = ShardRunner(shard)
             log.info("now holding layers [%d, %d): %.1f MB", *layers, shard.weight_bytes() / 1e6)
         self.plan = plan
 

@@ -35,7 +35,7 @@ import logging
 import time
 from collections import deque
 
-from ..engine.stage import CacheMismatch, Stage
+from ..engine.shard_runner import CacheMismatch, ShardRunner
 from ..engine.worker import MlxWorker
 from ..entry.pending_tokens import PendingTokens
 from ..entry.run_ahead import RunAhead
@@ -170,7 +170,7 @@ class StageService:
         for forward, (out, took_s) in zip(accepted, outs):
             self._mlx_deliver(forward, out, took_s, stage, plan, index)
 
-    def _mlx_accept(self, forward: Forward, stage: Stage | None, plan) -> bool:
+    def _mlx_accept(self, forward: Forward, stage: ShardRunner | None, plan) -> bool:
         """Can our stage serve it? If not, its entry is told."""
         if plan is None or stage is None or forward.plan_id != plan.plan_id or forward.start != stage.range.start:
             self._mlx_fail(forward, "plan_mismatch",
@@ -179,7 +179,7 @@ class StageService:
             return False
         return True
 
-    def _mlx_deliver(self, forward: Forward, out, took_s: float, stage: Stage, plan, index: int) -> None:
+    def _mlx_deliver(self, forward: Forward, out, took_s: float, stage: ShardRunner, plan, index: int) -> None:
         if isinstance(out, (CacheMismatch, ProtocolError)):
             self._mlx_fail(forward, "cache" if isinstance(out, CacheMismatch) else "protocol", str(out))
             return
@@ -196,7 +196,7 @@ class StageService:
         self._mlx_send_or_fail(nxt.node_id, forward.onward(nxt.start, out, compute_us))
 
 
-def _result(stage: Stage, out):
+def _result(stage: ShardRunner, out):
     """What to deliver for a forward result: a token, None, the request's failure, or the encoded
     activations (dtype, shape, a view of the bytes: arrays.encode_array)."""
     if isinstance(out, (int, Exception)) or out is None:
@@ -206,7 +206,7 @@ def _result(stage: Stage, out):
     return encode_array(out)
 
 
-def _compute(stage: Stage, forward: Forward):
+def _compute(stage: ShardRunner, forward: Forward):
     """Decode the input, run the shard, encode the output; and how long it took (what hop timing
     calls compute). A request's own failure (lost cache, bad array) is returned, not raised."""
     t0 = time.perf_counter()
@@ -217,7 +217,7 @@ def _compute(stage: Stage, forward: Forward):
     return _result(stage, out), time.perf_counter() - t0
 
 
-def _compute_batch(stage: Stage, accepted: list[Forward]):
+def _compute_batch(stage: ShardRunner, accepted: list[Forward]):
     """_compute for several decode steps in one pass; each row is charged the whole pass."""
     t0 = time.perf_counter()
     items, results = [], {}

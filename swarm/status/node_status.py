@@ -34,6 +34,7 @@ class NodeStatus:
         return {"status": "ok" if ok else reason, "node_id": self.discovery.node_id, "model": self.model.model_id,
                 "backend": self.backend, "blas": blas_in_use(), "plan_id": plan.plan_id if plan else None,
                 "layers": [stage.range.start, stage.range.end] if stage else None,
+                "weights": stage.shard.weights_run_as if stage else None,
                 "cached_requests": stage.active_requests if stage else 0, **self.stats.to_dict(),
                 "decode_timing": self.hop_timing.to_dict(),
                 "decode_batching": {"max_batch": service.max_batch, "batched_passes": service.batched_passes,

@@ -1,25 +1,36 @@
-"""Deterministic random-weight tiny models (llama / qwen2 / qwen3) for tests.
+"""Deterministic random-weight tiny models of any mlx-lm family, for tests.
 
 Every tensor is drawn from a numpy RNG seeded by (seed, tensor name), so the
 same arguments always give byte-identical weights, independent of the order
-in which mlx lists parameters. The tokenizer is a small byte-level BPE trained
-on a built-in corpus, so any text round-trips without any download.
+in which mlx lists parameters. Shapes come from the real mlx-lm module built
+from the family's tiny config (model_zoo_configs.py), so the names always
+load. The tokenizer is a small byte-level BPE trained on a built-in corpus:
+any text round-trips without a download, and a real `swarm-node` serves the
+model like any other (chat template included).
+
+`python tests/model_zoo.py OUT_DIR --family gpt_oss` writes one from the shell.
 """
 
+from __future__ import annotations
+
 import argparse
-import importlib
 import json
+import sys
 import zlib
+from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-Family = Literal["llama", "qwen2", "qwen3"]
-FAMILIES: tuple[str, ...] = ("llama", "qwen2", "qwen3")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from model_zoo_configs import DROP, FAMILIES as _CONFIGS, Shape, base  # noqa: E402
+
+FAMILIES: tuple[str, ...] = tuple(_CONFIGS)
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -40,7 +51,11 @@ The answer is Paris. Numbers like 3.14159, 2024 and 1,000,000 appear in text too
 Tokens, layers, heads, keys, values, queries, embeddings, logits and probabilities.
 """
 
+# Quantization recipes: mlx-lm's own config format ("quantization" in config.json).
+QUANTIZATIONS = ("4bit", "8bit", "mixed")
 
+
+@lru_cache(maxsize=1)
 def build_tokenizer(vocab_size: int = 384) -> Tokenizer:
     """Byte-level BPE: the 256-byte alphabet guarantees exact round-trips."""
     tok = Tokenizer(models.BPE())
@@ -57,63 +72,57 @@ def build_tokenizer(vocab_size: int = 384) -> Tokenizer:
     return tok
 
 
-def model_config(
-    family: Family, *, n_layers: int, hidden: int, heads: int, kv_heads: int,
-    intermediate: int, vocab: int, tie_embeddings: bool, eos_token_id: int,
-) -> dict[str, Any]:
-    if family not in FAMILIES:
+def model_config(family: str, shape: Shape, eos_token_id: int) -> dict[str, Any]:
+    if family not in _CONFIGS:
         raise ValueError(f"family must be one of {FAMILIES}, not {family!r}")
-    config: dict[str, Any] = {
-        "model_type": family,
-        "hidden_size": hidden,
-        "num_hidden_layers": n_layers,
-        "intermediate_size": intermediate,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": hidden // heads,
-        "rms_norm_eps": 1e-6,
-        "vocab_size": vocab,
-        "max_position_embeddings": 4096,
-        "rope_theta": 10000.0 if family == "llama" else 1000000.0,
-        "tie_word_embeddings": tie_embeddings,
-        "hidden_act": "silu",
-        "eos_token_id": eos_token_id,
-    }
-    if family == "qwen2":
-        del config["head_dim"]  # qwen2 derives it; q/k/v carry a bias by design
-    return config
+    config = {"model_type": family, **base(shape), "eos_token_id": eos_token_id, **_CONFIGS[family](shape)}
+    return {k: v for k, v in config.items() if v is not DROP}
+
+
+def model_classes(config: dict[str, Any]):
+    from mlx_lm.utils import _get_classes
+    return _get_classes(config)
+
+
+# What each family calls the attention output projection (damped, see _init).
+_OUTPUT_PROJECTIONS = {"o_proj", "out_proj", "dense", "wo", "c_proj", "o"}
 
 
 def _init(name: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
-    if name.endswith("norm.weight"):
+    leaf = name.rsplit(".", 1)[-1]
+    if len(shape) == 1 and leaf == "weight":  # norm scales
         return np.ones(shape, np.float32)
-    if name.endswith(".bias"):
+    if len(shape) <= 1 or leaf == "bias" or leaf.endswith("_bias"):
         return rng.normal(0.0, 0.02, shape).astype(np.float32)
     # Scales chosen so greedy decoding wanders instead of looping:
     # - small embeddings, else the tied head echoes the last token forever;
     # - damped attention output, else the context average dominates and the
     #   prediction freezes; the MLP then acts as a random next-token map.
-    if "embed_tokens" in name:
+    lowered = name.lower()
+    if "embed" in lowered or "wte" in lowered or "wpe" in lowered or lowered.startswith("emb"):
         std = 0.02
-    elif "o_proj" in name:
+    elif leaf in ("weight", "scales") and name.split(".")[-2] in _OUTPUT_PROJECTIONS:
         std = 0.2 * shape[-1] ** -0.5
     else:
         std = shape[-1] ** -0.5  # variance-preserving
     return rng.normal(0.0, std, shape).astype(np.float32)
 
 
-def random_weights(config: dict[str, Any], seed: int) -> dict[str, mx.array]:
-    """Shapes come from the real mlx-lm module, so the names always load."""
-    arch = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
-    model = arch.Model(arch.ModelArgs.from_dict(config))
-    shapes = {name: tuple(p.shape) for name, p in tree_flatten(model.parameters())}
-    return {name: mx.array(_init(name, shape, seed)) for name, shape in sorted(shapes.items())}
+def random_model(config: dict[str, Any], seed: int) -> nn.Module:
+    """The family's mlx-lm Model with deterministic random weights."""
+    model_class, args_class = model_classes(config)
+    model = model_class(args_class.from_dict(config))
+    params = tree_flatten(model.parameters())
+    weights = [(name, mx.array(_init(name, tuple(p.shape), seed)).astype(p.dtype)
+                if mx.issubdtype(p.dtype, mx.floating) else p) for name, p in params]
+    model.load_weights(weights)
+    return model
 
 
 def build_random_model(
     out_dir: str | Path,
-    family: Family = "llama",
+    family: str = "llama",
     *,
     n_layers: int = 6,
     hidden: int = 64,
@@ -123,23 +132,44 @@ def build_random_model(
     vocab: int | None = None,
     seed: int = 0,
     tie_embeddings: bool = True,
+    quantize: str | None = None,
 ) -> Path:
-    """Write an mlx-lm model directory loadable with mlx_lm.utils.load."""
+    """Write an mlx-lm model directory loadable with mlx_lm.utils.load.
+
+    `quantize`: "4bit" / "8bit" (affine, group 32), or "mixed" (mlx-lm's per-layer
+    format: 8-bit first and last layers and attention value projections, 4-bit the rest).
+    """
+    from mlx_lm.utils import quantize_model, save_config, save_model
+
     tokenizer = build_tokenizer()
     vocab = vocab or tokenizer.get_vocab_size()
     if vocab < tokenizer.get_vocab_size():
         raise ValueError(f"vocab {vocab} is smaller than the tokenizer's {tokenizer.get_vocab_size()}")
-    eos_id = tokenizer.token_to_id("<|im_end|>")
-    config = model_config(
-        family, n_layers=n_layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
-        intermediate=intermediate, vocab=vocab, tie_embeddings=tie_embeddings, eos_token_id=eos_id,
-    )
+    shape = Shape(n_layers=n_layers, hidden=hidden, heads=heads, kv_heads=kv_heads, intermediate=intermediate,
+                  vocab=vocab, tie=tie_embeddings)
+    config = model_config(family, shape, eos_token_id=tokenizer.token_to_id("<|im_end|>"))
+    model = random_model(config, seed)
+    if quantize is not None:
+        model, config = quantize_model(model, config, *_quantization(quantize, n_layers))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(out_dir / "model.safetensors"), random_weights(config, seed), {"format": "mlx"})
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    save_model(out_dir, model)
+    save_config(config, out_dir / "config.json")
     _write_tokenizer(tokenizer, out_dir)
     return out_dir
+
+
+def _quantization(kind: str, n_layers: int) -> tuple:
+    if kind not in QUANTIZATIONS:
+        raise ValueError(f"quantize must be one of {QUANTIZATIONS}, not {kind!r}")
+    if kind != "mixed":
+        return 32, int(kind[0])
+
+    def predicate(path: str, module: nn.Module):
+        edge = any(f"layers.{i}." in path for i in (0, n_layers - 1))
+        return {"group_size": 32, "bits": 8 if edge or "v_proj" in path or "lm_head" in path else 4,
+                "mode": "affine"}
+    return 32, 4, "affine", False, predicate
 
 
 def _write_tokenizer(tokenizer: Tokenizer, out_dir: Path) -> None:
@@ -170,11 +200,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--intermediate", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--untied", action="store_true", help="separate lm_head weights")
+    parser.add_argument("--quantize", choices=QUANTIZATIONS)
     args = parser.parse_args(argv)
     path = build_random_model(
         args.out_dir, args.family, n_layers=args.layers, hidden=args.hidden, heads=args.heads,
         kv_heads=args.kv_heads, intermediate=args.intermediate, seed=args.seed,
-        tie_embeddings=not args.untied,
+        tie_embeddings=not args.untied, quantize=args.quantize,
     )
     print(path)
 

@@ -1,4 +1,8 @@
-"""A stage: one shard serving many requests, each with its own KV caches."""
+"""A shard serving many requests, each with its own caches and position.
+
+A request's position is counted here, not read from a cache: some cache kinds
+(ArraysCache of linear-attention and state-space layers) have no offset.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import mlx.core as mx
 
 from .sampling import SamplingParams, sample
 from .shard import Shard
+from .shard_caches import ShardCaches
 
 
 class CacheMismatch(Exception):
@@ -17,15 +22,12 @@ class CacheMismatch(Exception):
 
 @dataclass
 class _RequestState:
-    caches: list
+    caches: ShardCaches
+    offset: int = 0  # positions this request's caches hold
     last_used: float = field(default_factory=time.monotonic)
 
-    @property
-    def offset(self) -> int:
-        return self.caches[0].offset
 
-
-class Stage:
+class ShardRunner:
     """Synchronous: call only from the node's MLX worker thread."""
 
     def __init__(self, shard: Shard):
@@ -49,8 +51,13 @@ class Stage:
         if state.offset != start_pos:
             raise CacheMismatch(f"request {request_id}: cache holds {state.offset} positions, frame starts at {start_pos}")
         state.last_used = time.monotonic()
-        out = self.shard(x, state.caches)
-        mx.eval(out, [c.state for c in state.caches])
+        try:
+            out = self.shard(x, state.caches)
+            mx.eval(out, state.caches.arrays())
+        except Exception:
+            del self._requests[request_id]  # its caches may hold part of the step
+            raise
+        state.offset += x.shape[1]
         if not self.range.is_last or sampling is None:
             return out
         return sample(out, sampling, start_pos + x.shape[1])
@@ -74,9 +81,16 @@ class Stage:
             states.append(state)
         if not rows:
             return results
-        out = self.shard.decode_batch(mx.concatenate([items[i][1] for i in rows], axis=0),
-                                      [st.caches for st in states])
-        mx.eval(out, [c.state for st in states for c in st.caches])
+        try:
+            out = self.shard.decode_batch(mx.concatenate([items[i][1] for i in rows], axis=0),
+                                          [st.caches for st in states])
+            mx.eval(out, [st.caches.arrays() for st in states])
+        except Exception:
+            for i in rows:
+                self._requests.pop(items[i][0], None)
+            raise
+        for st in states:
+            st.offset += 1
         for j, i in enumerate(rows):
             _, _, pos, sampling = items[i]
             if not self.range.is_last:

@@ -1,4 +1,7 @@
-"""Tiny deterministic random-weight models for the three supported families."""
+"""The model zoo: tiny deterministic random-weight models of mlx-lm families.
+
+Checked in depth on llama / qwen2 / qwen3 (the families other tests lean on);
+every family of the zoo is built and run by test_model_families.py."""
 
 import os
 
@@ -8,13 +11,16 @@ import json
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
 from mlx.utils import tree_flatten
 from mlx_lm import generate
 from mlx_lm.generate import generate_step
 from mlx_lm.utils import load
 
-from swarm.models.random_model import FAMILIES, build_random_model, main
+from model_zoo import build_random_model, main
+
+FAMILIES = ["llama", "qwen2", "qwen3"]
 
 TEXTS = [
     "Hello, world!",
@@ -63,7 +69,7 @@ def test_greedy_output_is_not_one_repeated_token(loaded):
 def test_same_args_give_identical_files(family_dir, tmp_path):
     family, first = family_dir
     again = build_random_model(tmp_path / "again", family)
-    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+    for name in ("model.safetensors", "tokenizer.json", "config.json", "tokenizer_config.json"):
         assert (again / name).read_bytes() == (first / name).read_bytes(), name
     other = build_random_model(tmp_path / "other", family, seed=1)
     assert (other / "model.safetensors").read_bytes() != (first / "model.safetensors").read_bytes()
@@ -96,7 +102,7 @@ def test_untied_model_has_its_own_head(tmp_path):
 
 def test_bad_arguments(tmp_path):
     with pytest.raises(ValueError, match="family"):
-        build_random_model(tmp_path / "m", "gpt2")
+        build_random_model(tmp_path / "m", "no_such_family")
     with pytest.raises(ValueError, match="vocab"):
         build_random_model(tmp_path / "m", "llama", vocab=10)
     assert not (tmp_path / "m").exists()
@@ -107,3 +113,22 @@ def test_command_line(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == str(tmp_path / "cli")
     model, _ = load(str(tmp_path / "cli"))
     assert model.model_type == "qwen2" and len(model.layers) == 2
+
+
+@pytest.mark.parametrize("kind, bits", [("4bit", {4}), ("8bit", {8}), ("mixed", {4, 8})])
+def test_quantized_models_load_with_their_bits(tmp_path, kind, bits):
+    path = build_random_model(tmp_path / kind, "qwen3", n_layers=3, quantize=kind)
+    config = json.loads((path / "config.json").read_text())
+    model, _ = load(str(path))
+    got = {m.bits for _, m in model.named_modules() if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))}
+    assert got == bits and "quantization" in config
+
+
+@pytest.mark.parametrize("family, key", [("gpt2", "n_layer"), ("gpt_bigcode", "n_layer"), ("exaone", "num_layers"),
+                                         ("openelm", "num_transformer_layers")])
+def test_families_name_their_layer_count_their_own_way_and_resolve(tmp_path, family, key):
+    from swarm.models.resolve import resolve_model
+    path = build_random_model(tmp_path / family, family)
+    config = json.loads((path / "config.json").read_text())
+    assert key in config and "num_hidden_layers" not in config
+    assert resolve_model(str(path)).n_layers == 6
