@@ -64,6 +64,8 @@ def _feasible(model: ModelSpec, order: Sequence[NodeCapacity], clock: Clock, bud
     n = model.n_layers
     if any(_cap(model, node, Role.ALONE, clock, budget) >= n for node in order):
         return True
+    if n < 2:  # a first and a last stage take a layer each
+        return False
     middle = [max(_cap(model, node, Role.MIDDLE, clock, budget), 0) for node in order]
     first = [_cap(model, node, Role.FIRST, clock, budget) for node in order]
     last = [_cap(model, node, Role.LAST, clock, budget) for node in order]

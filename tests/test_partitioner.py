@@ -257,3 +257,13 @@ def test_docs_show_exactly_what_the_examples_script_prints(capsys):
     doc = (Path(__file__).parent.parent / "docs" / "partitioning.md").read_text()
     assert "InsufficientMemoryError" in printed and "| studio-7 |" in printed
     assert doc.endswith(printed), "regenerate the table: python -m partitioner --examples"
+
+
+@pytest.mark.parametrize("strategy", ["balanced", "memory"])
+def test_one_layer_that_no_node_can_hold_alone_is_refused_not_a_crash(strategy):
+    # Found by hypothesis: a first and a last stage need two layers; the balanced search once
+    # called a one-layer model splittable and then found no assignment (KeyError).
+    model = ModelSpec(n_layers=1, bytes_per_layer=1, embedding_bytes=1, head_bytes=8,
+                      kv_bytes_per_token_per_layer=0, context_tokens=0)
+    with pytest.raises(InsufficientMemoryError):
+        make_plan(model, [NodeCapacity("a", 2, 0.5), NodeCapacity("aa", 9, 0.5)], strategy)
