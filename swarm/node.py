@@ -23,6 +23,7 @@ from discovery.node_id import machine_id
 from discovery.view import PeerEvent
 from partitioner import ModelSpec
 
+from .api.admission import Admission
 from .api.app import make_app
 from .engine.blas import blas_in_use
 from .engine.model_bytes import ModelBytes, measure_model_bytes
@@ -136,7 +137,8 @@ class Node:
         peer_stats = PeerStats(discovery)
         status = NodeStatus(model, self.backend, discovery, coordinator, host, stage_service, links, stats,
                             hop_timing, peer_stats)
-        runner = web.AppRunner(make_app(service, status, events, model.model_id), access_log=None)
+        admission = Admission(cfg.max_active, cfg.max_queue)
+        runner = web.AppRunner(make_app(service, status, events, model.model_id, admission), access_log=None)
 
         # Start, in the same order.
         stage_service.start()

@@ -9,6 +9,7 @@ from aiohttp import web
 from ..entry.service import InferenceService
 from ..events import EventBus
 from ..status.node_status import NodeStatus
+from .admission import Admission
 from .completions import CompletionRoutes
 from .errors import error_middleware
 from .topology_routes import TopologyRoutes
@@ -16,10 +17,11 @@ from .topology_routes import TopologyRoutes
 MAX_BODY_BYTES = 4 * 1024 * 1024
 
 
-def make_app(service: InferenceService, status: NodeStatus, events: EventBus, model_id: str) -> web.Application:
+def make_app(service: InferenceService, status: NodeStatus, events: EventBus, model_id: str,
+             admission: Admission) -> web.Application:
     """The API sees the inference service (chat) and the status (health, topology), not the node."""
     app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
-    CompletionRoutes(service, model_id).add_to(app)
+    CompletionRoutes(service, model_id, admission).add_to(app)
     started = int(time.time())
 
     async def models(_request):
@@ -27,7 +29,8 @@ def make_app(service: InferenceService, status: NodeStatus, events: EventBus, mo
             {"id": model_id, "object": "model", "created": started, "owned_by": "swarm"}]})
 
     async def health(_request):
-        return web.json_response(status.health(), status=200 if status.can_serve()[0] else 503)
+        return web.json_response({**status.health(), "admission": admission.status()},
+                                 status=200 if status.can_serve()[0] else 503)
 
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
