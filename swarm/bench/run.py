@@ -42,6 +42,12 @@ def _with_load(r: SetupResult, before: float) -> SetupResult:
     return r
 
 
+def _install_of(python: str) -> str:
+    """A short name for the install a python belongs to: /work/main/.venv/bin/python -> /work/main."""
+    p = Path(python)
+    return str(p.parent.parent.parent) if p.parent.name == "bin" and p.parent.parent.name.startswith(".") else python
+
+
 def reference_text(tokenizer, ids: list[int]) -> str:
     """What the swarm streams for these ids: detokenized, the EOS token's own text left out."""
     detok, eos = tokenizer.detokenizer, set(tokenizer.eos_token_ids)
@@ -54,7 +60,8 @@ def reference_text(tokenizer, ids: list[int]) -> str:
 
 
 def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrency: list[int], runs: int,
-            with_ring: bool, memory_limit: str, workdir: Path, batch_decode: int = 0) -> Report:
+            with_ring: bool, memory_limit: str, workdir: Path, batch_decode: int = 0,
+            baseline: str | None = None) -> Report:
     from mlx_lm.utils import load_tokenizer
 
     from swarm.engine.blas import blas_in_use
@@ -81,11 +88,17 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
     reference = reference_text(tokenizer, ref_ids)
     results: list[SetupResult] = [ref]
 
-    variants = [()] + ([("--batch-decode", str(batch_decode))] if batch_decode > 1 else [])
+    # (node arguments, python to run the nodes with: None is this install)
+    variants: list[tuple[tuple[str, ...], str | None]] = [((), None)]
+    if batch_decode > 0:
+        variants.append((("--batch-decode", str(batch_decode)), None))
+    if baseline:
+        variants.append(((), baseline))
     for n in nodes:
-        for extra in variants:
-            progress(f"swarm with {n} node(s){''.join(' ' + a for a in extra)}: starting")
-            with LocalCluster(n, workdir, str(model.path), memory_limit, extra_args=extra) as cluster:
+        for extra, python in variants:
+            progress(f"swarm with {n} node(s){''.join(' ' + a for a in extra)}"
+                     f"{f' run by {python}' if python else ''}: starting")
+            with LocalCluster(n, workdir, str(model.path), memory_limit, extra_args=extra, python=python) as cluster:
                 load = loadavg()
                 progress(f"swarm with {n} node(s): plan {cluster.topology['plan']['plan_id']} stages "
                          + ", ".join(f"{s['node_id']}[{s['start']},{s['end']})" for s in cluster.stages))
@@ -93,6 +106,9 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
                 if extra:
                     r.name += f", batch-decode {batch_decode}"
                     r.kind = "swarm-batched"  # not a baseline for the per-hop numbers
+                if python:
+                    r.name += f", baseline ({_install_of(python)})"
+                    r.kind = "swarm-baseline"
                 results.append(_with_load(r, load))
 
     if with_ring:
@@ -120,8 +136,10 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
         "(serialization, TCP, event loop, thread hand-offs) without the run-to-run noise of the column before.\n"
         f"Prefill act. MB/s: computed, prompt_tokens x hidden x {act_bytes} B x (stages-1) / TTFT "
         "(not read from the transport).\n"
-        "Batch-decode rows: nodes started with --batch-decode (decode steps of concurrent requests share a "
-        "pass); batched rows may differ from a lone request in the last bits, so greedy text can differ.\n"
+        "Batch-decode rows: nodes started with --batch-decode N (decode steps of up to N concurrent requests "
+        "share a pass; the default is 8); batched rows may differ from a lone request in the last bits, so "
+        "greedy text can differ.\n"
+        "Baseline rows: the same nodes run by another install's python (--baseline), with its defaults.\n"
         "Same tokens: the streamed text of every swarm request equals mlx-lm alone's greedy tokens, "
         "detokenized; the ring compares token ids of its own prompt.\n"
         "Note: load a->b is the machine's 1-min load average before/after a setup; above the core count, "
