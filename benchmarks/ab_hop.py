@@ -21,7 +21,6 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
-from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -34,10 +33,10 @@ STEPS_PER_BATCH = 300  # more than the entry's window of 256 steps: a reading se
 
 def started(python: str, nodes: int, workdir: Path, model: str | None) -> LocalCluster:
     workdir.mkdir(parents=True)
-    cluster = LocalCluster(nodes, workdir, model)
     # The nodes run that build's code: its interpreter, and a working directory that is no
     # checkout (`python -m` would import the package from there first).
-    with mock.patch.object(sys, "executable", python), _cwd(workdir):
+    cluster = LocalCluster(nodes, workdir, model, python=python)
+    with _cwd(workdir):
         return cluster.__enter__()
 
 

@@ -69,7 +69,7 @@ class LocalCluster:
                  ready_timeout: float = 300.0, log_level: str = "WARNING", extra_args: tuple[str, ...] = (),
                  python: str | None = None):
         self.n, self.workdir, self.model, self.extra_args = n, workdir, model, tuple(extra_args)
-        self.python = python or sys.executable  # another install's python runs that install's swarm
+        self.python = os.path.abspath(python) if python else sys.executable  # another install's swarm
         self.memory_limit, self.ready_timeout, self.log_level = memory_limit, ready_timeout, log_level
         # One swarm name per cluster: a straggler from an earlier setup can never join this one.
         self.swarm = f"bench-{os.getpid()}-{n}-{time.monotonic_ns() % 10**6}"
