@@ -5,9 +5,9 @@
 Run on a test host of its own (a netns): each mapping relays connections made to
 LISTEN to TARGET, both ways. Every connection's client -> server bytes are written,
 as they came and before any change, to DIR/conn-<n>.bin. stdin takes JSON commands:
-{"tamper": N}: in the next data connection (one whose hello names no purpose or
-"data") that carries a read of at least N bytes client -> server, XOR the last 256
-bytes of that read (a prompt's last position, when it is a frame of hidden states), once. stdout says, as JSON lines: "ready", "open"/"close" of each
+{"tamper": [LO, HI]}: the next read client -> server of LO to HI bytes on a data
+connection (one whose hello names no purpose, or "data"): XOR its last 256 bytes,
+once (a frame carrying one position's hidden states: all of them). stdout says, as JSON lines: "ready", "open"/"close" of each
 connection (with its purpose), and "tampered". A connection reset on one side is
 passed on as a reset on the other.
 """
@@ -51,14 +51,15 @@ def purpose_of(first: bytes) -> str | None:
 class Relay:
     def __init__(self, record: Path) -> None:
         self.record, self.count = record, 0
-        self.tamper_at: int | None = None
+        self.tamper: tuple[int, int] | None = None
 
     async def follow_commands(self) -> None:
         loop = asyncio.get_running_loop()
         while line := await loop.run_in_executor(None, sys.stdin.readline):
             command = json.loads(line)
             if "tamper" in command:
-                self.tamper_at = int(command["tamper"])
+                lo, hi = command["tamper"]
+                self.tamper = (int(lo), int(hi))
 
     def handler(self, target: tuple[str, int]):
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -88,10 +89,11 @@ class Relay:
                         state["purpose"] = purpose_of(state["first"])
                         if state["purpose"] is not None:
                             say(event="open", conn=n, target=f"{target[0]}:{target[1]}", purpose=state["purpose"])
-                    if (self.tamper_at is not None and state["purpose"] == "data" and len(data) >= self.tamper_at):
+                    if (self.tamper is not None and state["purpose"] == "data"
+                            and self.tamper[0] <= len(data) <= self.tamper[1]):
                         cut = len(data) - 256
                         data = data[:cut] + bytes(b ^ 0x5A for b in data[cut:])
-                        self.tamper_at = None
+                        self.tamper = None
                         say(event="tampered", conn=n, target=f"{target[0]}:{target[1]}", read=len(data))
                 writer.write(data)
                 await writer.drain()

@@ -79,9 +79,10 @@ def test_a_tampered_frame_closes_that_link_only_and_a_replayed_session_fails(rel
     question = "What is the capital of France?"
     expected, _ = reference_chat(model, chat(question)["messages"], 12)
 
-    # The next data frame of 1 KiB or more (the prompt's hidden states, into stage 1) is altered at its end.
+    # The next data frame of one position's hidden states (64 floats; the prompt's last token, prefilled
+    # on its own, into stage 1) is altered.
     mark = relay.mark()
-    relay.send({"tamper": 1024})
+    relay.send({"tamper": [300, 1000]})
     status, reply = entry.post("/v1/chat/completions", chat(question), timeout=90)
     tampered = relay.wait_event("tampered", 5, mark)
     assert status == 200, reply
