@@ -125,6 +125,18 @@ def send_and_close(ip: str, port: int, data: bytes, wait: float = 2.0) -> None:
             pass
 
 
+def _closed(sock: socket.socket) -> bool:
+    """Has the other end closed (or reset) this non-blocking socket? Reads what is left first."""
+    try:
+        while sock.recv(65536):
+            pass
+        return True
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
 def flood(ip: str, port: int, swarm: str, version: int, count: int, seconds: float,
           sample=lambda: None) -> dict:
     """Open `count` connections, each saying a hello under a fresh node id (a node without a secret
@@ -154,14 +166,7 @@ def flood(ip: str, port: int, swarm: str, version: int, count: int, seconds: flo
         while time.monotonic() < deadline:
             sample()
             time.sleep(0.2)
-        closed_by_node = 0
-        for s in socks:
-            try:
-                closed_by_node += s.recv(65536) == b""
-            except BlockingIOError:
-                pass
-            except OSError:
-                closed_by_node += 1
+        closed_by_node = sum(_closed(s) for s in socks)
         return {"opened": opened, "refused": refused, "closed_by_node": closed_by_node}
     finally:
         for s in socks:

@@ -156,7 +156,7 @@ def test_table_ignores_self_other_swarms_and_incompatible_versions():
     table = PeerTable(me)
     assert table.admit(me, ("10.0.0.1",), "mdns") == []
     assert table.admit(make_profile("x", swarm="other"), ("10.0.0.2",), "mdns") == []
-    assert table.admit(make_profile("y", protocol_version=2), ("10.0.0.3",), "mdns") == []
+    assert table.admit(make_profile("y", protocol_version=1), ("10.0.0.3",), "mdns") == []  # before the secret
     assert table.peers == {}
 
 

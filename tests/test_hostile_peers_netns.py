@@ -168,9 +168,11 @@ def test_a_strangers_hello_is_refused(secret_swarm):
                                        **how)
             kinds = [(h.get("t"), h.get("kind")) for h in replies]
             assert closed, f"{how}: the node kept the stranger's connection open after {kinds}"
-            assert ("hello", None) not in kinds or replies[-1].get("t") == "error", kinds
-            if how.get("proof_key") or not how["nonce"]:
+            if how.get("proof_key") or not how["nonce"]:  # refused, saying why
                 assert replies and replies[-1].get("t") == "error" and replies[-1].get("kind") == "auth", kinds
+            else:  # it proved itself and waited for a proof that never came: closed at the handshake timeout
+                assert kinds == [("hello", None)], kinds
+            assert len([k for k in kinds if k[0] == "hello"]) <= 1 and len(kinds) <= 2, kinds
 
 
 def hostile_frames(plan_id: str, entry: str) -> bytes:
@@ -261,7 +263,9 @@ def test_two_thousand_connections_leave_a_node_serving_with_bounded_descriptors(
           f"{peak[0]} at most during the flood, {after} after; {len(replies)} chats during it")
     assert target.proc.popen.poll() is None
     assert counts["opened"] + counts["refused"] >= 1000, counts
-    assert peak[0] <= before + 200, f"descriptors grew from {before} to {peak[0]}"
+    # At most 32 held per address, plus what asyncio accepts in a round before they are closed (100 a round).
+    assert peak[0] <= before + 300, f"descriptors grew from {before} to {peak[0]}"
+    assert after <= before + 5, f"descriptors {before} before, {after} after"
     assert replies and all(s == 200 and r["choices"][0]["message"]["content"] == expected for s, r in replies)
     log = target.proc.stderr_log.read_text()
     assert log.count("Traceback") < 20, "the flood filled the log with tracebacks"
