@@ -129,8 +129,12 @@ class FrameParser:
             end = PREFIX.size + header_len + payload_len
             if len(self._buf) < end:
                 break
-            header = decode_header(bytes(self._buf[PREFIX.size:PREFIX.size + header_len]))
-            payload = bytes(self._buf[PREFIX.size + header_len:end]) if payload_len else b""
+            view = memoryview(self._buf)  # one copy out of the buffer (a bytearray slice would be two)
+            try:
+                header = decode_header(bytes(view[PREFIX.size:PREFIX.size + header_len]))
+                payload = bytes(view[PREFIX.size + header_len:end]) if payload_len else b""
+            finally:
+                view.release()  # before the buffer is resized
             del self._buf[:end]
             frames.append(Frame(header, payload))
         return frames
