@@ -98,7 +98,7 @@ class Node:
 
     async def start(self) -> None:
         cfg, model, worker = self.config, self.model, self.worker
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         limit_loop_exceptions(loop)  # e.g. accept() out of descriptors: not a traceback per connection
         if not hasattr(self, "secret"):
             self.prepare_secret()
@@ -130,10 +130,10 @@ class Node:
                               mdns_is_hint=link_key is not None)
 
         # The peer data path: one connection per peer, read and written on the MLX thread. A link that
-        # breaks may have lost frames: the requests this node is the entry of replay (see _on_link_broken).
+        # breaks may have lost frames: their requests replay (see _mlx_on_link_broken).
         links = PeerLinks(node_id)
         lane = DataLane(node_id, cfg.swarm, links, worker.watch, worker.post, discovery.endpoint_of, key=link_key,
-                        on_broken=lambda peer, why: loop.call_soon_threadsafe(self._on_link_broken, peer, why))
+                        on_broken=self._mlx_on_link_broken)
         listener = PeerListener(node_id, cfg.swarm, cfg.peer_host, cfg.peer_port, links, lane,
                                 lambda: discovery.profile, key=link_key)
 
@@ -147,6 +147,7 @@ class Node:
         events = EventBus()
         coordinator = Coordinator(node_id, model_spec(sizes, cfg.kv_reserve_tokens), model.fingerprint, discovery,
                                   host, pending, events, strategy=cfg.strategy, recovery_timeout=cfg.recovery_timeout)
+        self._coordinator, self._pending, self._stage_service = coordinator, pending, stage_service
 
         # The entry side: requests through pipelines on agreed plans.
         stats = RequestStats(events.emit, entry=node_id)
@@ -176,11 +177,16 @@ class Node:
         log.info("node %s (%s): API on %s:%d, peers on %s:%d, %.2f ms/layer/token, swarm %r (%s)",
                  node_id, profile.name, cfg.api_host, cfg.api_port, cfg.peer_host, listener.port, speed * 1e3,
                  cfg.swarm, "with a secret" if link_key else "OPEN: no secret")
-        self._coordinator, self._pending = coordinator, pending
         await coordinator.start()
         consumer = asyncio.create_task(_consume_peer_events(peer_events, stage_service, coordinator),
                                        name="peer-events")
         self._stops.append(lambda: _cancel(consumer))
+
+    def _mlx_on_link_broken(self, peer: str, problem: str) -> None:
+        """The lane's report (MLX thread): entries of requests we sent frames for on that link are told, and
+        our own requests are seen to on the event loop."""
+        self._stage_service.mlx_link_broken(peer, problem)
+        self._loop.call_soon_threadsafe(self._on_link_broken, peer, problem)
 
     def _on_link_broken(self, peer: str, problem: str) -> None:
         """A link to `peer` broke (event loop): frames on it may be lost, so if `peer` is a stage of the plan,
