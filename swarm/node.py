@@ -30,6 +30,7 @@ from .engine.shard import check_splittable
 from .engine.speed_probe import cached_speed, measure_speed
 from .engine.worker import MlxWorker
 from .entry.hop_timing import HopTiming
+from .entry.own_requests import OwnRequests
 from .entry.pending_tokens import PendingTokens
 from .entry.run_ahead import RunAhead
 from .entry.service import InferenceService
@@ -38,6 +39,7 @@ from .entry.swarm_pipeline import SwarmPipelines
 from .models.resolve import LocalModel, resolve_model
 from .node_config import NodeConfig
 from .planning.coordinator import Coordinator
+from .stage.sender_rules import SenderRules
 from .stage.stage_host import StageHost
 from .stage.stage_service import StageService
 from .events import EventBus
@@ -59,6 +61,14 @@ def weights_dtype(choice: str, backend: str):
         # float16/bfloat16 matmuls on the CPU backend are several times slower than float32
         return mx.float32 if backend == "cpu" else None
     return None if choice == "native" else getattr(mx, choice)
+
+
+def vocab_size(config: dict) -> int | None:
+    """The logits' width: every token id a last stage may send back is below it."""
+    for source in (config, config.get("text_config") or {}):
+        if isinstance(source.get("vocab_size"), int):
+            return source["vocab_size"]
+    return None
 
 
 def model_spec(b: ModelBytes, context_tokens: int) -> ModelSpec:
@@ -114,10 +124,14 @@ class Node:
         listener = PeerListener(node_id, cfg.swarm, cfg.peer_host, cfg.peer_port, links, lane,
                                 lambda: discovery.profile)
 
-        # The entry side's bookkeeping, and the stage side that serves every peer message.
-        pending, run_ahead, hop_timing = PendingTokens(), RunAhead(node_id), HopTiming()
-        host = StageHost(model.path, self.dtype, worker, dequantize=self.dequantize)
-        stage_service = StageService(host, lane, worker, pending, run_ahead, asyncio.get_running_loop(),
+        # The entry side's bookkeeping, and the stage side that serves every peer message, each
+        # message checked first against who may send it (stage/sender_rules.py).
+        pending, run_ahead, hop_timing, own = PendingTokens(), RunAhead(node_id), HopTiming(), OwnRequests()
+        host = StageHost(model.path, self.dtype, worker, dequantize=self.dequantize, context=model.context_length,
+                         layer_caches=sizes.caches)
+        rules = SenderRules(node_id, host.known_plan, lambda peer: discovery.endpoint_of(peer) is not None, own,
+                            vocab_size(model.config))
+        stage_service = StageService(host, lane, worker, pending, run_ahead, asyncio.get_running_loop(), rules,
                                      max_batch=cfg.batch_decode)
 
         # Planning: the plan from the view, our layers loaded, agreement.
@@ -128,7 +142,7 @@ class Node:
         # The entry side: requests through pipelines on agreed plans.
         stats = RequestStats(events.emit, entry=node_id)
         pipelines = SwarmPipelines(coordinator.agreed_plan, node_id, stage_service, pending, cfg.token_timeout,
-                                   hop_timing, run_ahead)
+                                   hop_timing, run_ahead, own)
         service = InferenceService(self.tokenizer, model.context_length, pipelines, stats, cfg.default_max_tokens,
                                    cfg.recovery_timeout)
 
