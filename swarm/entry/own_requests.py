@@ -40,6 +40,3 @@ class OwnRequests:
 
     def get(self, rid: str) -> OwnRequest | None:
         return self._requests.get(rid)
-
-    def __len__(self) -> int:
-        return len(self._requests)
