@@ -62,6 +62,7 @@ log = logging.getLogger(__name__)
 # machine but someone reusing ids on purpose (in an open swarm anyone can), and a node that
 # re-minted at every fake record would flap for as long as the faker cares to.
 REMINT_AT_MOST_EVERY_S = 600.0
+STOP_PART_TIMEOUT_S = 10.0
 
 
 class DuplicateNodeId(Exception):
@@ -249,7 +250,10 @@ class Node:
     async def stop(self) -> None:
         for stop in reversed(self._stops):
             try:
-                await stop()
+                # Bounded: a part that hangs must not keep the node from starting over (or exiting).
+                await asyncio.wait_for(stop(), STOP_PART_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                log.error("%s did not stop within %.0f s", getattr(stop, "__qualname__", stop), STOP_PART_TIMEOUT_S)
             except Exception:
                 log.exception("error while stopping")
         self._stops = []
