@@ -176,7 +176,11 @@ async def test_a_forward_at_position_0_replaces_no_victims_caches(swarm, strange
             Forward(rid, plan_id, 0, second["start"], first["node_id"], None, "float32", hidden.shape,
                     hidden.tobytes())])
 
-    await victim_under_attack(swarm, restart, expected)
+    victim = await victim_under_attack(swarm, restart, expected)
+    # The stranger's own request under the victim's id (it is that one's entry) is its to free.
+    rid = await asyncio.to_thread(victim.request_id)
+    for stage in stages:
+        await stranger.send_all(stage["node_id"], [Release(rid)])
 
 
 # -- what a frame says: token ids, positions, lengths, widths ---------------------------------
@@ -195,6 +199,7 @@ async def test_a_prefill_past_the_context_is_refused(swarm, stranger):
 async def test_fake_requests_cannot_pin_more_caches_than_a_cap(swarm, stranger, expected):
     plan_id, stages = plan_of(swarm)
     first = by_id(swarm, stages[0]["node_id"])
+    before = {n.node_id: get_json(n.url + "/health")[1]["cached_requests"] for n in swarm.nodes}
     fakes = [Forward.of_tokens(f"fake-{i}", plan_id, 0, stranger.node_id, None, [7]) for i in range(300)]
     await stranger.send_all(first.node_id, fakes)
     await stranger.send_all(first.node_id, [Forward.of_tokens("fake-last", plan_id, 0, stranger.node_id, GREEDY,
@@ -209,8 +214,8 @@ async def test_fake_requests_cannot_pin_more_caches_than_a_cap(swarm, stranger, 
     releases = [Release(f"fake-{i}") for i in range(300)] + [Release("fake-last")]
     for stage in stages:
         await stranger.send_all(stage["node_id"], releases)
-    await eventually(lambda: all(get_json(n.url + "/health")[1]["cached_requests"] == 0 for n in swarm.nodes),
-                     what="the fakes released by their entry")
+    await eventually(lambda: all(get_json(n.url + "/health")[1]["cached_requests"] <= before[n.node_id]
+                                 for n in swarm.nodes), what="the fakes released by their entry")
 
 
 async def test_fake_requests_cannot_hold_more_kv_than_a_cap(swarm, stranger):
