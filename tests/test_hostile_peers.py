@@ -18,7 +18,7 @@ import time
 import numpy as np
 import psutil
 import pytest
-from hostile_peer import HOST, Victim, post_json, start_stranger
+from frame_attacker import HOST, Victim, post_json, start_stranger
 from model_fixtures import tiny_models  # noqa: F401
 from reference import _load, reference_chat
 
