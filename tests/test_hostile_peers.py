@@ -13,6 +13,7 @@ whose text must equal mlx-lm's, with no replay.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import numpy as np
@@ -125,6 +126,25 @@ async def wait_answer(stranger, rid: str, timeout: float = 60.0):
                 return sender, message
         await asyncio.sleep(0.02)
     raise AssertionError(f"no answer for {rid} within {timeout:.0f} s")
+
+
+# -- request ids: on nothing a stranger can read ---------------------------------------------
+def test_request_ids_are_on_nothing_a_stranger_can_read(swarm, expected):
+    """The events stream, topology and health of every node, read while a victim streams: none
+    names its request id (the entry's own log does, for its operator)."""
+    victim = Victim(swarm.entry.url, VICTIM, VICTIM_TOKENS, swarm.entry.log).start()
+    rid = victim.request_id()
+    seen = []
+    while not victim.done:
+        for node in swarm.nodes:
+            for path in ("/health", "/v1/topology"):
+                seen.append(json.dumps(get_json(node.url + path)[1]))
+        time.sleep(0.05)
+    victim.wait()
+    assert victim.error is None and victim.text == expected
+    assert victim.started_event is not None and "request_id" not in victim.started_event, victim.started_event
+    print(f"request {rid[:8]}...: its started event {victim.started_event}; {len(seen)} topology/health bodies")
+    assert not [body for body in seen + [json.dumps(victim.started_event)] if rid in body]
 
 
 # -- tokens and errors: only from the plan's last stage, only for requests the entry started -----
