@@ -4,13 +4,18 @@ many connections at once (a 429 past that), while everyone else is served."""
 
 from __future__ import annotations
 
+import http.client
 import json
+import os
+import resource
 import socket
 import time
 
+import psutil
 import pytest
 from model_fixtures import tiny_models  # noqa: F401
 from node_process import get_json, running_node
+from reference import reference_chat
 
 TIMEOUT_S = 5  # the node's --http-timeout
 PER_ADDRESS = 64  # the node's default cap
@@ -88,3 +93,69 @@ def test_one_address_gets_a_bounded_number_of_connections(node):
             pass
         assert time.monotonic() < deadline, "the node did not serve the address again"
         time.sleep(0.1)
+
+
+def chat_from(address: str, port: int, question: str) -> tuple[int, dict]:
+    """A chat sent from `address` (another loopback address than the flood's)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60, source_address=(address, 0))
+    try:
+        body = {"messages": [{"role": "user", "content": question}], "max_tokens": 12, "temperature": 0}
+        conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        return r.status, json.loads(r.read())
+    except OSError as e:
+        return 0, {"error": str(e)}
+    finally:
+        conn.close()
+
+
+def test_two_thousand_connections_from_one_address_leave_the_api_serving(node, tiny_models):  # noqa: F811
+    """2,000 connections opened at once from one address, each with headers it never finishes, at a
+    node with 1,024 descriptors (a default Linux login's): others are served the right text
+    throughout, and the node's descriptors and memory stay bounded."""
+    question = "Say hello in Spanish."
+    expected, _ = reference_chat(tiny_models["llama"], [{"role": "user", "content": question}], 12)
+    pid = node.proc.pid
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (1024, 1024))
+    proc = psutil.Process(pid)
+    fds0, rss0 = proc.num_fds(), proc.memory_info().rss
+    peak = fds0
+    held, refused, timed_out, still_open = [], 0, 0, 0
+    try:
+        for i in range(2000):
+            s = socket.create_connection(("127.0.0.1", node.api_port), timeout=10)
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # and never the end of the headers
+            held.append(s)
+            if i % 100 == 99:
+                peak = max(peak, proc.num_fds())
+        replies = [chat_from("127.0.0.2", node.api_port, question) for _ in range(3)]
+        peak = max(peak, proc.num_fds())
+        for s in held:  # what the node did with each: a 429 past the cap, closed at the timeout, or open
+            s.settimeout(0.01)
+            try:
+                answer = s.recv(64)
+                refused += answer.startswith(b"HTTP/1.1 429")
+                timed_out += not answer.startswith(b"HTTP/1.1 429")
+            except TimeoutError:
+                still_open += 1
+            except OSError:
+                timed_out += 1
+        fds1, rss1 = proc.num_fds(), proc.memory_info().rss
+    finally:
+        for s in held:
+            s.close()
+    time.sleep(1)
+    fds2 = proc.num_fds()
+    print(f"\n2,000 connections from one address: {refused} refused with a 429, {timed_out} closed at the "
+          f"HTTP timeout, {still_open} open; node descriptors {fds0} before, "
+          f"at most {peak} during, {fds2} after; RSS {rss0 / 2**20:.0f} -> {rss1 / 2**20:.0f} MiB; "
+          f"chats from another address: {[status for status, _ in replies]}")
+    assert node.proc.poll() is None
+    assert still_open <= PER_ADDRESS and refused + timed_out + still_open == 2000, (refused, timed_out, still_open)
+    # The cap's connections, the ones being closed at the timeout, and what asyncio accepts in one round
+    # (up to 100) before the gate closes them: far from 2,000.
+    assert peak <= fds0 + 2 * PER_ADDRESS + 150 and fds2 <= fds0 + 5, (fds0, peak, fds2)
+    assert rss1 - rss0 < 100 * 2**20, (rss0, rss1)
+    assert all(status == 200 and reply["choices"][0]["message"]["content"] == expected for status, reply in replies), \
+        replies
+    assert get_json(node.url + "/health")[0] == 200

@@ -99,11 +99,13 @@ def node_log(node) -> str:
 
 def test_a_member_that_never_serves_is_left_out(swarm, expected):
     fake, fake_id = spawn_fake(swarm)
+    appeared = time.monotonic()
     try:
         # Fastest and biggest: the plan gives it layers, which it never loads.
         seen = wait_until(lambda: in_plan(swarm.nodes[0], fake_id), what="the black hole in the plan")
         back = served_again(swarm.nodes[0], expected)
-        print(f"black hole in the plan -> the swarm served again {back - seen:.1f} s later")
+        print(f"black hole in the plan -> the swarm served again {back - seen:.1f} s later "
+              f"({back - appeared:.1f} s after its record appeared)")
         assert not in_plan(swarm.nodes[0], fake_id)
         assert "did not serve plan" in node_log(swarm.nodes[0])
         for node in swarm.nodes:
@@ -116,7 +118,9 @@ def test_a_member_that_never_serves_is_left_out(swarm, expected):
 def test_a_strangers_record_with_an_honest_nodes_id_wedges_nothing(swarm, expected):
     victim = swarm.nodes[2]
     victim_id = victim.node_id
+    # The fake is both at once: a record with an honest node's id, and a black hole (fast, never serves).
     fake, _ = spawn_fake(swarm, "--node-id", victim_id, "--started-at", str(time.time() - 3600))
+    appeared = time.monotonic()
     fake2 = None
     try:
         # The honest node is the later-started one: it takes a new id, every part of it anew.
@@ -124,7 +128,9 @@ def test_a_strangers_record_with_an_honest_nodes_id_wedges_nothing(swarm, expect
                            what="the honest node under a new id")
         new_id = victim.topology()["node_id"]
         back = served_again(swarm.nodes[0], expected)
-        print(f"honest node re-minted {victim_id} -> {new_id}; the swarm served again {back - moved:.1f} s later")
+        print(f"a duplicate id and a black hole: honest node re-minted {victim_id} -> {new_id} "
+              f"{moved - appeared:.1f} s after the record appeared; the swarm served again {back - moved:.1f} s "
+              f"later ({back - appeared:.1f} s in all)")
         wait_until(lambda: in_plan(swarm.nodes[0], new_id) and in_plan(victim, new_id), what="the new id planned")
         for node in swarm.nodes:  # through the re-minted node too: its links, lane and pipelines know the new id
             served_again(node, expected)
