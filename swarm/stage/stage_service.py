@@ -12,7 +12,7 @@ last stage's tokens for its own requests). So there is one switch:
                       armed starts that step right here (entry/run_ahead.py)
 
 Who may send what is decided first, for every message (sender_rules.py): a frame from anyone
-else is dropped with one log line at a bounded rate (refusal_log.py), and nobody else hears of
+else is dropped with one log line at a bounded rate (bounded_log.py), and nobody else hears of
 it, since the entry it names may be a victim. A frame from the right sender that this stage
 cannot serve (another plan, token ids outside the vocabulary, positions past the context, the
 wrong width, a cap on cached requests: engine/input_limits.py, engine/cache_budget.py) earns
