@@ -152,9 +152,9 @@ def test_two_thousand_connections_from_one_address_leave_the_api_serving(node, t
           f"chats from another address: {[status for status, _ in replies]}")
     assert node.proc.poll() is None
     assert still_open <= PER_ADDRESS and refused + timed_out + still_open == 2000, (refused, timed_out, still_open)
-    # The cap's connections, the ones being closed at the timeout, and what asyncio accepts in one round
-    # (up to 100) before the gate closes them: far from 2,000.
-    assert peak <= fds0 + 2 * PER_ADDRESS + 150 and fds2 <= fds0 + 5, (fds0, peak, fds2)
+    # The cap's connections, the ones being closed at the timeout, and what asyncio accepts in a round
+    # (up to 100 each) before the gate closes them: 200-300 seen, far from 2,000 and the 1,024 limit.
+    assert peak <= fds0 + 500 and fds2 <= fds0 + 5, (fds0, peak, fds2)
     assert rss1 - rss0 < 100 * 2**20, (rss0, rss1)
     assert all(status == 200 and reply["choices"][0]["message"]["content"] == expected for status, reply in replies), \
         replies
