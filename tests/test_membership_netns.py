@@ -77,6 +77,17 @@ def in_plan(node, node_id: str) -> bool:
     return bool(topology and topology["plan"] and node_id in {s["node_id"] for s in topology["plan"]["stages"]})
 
 
+def announces_only_what_it_serves(swarm) -> None:
+    """Every node that announces the current plan is one of its stages (an announcement is a promise
+    to serve: a node that once held no layers while announcing the plan wedged every chat)."""
+    for node in swarm.nodes:
+        topology = node.topology()
+        plan = topology["plan"]
+        stages = {s["node_id"] for s in plan["stages"]}
+        announcing = {n["id"] for n in topology["nodes"] if n["plan_id"] == plan["id"]}
+        assert announcing <= stages, (announcing, stages)
+
+
 def wait_until(condition, timeout: float = 120, what: str = "") -> float:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -136,6 +147,7 @@ def test_a_strangers_record_with_an_honest_nodes_id_wedges_nothing(swarm, expect
             served_again(node, expected)
         status, health = victim.get("/health")
         assert health["node_id"] == new_id and health["layers"], health
+        announces_only_what_it_serves(swarm)
         # The stranger follows it to its new id: it does not move again, and nothing wedges.
         fake2, _ = spawn_fake(swarm, "--node-id", new_id, "--started-at", str(time.time() - 3600))
         wait_until(lambda: "not re-minting again" in node_log(victim), what="the node refusing to flap")
@@ -166,6 +178,7 @@ def test_a_cloned_node_takes_a_new_id_and_serves(tmp_path, tiny_models, expected
         assert new_id != original_id and original.topology()["node_id"] == original_id
         for node in cluster.nodes:
             served_again(node, expected)
+        announces_only_what_it_serves(cluster)
 
         # An id given by --node-id cannot be re-minted: the later node says so in one line and exits.
         dup = cluster.add_node(["--node-id", original_id])
