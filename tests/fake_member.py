@@ -6,8 +6,11 @@
 What issue 19's stranger ran: a record of a fast node with a lot of memory and the swarm's
 model fingerprint (both in every honest node's TXT record), so every plan gives it layers it
 will never load (a "black hole"); with --node-id an honest node's id and an earlier
---started-at, it also claims that node's id. Prints {"event": "ready", ...} as a JSON line,
-then runs until SIGTERM. For tests in network namespaces only: mDNS on the given interface.
+--started-at, it also claims that node's id. Its peer port is a real PeerListener, so it
+answers profile requests and liveness probes as any node of an open swarm does (whatever form
+they take), and stays in every view; it has no data lane. Prints {"event": "ready", ...} as a
+JSON line, then runs until SIGTERM. For tests in network namespaces only: mDNS on the given
+interface.
 """
 
 from __future__ import annotations
@@ -23,10 +26,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from discovery import Discovery  # noqa: E402
-from discovery.liveness import serve_liveness_port  # noqa: E402
 from discovery.memory import parse_size  # noqa: E402
 from discovery.node_id import mint_node_id, new_instance_nonce  # noqa: E402
 from discovery.profile import NodeProfile  # noqa: E402
+from swarm.transport.links import PeerLinks  # noqa: E402
+from swarm.transport.listener import PeerListener  # noqa: E402
+
+
+class _NoLane:
+    """A fake has no data lane: a data link offered to it fails (a black hole takes no frames)."""
+
+    def retire_idle(self, _idle_s: float) -> None:
+        pass
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -38,7 +49,9 @@ async def run(args: argparse.Namespace) -> None:
         started_at=args.started_at if args.started_at is not None else time.time(),
         extra={"state": "serving", "plan": "never-this-one"})
     discovery = Discovery(profile, interfaces=[args.interface], mdns=True, state_dir=None)
-    server = await serve_liveness_port(args.interface, args.peer_port, lambda: discovery.profile)
+    listener = PeerListener(profile.node_id, args.swarm, args.interface, args.peer_port, PeerLinks(profile.node_id),
+                            _NoLane(), lambda: discovery.profile)  # type: ignore[arg-type]
+    await listener.start()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
@@ -48,7 +61,7 @@ async def run(args: argparse.Namespace) -> None:
         await stop.wait()
     finally:
         await discovery.stop()
-        server.close()
+        await listener.stop()
 
 
 def main() -> None:
