@@ -305,7 +305,8 @@ async def test_a_thousand_hostile_frames_change_nothing(swarm, stranger, expecte
             frames.append((second["node_id"], Forward(rid, plan_id, 0, second["start"], first["node_id"], GREEDY,
                                                       "float32", h.shape, h.tobytes())))
         elif kind == 5:
-            frames.append((first["node_id"], Token(rid, plan_id, int(rng.integers(1, 5000)), int(rng.integers(0, 384)))))
+            frames.append((first["node_id"], Token(rid, plan_id, int(rng.integers(1, 5000)),
+                                                   int(rng.integers(0, 384)))))
         elif kind == 6:
             frames.append((first["node_id"], Error(rid, plan_id, "cache", "hostile")))
         elif kind == 7:

@@ -186,8 +186,8 @@ class StageService:
         queued, requests = self._queue, {(first.entry, first.rid)}
         while len(steps) < self.max_batch and queued:
             nxt = queued[0][1]
-            if not (isinstance(nxt, Forward) and nxt.is_decode_step and (nxt.dtype, nxt.shape) == (first.dtype, first.shape)
-                    and (nxt.entry, nxt.rid) not in requests):
+            if not (isinstance(nxt, Forward) and nxt.is_decode_step
+                    and (nxt.dtype, nxt.shape) == (first.dtype, first.shape) and (nxt.entry, nxt.rid) not in requests):
                 break
             requests.add((nxt.entry, nxt.rid))
             steps.append(queued.popleft()[1])
