@@ -35,7 +35,8 @@ from .entry.run_ahead import RunAhead
 from .entry.service import InferenceService
 from .entry.stats import RequestStats
 from .entry.swarm_pipeline import SwarmPipelines
-from .models.resolve import LocalModel, resolve_model
+from .api.bootstrap_app import make_bootstrap_app
+from .models.resolve import LocalModel, describe_model, is_local_spec, models_root, resolve_model
 from .node_config import NodeConfig
 from .planning.coordinator import Coordinator
 from .stage.stage_host import StageHost
@@ -46,6 +47,10 @@ from .status.peer_stats import PeerStats
 from .transport.lane import DataLane
 from .transport.links import PeerLinks
 from .transport.listener import PeerListener
+from .transport.stream_link import dial_weights
+from .weights.model_from_peers import model_files_from_peers
+from .weights.peer_weights import PeerWeights
+from .weights.store import ChunkStore
 
 log = logging.getLogger(__name__)
 
@@ -81,24 +86,45 @@ class Node:
         self._stops: list = []  # what to stop, in reverse order of starting
 
     def prepare_model(self) -> None:
-        """Resolve and check the model before serving; raises ModelError with one clear line."""
-        self.model: LocalModel = resolve_model(self.config.model, self.config.cache_dir, self.backend)
+        """Resolve and check the model before serving; raises ModelError with one clear line.
+
+        A model this machine does not hold (`--model ID` naming no local path or cached repo, or
+        `--join`) is learned from the peers that serve it once the node runs: `model` stays None."""
+        spec = self.config.model
+        if self.config.join or (spec is not None and not is_local_spec(spec)):
+            self.model, self.tokenizer = None, None
+            return
+        self.model = resolve_model(spec, self.config.cache_dir, self.backend)
+        self._check_model()
+
+    def _check_model(self) -> None:
         check_splittable(self.model.path)
         self.tokenizer = load_tokenizer(self.model.path, eos_token_ids=self.model.config.get("eos_token_id"))
 
-    async def start(self) -> None:
-        cfg, model, worker = self.config, self.model, self.worker
-
-        # What this node is: its model's sizes, its speed, its profile (and so its id).
+    async def _measure(self, model: LocalModel) -> tuple[ModelBytes, float]:
+        """The model's sizes as this node loads it, and this node's speed on two of its layers (cached).
+        A node that fetches its model measures before it holds those layers: it reads zeros in their
+        place, which compute at the same speed."""
+        cfg, worker = self.config, self.worker
         sizes = await worker.run(measure_model_bytes, model.path, self.dtype, self.dequantize)
         key = f"{machine_id()}:{model.fingerprint}:{self.dtype}:{self.dequantize}:{self.backend}:{blas_in_use()}"
         speed = cfg.speed or await worker.run(
             cached_speed, cfg.state_dir, key,
             lambda: measure_speed(model.path, model.n_layers, self.dtype, self.dequantize))
+        return sizes, speed
+
+    async def start(self) -> None:
+        cfg, model, worker = self.config, self.model, self.worker
+
+        # What this node is: its model's sizes, its speed, its profile (and so its id). A node that
+        # fetches its model names only the model it looks for until it has the model's small files.
+        sizes, speed = await self._measure(model) if model is not None else (None, 0.0)
         profile = build_local_profile(
             state_dir=cfg.state_dir, swarm=cfg.swarm, name=cfg.name, api_port=cfg.api_port,
-            peer_port=cfg.peer_port, backend=self.backend, speed=speed, model_id=model.model_id,
-            model_fingerprint=model.fingerprint, memory_limit=cfg.memory_limit, extra={"state": "joining"})
+            peer_port=cfg.peer_port, backend=self.backend, speed=speed,
+            model_id=model.model_id if model else (cfg.model or ""),
+            model_fingerprint=model.fingerprint if model else "", memory_limit=cfg.memory_limit,
+            extra={"state": "joining" if model else "looking"})
         if cfg.node_id:
             profile = profile.replace(node_id=cfg.node_id)
         node_id = profile.node_id
@@ -111,8 +137,21 @@ class Node:
         # The peer data path: one connection per peer, read and written on the MLX thread.
         links = PeerLinks(node_id)
         lane = DataLane(node_id, cfg.swarm, links, worker.watch, worker.post, discovery.endpoint_of)
+
+        # Weights: served to peers from what this node holds; fetched from them for layers it lacks.
+        weights = PeerWeights(worker, lambda peer: dial_weights(peer, discovery.endpoint_of(peer)),
+                              lambda: _holders(discovery, weights),
+                              lambda st: discovery.update_profile(fetch=st.profile_field()))
         listener = PeerListener(node_id, cfg.swarm, cfg.peer_host, cfg.peer_port, links, lane,
-                                lambda: discovery.profile)
+                                lambda: discovery.profile, on_weights=weights.serve)
+        if model is not None:
+            weights.store = ChunkStore.complete(model.path, model.manifest)
+        else:
+            await self._start(listener.start, listener.stop)
+            await self._start(discovery.start, discovery.stop)
+            model, sizes, speed = await self._model_from_peers(discovery, weights)
+            await discovery.update_profile(model_id=model.model_id, model_fingerprint=model.fingerprint,
+                                           speed=speed, state="joining")
 
         # The entry side's bookkeeping, and the stage side that serves every peer message.
         pending, run_ahead, hop_timing = PendingTokens(), RunAhead(node_id), HopTiming()
@@ -123,7 +162,8 @@ class Node:
         # Planning: the plan from the view, our layers loaded, agreement.
         events = EventBus()
         coordinator = Coordinator(node_id, model_spec(sizes, cfg.kv_reserve_tokens), model.fingerprint, discovery,
-                                  host, pending, events, strategy=cfg.strategy, recovery_timeout=cfg.recovery_timeout)
+                                  host, pending, events, strategy=cfg.strategy, recovery_timeout=cfg.recovery_timeout,
+                                  weights=weights)
 
         # The entry side: requests through pipelines on agreed plans.
         stats = RequestStats(events.emit, entry=node_id)
@@ -135,19 +175,19 @@ class Node:
         # What the node tells: /health, /v1/topology, and the HTTP API over it all.
         peer_stats = PeerStats(discovery)
         status = NodeStatus(model, self.backend, discovery, coordinator, host, stage_service, links, stats,
-                            hop_timing, peer_stats)
+                            hop_timing, peer_stats, weights)
         runner = web.AppRunner(make_app(service, status, events, model.model_id), access_log=None)
 
         # Start, in the same order.
         stage_service.start()
         self._stops.append(stage_service.stop)
-        await listener.start()
-        self._stops.append(listener.stop)
+        if not self._started(listener.stop):
+            await self._start(listener.start, listener.stop)
         await runner.setup()
         await web.TCPSite(runner, cfg.api_host, cfg.api_port).start()
         self._stops.append(runner.cleanup)
-        await discovery.start()
-        self._stops.append(discovery.stop)
+        if not self._started(discovery.stop):
+            await self._start(discovery.start, discovery.stop)
         peer_stats.start()
         self._stops.append(peer_stats.stop)
         log.info("node %s (%s): API on %s:%d, peers on %s:%d, %.2f ms/layer/token, swarm %r",
@@ -158,6 +198,38 @@ class Node:
                                        name="peer-events")
         self._stops.append(lambda: _cancel(consumer))
 
+    async def _start(self, start, stop) -> None:
+        await start()
+        self._stops.append(stop)
+
+    def _started(self, stop) -> bool:
+        return stop in self._stops
+
+    async def _model_from_peers(self, discovery: Discovery, weights: PeerWeights
+                                ) -> tuple[LocalModel, ModelBytes, float]:
+        """Learn the model from the peers that serve it; meanwhile /health says what we wait for."""
+        cfg = self.config
+        waiting = {"status": "starting"}
+
+        async def report(line: str) -> None:
+            waiting["status"] = line
+            await discovery.update_profile(state="fetching" if line.startswith("fetching") else "looking")
+
+        runner = web.AppRunner(make_bootstrap_app(lambda: {**waiting, "fetch": weights.status.to_dict()},
+                                                  discovery, cfg.model), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, cfg.api_host, cfg.api_port).start()
+        try:
+            root = models_root(cfg.cache_dir)
+            model_id, manifest = await model_files_from_peers(None if cfg.join else cfg.model, discovery,
+                                                              weights.open_link, root, weights, report)
+            self.model = describe_model(weights.store.root, model_id, root, manifest)
+            self._check_model()
+            sizes, speed = await self._measure(self.model)
+        finally:
+            await runner.cleanup()
+        return self.model, sizes, speed
+
     async def stop(self) -> None:
         for stop in reversed(self._stops):
             try:
@@ -165,6 +237,14 @@ class Node:
             except Exception:
                 log.exception("error while stopping")
         self.worker.close()
+
+
+def _holders(discovery: Discovery, weights: PeerWeights) -> list[str]:
+    """Peers that serve the model this node holds or fetches: they hold some or all of its chunks."""
+    if weights.store is None:
+        return []
+    fingerprint = weights.store.manifest.fingerprint
+    return [p.node_id for p in discovery.view() if p.profile.model_fingerprint == fingerprint]
 
 
 async def _consume_peer_events(events: asyncio.Queue[PeerEvent], stage_service: StageService,

@@ -5,6 +5,12 @@ the same view. Each node announces the plan id it serves (in its profile) once i
 layers are loaded; an entry node uses a plan only when every stage announces it.
 Agreement is waited for on a condition, notified whenever the view or our own
 layers change: nobody polls. Event loop only.
+
+A node that lacks weights for its new layers fetches them from its peers first
+(weights/peer_weights.py), still serving the plan it served, and announces
+`ready=<plan>` when it holds them. Nodes switch to a new plan only once its new
+members and its fetching members are ready, so the plan before keeps serving while
+layers travel; entries keep using it until the new one is agreed.
 """
 
 from __future__ import annotations
@@ -21,22 +27,27 @@ from ..entry.pending_tokens import PendingTokens
 from ..entry.pipeline import NoPipeline
 from ..events import EventBus
 from ..stage.stage_host import StageHost
+from ..weights.peer_weights import NotEnoughDisk, PeerWeights
+from ..weights.transfer import FetchStuck
 
 log = logging.getLogger(__name__)
 
 # After a pipeline broke, prefer waiting this long for a new plan (the liveness check
 # declares a dead peer gone within 3 s) over replaying into the same broken plan.
 NEW_PLAN_GRACE_S = 3.5
+RETRY_FETCH_S = 5.0  # a fetch that could not finish (no holder, no disk) is tried again this often at most
 
 
 class Coordinator:
     def __init__(self, node_id: str, spec: ModelSpec, fingerprint: str, discovery: Discovery, host: StageHost,
                  pending: PendingTokens, events: EventBus, *, strategy: str = "balanced",
-                 recovery_timeout: float = 30.0):
+                 recovery_timeout: float = 30.0, weights: PeerWeights | None = None):
         self.node_id, self.spec, self.fingerprint, self.discovery = node_id, spec, fingerprint, discovery
         self.host, self.pending, self.events = host, pending, events
         self.strategy, self.recovery_timeout = strategy, recovery_timeout
+        self.weights = weights  # None: this node never fetches (tests of planning alone)
         self.plan: Plan | None = None
+        self.before: Plan | None = None  # the last plan seen whole: used while the newest is fetched for
         self.plan_error: str | None = None
         self._apply_task: asyncio.Task | None = None
         self._changed = asyncio.Condition()  # the view, the plan or our layers changed
@@ -67,8 +78,10 @@ class Coordinator:
             return
         log.info("plan %s -> %s: %s", _id(self.plan), _id(plan),
                  [(s.node_id, s.start, s.end) for s in plan.stages] if plan else error)
+        self._note_agreement()
         self.plan = plan
-        self.pending.break_all("the plan changed", keep_plan=_id(plan))
+        self.pending.break_all("the plan changed", keep_plans=frozenset(
+            p.plan_id for p in (plan, self.before) if p is not None))
         self.events.emit("plan", {"plan": plan.to_dict() if plan else None, "error": error})
         await self._notify()
         if self._apply_task is None or self._apply_task.done():
@@ -90,6 +103,12 @@ class Coordinator:
                 await self.discovery.update_profile(plan="", state="waiting")
             else:
                 layers = self.own_layers(plan)
+                if not await self._fetch_for(plan, layers):
+                    continue
+                await self.discovery.update_profile(ready=plan.plan_id)
+                await self._wait_until_ready(plan)
+                if plan is not self.plan:
+                    continue
                 await self.discovery.update_profile(plan="", state="loading" if layers else "idle")
                 try:
                     await self.host.assign(plan, layers)
@@ -107,6 +126,46 @@ class Coordinator:
                 if plan is not None:
                     self.events.emit("plan_loaded", {"node_id": self.node_id, "plan_id": plan.plan_id})
                 return
+
+    async def _fetch_for(self, plan: Plan, layers: tuple[int, int] | None) -> bool:
+        """Have the weights our layers of `plan` need (still serving the plan before); False: the
+        plan moved on meanwhile, or the fetch failed and was waited out (go round again)."""
+        if layers is None or self.weights is None:
+            return True
+        try:
+            await self.discovery.update_profile(state="fetching")
+            await self.weights.ensure_stage(*layers)
+            return plan is self.plan
+        except (FetchStuck, NotEnoughDisk) as e:
+            log.warning("cannot load layers [%d, %d) yet: %s; trying again when the swarm changes", *layers, e)
+            await self.discovery.update_profile(state="stuck" if isinstance(e, FetchStuck) else "no_disk")
+            async with self._changed:
+                try:
+                    await asyncio.wait_for(self._changed.wait(), RETRY_FETCH_S)
+                except asyncio.TimeoutError:
+                    pass
+            return False
+
+    async def _wait_until_ready(self, plan: Plan) -> None:
+        """Until the members of `plan` that may still be fetching have its weights (or the plan moves on).
+
+        Those are the nodes the plan before did not have (they joined) and the nodes saying they
+        fetch; the others hold their layers already (they served the plan before)."""
+        def pending() -> list[str]:
+            old = {s.node_id for s in self.before.stages} if self.before is not None else set()
+            profiles = {p.node_id: p.profile.extra for p in self.discovery.view(include_self=True)}
+            late = []
+            for s in plan.stages:
+                extra = profiles.get(s.node_id, {})
+                if extra.get("ready") == plan.plan_id or extra.get("plan") == plan.plan_id:
+                    continue
+                if s.node_id not in old or extra.get("state") == "fetching":
+                    late.append(s.node_id)
+            return late
+
+        async with self._changed:
+            while plan is self.plan and pending():
+                await self._changed.wait()
 
     def waiting_for(self, plan: Plan) -> list[str]:
         """Stage nodes that do not serve `plan` yet (empty when the pipeline is whole)."""
@@ -130,6 +189,9 @@ class Coordinator:
         async with self._changed:
             while True:
                 plan, waited = self.plan, time.monotonic() - start
+                if plan is not None and self.waiting_for(plan) and self.before is not None \
+                        and not self.waiting_for(self.before):
+                    plan = self.before  # the newest is still being fetched for; the one before serves
                 if plan is not None and not self.waiting_for(plan):
                     if broken is None or broken.plan_id != plan.plan_id or waited > NEW_PLAN_GRACE_S:
                         return plan
@@ -143,7 +205,12 @@ class Coordinator:
                 except asyncio.TimeoutError:
                     pass
 
+    def _note_agreement(self) -> None:
+        if self.plan is not None and not self.waiting_for(self.plan):
+            self.before = self.plan
+
     async def _notify(self) -> None:
+        self._note_agreement()
         async with self._changed:
             self._changed.notify_all()
 

@@ -6,6 +6,7 @@ first 4 bytes:
                 links.py keeps it, the connection handed to the data lane, which
                 reads and writes it from then on (on the MLX thread)
     b"SWPF"  -> discovery's profile answer (and liveness: discovery/liveness.py)
+    b"SWWT"  -> a weights link (weights/transfer.py), handed to `on_weights`
     nothing  -> a bare connect-and-close: closed quietly
     other    -> one warning line, closed
 Profile answers and liveness stay here, on short connections of their own: they
@@ -18,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Callable
+from typing import Awaitable, Callable
 
 from discovery.profile import NodeProfile
 from discovery.profile_exchange import MAGIC as PROFILE_MAGIC
@@ -29,6 +30,7 @@ from .frames import DEFAULT_MAX_PAYLOAD_BYTES, MAGIC, read_magic
 from .handshake import HANDSHAKE_TIMEOUT, answer
 from .lane import DataLane
 from .links import PeerLinks
+from .stream_link import WEIGHTS_MAGIC, StreamFrameLink
 
 log = logging.getLogger("swarm.transport")
 
@@ -36,11 +38,13 @@ log = logging.getLogger("swarm.transport")
 class PeerListener:
     def __init__(self, node_id: str, swarm: str, host: str, port: int, links: PeerLinks, lane: DataLane,
                  profile: Callable[[], NodeProfile], *, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES,
-                 handshake_timeout: float = HANDSHAKE_TIMEOUT) -> None:
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT,
+                 on_weights: Callable[[StreamFrameLink], Awaitable[None]] | None = None) -> None:
         self.node_id, self.swarm, self.host = node_id, swarm, host
         self.port = port  # the bound port once started (port=0 picks one)
         self.links, self.lane, self.profile = links, lane, profile
         self.max_payload, self.handshake_timeout = max_payload, handshake_timeout
+        self.on_weights = on_weights
         self._server: asyncio.Server | None = None
         self._serving: set[asyncio.Task] = set()
 
@@ -92,6 +96,8 @@ class PeerListener:
             self.lane.take_over(conn, self.links.arrived(conn))
         elif magic == PROFILE_MAGIC:
             await answer_profile_request(reader, writer, self.profile())
+        elif magic == WEIGHTS_MAGIC and self.on_weights is not None:
+            await self.on_weights(StreamFrameLink(where, reader, writer))
         elif magic == b"":
             log.debug("liveness probe from %s", where)
         else:

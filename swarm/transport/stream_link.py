@@ -29,3 +29,14 @@ class StreamFrameLink:
         self._writer.close()
         with contextlib.suppress(OSError, asyncio.TimeoutError):
             await asyncio.wait_for(self._writer.wait_closed(), 1.0)
+
+
+# A weights link on the peer port: this magic, then frames both ways (weights/transfer.py).
+# Issue 19 puts it behind the authenticated hello like every other peer link.
+WEIGHTS_MAGIC = b"SWWT"
+
+
+async def dial_weights(peer: str, address: tuple[str, int], timeout: float = 5.0) -> StreamFrameLink:
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(*address), timeout)
+    writer.write(WEIGHTS_MAGIC)
+    return StreamFrameLink(peer, reader, writer)
