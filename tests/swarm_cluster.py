@@ -60,14 +60,16 @@ class SwarmNode:
 
 
 class SwarmCluster:
-    def __init__(self, root: Path, n: int, common: list[str], per_node: list[list[str]] | None = None):
+    def __init__(self, root: Path, n: int, common: list[str], per_node: list[list[str]] | None = None,
+                 start: bool = True):
+        """`start` False: the hosts exist, the nodes are started by the test (`node.start()`)."""
         self.root = Path(root)
         self.common = common
         self.network = Network(self.root / "net")
         try:
             hosts = self.network.add_hosts(n)
             self.nodes = [SwarmNode(self, h, i, (per_node or [[]] * n)[i]) for i, h in enumerate(hosts)]
-            for node in self.nodes:
+            for node in self.nodes if start else ():
                 node.start()
         except BaseException:
             self.network.close()

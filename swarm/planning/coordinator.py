@@ -16,6 +16,7 @@ layers travel; entries keep using it until the new one is agreed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -36,6 +37,9 @@ log = logging.getLogger(__name__)
 # declares a dead peer gone within 3 s) over replaying into the same broken plan.
 NEW_PLAN_GRACE_S = 3.5
 RETRY_FETCH_S = 5.0  # a fetch that could not finish (no holder, no disk) is tried again this often at most
+# Before fetching, the membership must have held still this long: nodes that start together join
+# a second apart, and a fetch for a plan the next join replaces is mostly wasted.
+SETTLE_S = 3.0
 
 
 class Coordinator:
@@ -51,12 +55,14 @@ class Coordinator:
         self.plan_error: str | None = None
         self._apply_task: asyncio.Task | None = None
         self._changed = asyncio.Condition()  # the view, the plan or our layers changed
+        self._membership_changed = time.monotonic()
 
     async def start(self) -> None:
         await self.replan()
 
     async def on_peer_event(self, event: PeerEvent) -> None:
         if event.kind in ("join", "leave"):
+            self._membership_changed = time.monotonic()
             self.events.emit(event.kind, {"node_id": event.node_id, "name": event.profile.name})
         if event.kind == "leave" and self.plan and event.node_id in {s.node_id for s in self.plan.stages}:
             self.pending.break_all(f"node {event.node_id} left")
@@ -130,11 +136,25 @@ class Coordinator:
     async def _fetch_for(self, plan: Plan, layers: tuple[int, int] | None) -> bool:
         """Have the weights our layers of `plan` need (still serving the plan before); False: the
         plan moved on meanwhile, or the fetch failed and was waited out (go round again)."""
-        if layers is None or self.weights is None:
+        if layers is None or self.weights is None or not await self.weights.lacks(*layers):
             return True
+        while (quiet := time.monotonic() - self._membership_changed) < SETTLE_S:
+            await asyncio.sleep(SETTLE_S - quiet)
+            if plan is not self.plan:
+                return False
+        fetch = asyncio.create_task(self.weights.ensure_stage(*layers), name="fetch-weights")
+        fetch.add_done_callback(lambda _: asyncio.ensure_future(self._notify()))  # wakes the wait below
         try:
             await self.discovery.update_profile(state="fetching")
-            await self.weights.ensure_stage(*layers)
+            async with self._changed:  # a fetch for a plan that is no longer ours stops
+                await self._changed.wait_for(lambda: fetch.done() or plan is not self.plan)
+            if not fetch.done():
+                fetch.cancel()
+                log.info("plan %s replaced while fetching for it: fetching for the new one", plan.plan_id)
+                with contextlib.suppress(asyncio.CancelledError):
+                    await fetch
+                return False
+            fetch.result()
             return plan is self.plan
         except (FetchStuck, NotEnoughDisk) as e:
             log.warning("cannot load layers [%d, %d) yet: %s; trying again when the swarm changes", *layers, e)
@@ -163,8 +183,12 @@ class Coordinator:
                     late.append(s.node_id)
             return late
 
+        said = None
         async with self._changed:
-            while plan is self.plan and pending():
+            while plan is self.plan and (late := pending()):
+                if late != said:
+                    log.info("plan %s: waiting for %s to hold their weights", plan.plan_id, ", ".join(late))
+                    said = late
                 await self._changed.wait()
 
     def waiting_for(self, plan: Plan) -> list[str]:

@@ -47,6 +47,7 @@ class FetchStatus:
     received_bytes: int = 0  # everything received from peers since the node started (rejected included)
     needed_bytes: int = 0  # what the current stage needs, all of it (held before or fetched)
     rate_bps: float = 0.0
+    rejected: int = 0  # chunks a holder served wrong (refused, fetched again elsewhere)
     error: str = ""
 
     def to_dict(self) -> dict:
@@ -55,16 +56,16 @@ class FetchStatus:
     def profile_field(self) -> str:
         """Compact, for the profile (a TXT entry): state/done/total/received/needed/rate."""
         return f"{self.state}/{self.done_bytes}/{self.total_bytes}/{self.received_bytes}/{self.needed_bytes}/" \
-               f"{round(self.rate_bps)}"
+               f"{round(self.rate_bps)}/{self.rejected}"
 
 
 def parse_fetch(field: str | None) -> dict | None:
     """A peer's FetchStatus from its profile (None when it says none, or garbles it)."""
     parts = (field or "").split("/")
-    if len(parts) != 6 or not all(p.isdigit() for p in parts[1:]):
+    if len(parts) != 7 or not all(p.isdigit() for p in parts[1:]):
         return None
-    done, total, received, needed, rate = map(int, parts[1:])
-    return FetchStatus(parts[0][:16], done, total, received, needed, rate).to_dict()
+    done, total, received, needed, rate, rejected = map(int, parts[1:])
+    return FetchStatus(parts[0][:16], done, total, received, needed, rate, rejected).to_dict()
 
 
 Publish = Callable[[FetchStatus], Awaitable[None]]
@@ -78,6 +79,7 @@ class PeerWeights:
         self.store: ChunkStore | None = None  # known once the model is (a fetching node learns it from peers)
         self.status = FetchStatus()
         self._received_before = 0
+        self._chunks_of: dict[tuple[int, int], list[Chunk]] = {}
 
     # -- holder side --------------------------------------------------------------------------
     async def serve(self, link: FrameLink) -> None:
@@ -88,15 +90,24 @@ class PeerWeights:
         await serve_weights(link, self.store)
 
     # -- fetching -------------------------------------------------------------------------------
+    async def lacks(self, start: int, end: int) -> bool:
+        """Does this node miss chunks that layers [start, end) need?"""
+        return bool(self.store.missing(await self._stage_chunks(start, end)))
+
     async def ensure_stage(self, start: int, end: int) -> None:
         """Have every chunk layers [start, end) need on disk, fetching what is missing.
 
         Raises FetchStuck (no holder can give some chunks) or NotEnoughDisk; the caller retries."""
-        store = self.store
-        names = await self.worker.run(stage_tensor_names, store.root, start, end)
-        chunks = stage_chunks(store.manifest, names)
+        chunks = await self._stage_chunks(start, end)
         self.status.needed_bytes = sum(c.length for c in chunks)
         await self.fetch(chunks, f"layers [{start}, {end})")
+
+    async def _stage_chunks(self, start: int, end: int) -> list[Chunk]:
+        key = (start, end)
+        if key not in self._chunks_of:
+            names = await self.worker.run(stage_tensor_names, self.store.root, start, end)
+            self._chunks_of[key] = stage_chunks(self.store.manifest, names)
+        return self._chunks_of[key]
 
     async def fetch(self, chunks: list[Chunk], what: str) -> None:
         store = self.store
@@ -112,8 +123,9 @@ class PeerWeights:
             raise NotEnoughDisk(self.status.error)
         log.info("fetching %s from peers: %d chunks, %.1f MB", what, len(missing), need / 1e6)
         fetch = WeightFetch(store, missing, self.open_link, self.holders, on_progress=self._on_progress)
-        self.status = FetchStatus("fetching", 0, need, self.status.received_bytes, self.status.needed_bytes)
-        self._received_before = self.status.received_bytes
+        self.status = FetchStatus("fetching", 0, need, self.status.received_bytes, self.status.needed_bytes,
+                                  rejected=self.status.rejected)
+        self._received_before, self._rejected_before = self.status.received_bytes, self.status.rejected
         self._started, self._last_log, self._last_publish = time.monotonic(), 0.0, 0.0
         await self._publish()
         try:
@@ -133,6 +145,7 @@ class PeerWeights:
         s, now = self.status, time.monotonic()
         s.done_bytes, s.total_bytes = progress.done_bytes, progress.total_bytes
         s.received_bytes = self._received_before + progress.received_bytes
+        s.rejected = self._rejected_before + progress.rejected
         s.rate_bps = progress.done_bytes / max(now - self._started, 1e-9)
         if now - self._last_log >= LOG_EVERY_S:
             self._last_log = now
