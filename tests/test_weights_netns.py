@@ -39,8 +39,8 @@ def chat_text(node, stream: bool = False) -> str:
 
 
 def own_entry(node) -> dict:
-    top = node.topology()
-    return next(n for n in top["nodes"] if n["self"])
+    top = node.topology()  # None while the node is still learning its model
+    return next((n for n in top["nodes"] if n["self"]), {}) if top else {}
 
 
 def limit_egress(host, mbit: int) -> None:
@@ -93,8 +93,10 @@ def test_a_holder_killed_mid_transfer_is_replaced_by_the_other(tmp_path, default
             node.start()
         cluster.wait_serving(stages=2, nodes=holders, timeout=120)
         fetcher.start()
-        wait_until(lambda: (own_entry(fetcher) or {}).get("fetch", {}).get("done_bytes", 0) > 20e6, 120,
+        wait_until(lambda: (own_entry(fetcher).get("fetch") or {}).get("done_bytes", 0) > 20e6, 120,
                    "the fetch under way")
+        under_way = own_entry(fetcher)["fetch"]
+        assert under_way["state"] == "fetching" and under_way["done_bytes"] < under_way["total_bytes"]
         holders[1].proc.kill9()
         cluster.wait_serving(stages=2, nodes=[holders[0], fetcher], timeout=240)
         fetch = own_entry(fetcher)["fetch"]
