@@ -211,9 +211,9 @@ class Node:
         cfg = self.config
         waiting = {"status": "starting"}
 
-        async def report(line: str) -> None:
+        async def report(line: str, state: str) -> None:
             waiting["status"] = line
-            await discovery.update_profile(state="fetching" if line.startswith("fetching") else "looking")
+            await discovery.update_profile(state=state)
 
         runner = web.AppRunner(make_bootstrap_app(lambda: {**waiting, "fetch": weights.status.to_dict()},
                                                   discovery, cfg.model), access_log=None)

@@ -6,6 +6,7 @@ empty cache, fetch what their stage needs from the holders, and answer like one 
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from swarm_cluster import SwarmCluster
 
 from swarm.models.resolve import DEFAULT_MODEL_ID
 from swarm.weights.manifest import cached_manifest
+from swarm.weights.needs import stage_chunks, stage_tensor_names
 
 pytestmark = pytest.mark.skipif(netns_unavailable_reason() is not None, reason=str(netns_unavailable_reason()))
 
@@ -61,7 +63,8 @@ def wait_until(pred, timeout: float, what: str):
 
 def test_hosts_with_nothing_fetch_only_their_layers_and_answer_like_one_machine(tmp_path, default_model):
     expected, _ = reference_chat(default_model.path, QUESTION, 12)
-    cluster = SwarmCluster(tmp_path, 3, [], [[], fetching(tmp_path / "cache1"), fetching(tmp_path / "cache2")])
+    joining = ["--join", "--cache-dir", str(tmp_path / "cache2")]  # no model named: whatever the swarm serves
+    cluster = SwarmCluster(tmp_path, 3, [], [[], fetching(tmp_path / "cache1"), joining])
     try:
         cluster.wait_serving(stages=3, timeout=300)
         for node in cluster.nodes:
@@ -79,6 +82,22 @@ def test_hosts_with_nothing_fetch_only_their_layers_and_answer_like_one_machine(
         # every node's topology shows the others' fetches too
         seen = {n["id"]: n["fetch"] for n in cluster.nodes[0].topology()["nodes"]}
         assert sum(1 for f in seen.values() if f and f["state"] == "done") >= 2
+        # A restart reads what it fetched from its cache: only chunks of its new stage it never held travel.
+        # (The plan may give the returning node other layers: the others keep theirs, it is appended.)
+        held_file = next((tmp_path / "cache1").rglob(".swarm-held"))
+        held_before = set(json.loads(held_file.read_text())["chunks"])
+        cluster.nodes[1].proc.kill9()
+        cluster.nodes[1].start()
+        cluster.wait_serving(stages=3, timeout=240)
+        start, end = own_entry(cluster.nodes[1])["layers"]
+        manifest = cached_manifest(default_model.path, tmp_path / "manifests")
+        stage = stage_chunks(manifest, stage_tensor_names(default_model.path, start, end))
+        lacking = sum(c.length for c in stage if c.index not in held_before)
+        fetch = own_entry(cluster.nodes[1])["fetch"]
+        print(f"restarted node1: layers [{start}, {end}) need {fetch['needed_bytes'] / 1e6:.1f} MB, "
+              f"held {(fetch['needed_bytes'] - lacking) / 1e6:.1f} MB, received {fetch['received_bytes'] / 1e6:.1f} MB")
+        assert fetch["received_bytes"] == lacking < fetch["needed_bytes"]
+        assert chat_text(cluster.nodes[1]) == expected
     finally:
         cluster.close()
 

@@ -20,15 +20,16 @@ from discovery import Discovery
 
 from ..transport.errors import ProtocolError
 from .manifest import Manifest, ManifestError
-from .peer_weights import PeerWeights, fetched_model_dir
+from .peer_weights import NotEnoughDisk, PeerWeights, fetched_model_dir
 from .store import ChunkStore
-from .transfer import OpenLink, fetch_manifest
+from .transfer import FetchStuck, OpenLink, fetch_manifest
 
 log = logging.getLogger(__name__)
 
 LOOK_EVERY_S = 1.0
+RETRY_S = 5.0
 
-Report = Callable[[str], Awaitable[None]]  # what the node is waiting for, in one line (state for /health)
+Report = Callable[[str, str], Awaitable[None]]  # (what the node waits for, in one line; its state)
 
 
 def holders_of(discovery: Discovery, model_id: str | None) -> dict[tuple[str, str], list[str]]:
@@ -53,7 +54,7 @@ async def model_files_from_peers(model_id: str | None, discovery: Discovery, ope
             if why != said:
                 log.warning("%s (peers in view: %d)", why, len(discovery.view()))
                 said = why
-                await report(why)
+                await report(why, "looking")
             await asyncio.sleep(LOOK_EVERY_S)
             continue
         (chosen_id, fingerprint), holders = max(found.items(), key=lambda kv: (len(kv[1]), kv[0]))
@@ -65,8 +66,14 @@ async def model_files_from_peers(model_id: str | None, discovery: Discovery, ope
             await asyncio.sleep(LOOK_EVERY_S)
             continue
         weights.store = ChunkStore.partial(fetched_model_dir(models_root, chosen_id, fingerprint), manifest)
-        await report(f"fetching the configuration and tokenizer of {chosen_id}")
-        await weights.fetch(manifest.support_chunks(), f"the configuration and tokenizer of {chosen_id}")
+        await report(f"fetching the configuration and tokenizer of {chosen_id}", "fetching")
+        try:
+            await weights.fetch(manifest.support_chunks(), f"the configuration and tokenizer of {chosen_id}")
+        except (NotEnoughDisk, FetchStuck) as e:
+            log.warning("cannot fetch the model's small files yet: %s; trying again in %.0f s", e, RETRY_S)
+            await report(str(e), "no_disk" if isinstance(e, NotEnoughDisk) else "stuck")
+            await asyncio.sleep(RETRY_S)
+            continue
         return chosen_id, manifest
 
 
