@@ -47,7 +47,7 @@ class Stats:
 @dataclass
 class Fetch:
     """A node getting its weights from peers (the node's `fetch` entry); state "" when it never fetched."""
-    state: str = ""            # looking | fetching | stuck | no_disk | done
+    state: str = ""            # looking | mismatch | fetching | stuck | no_disk | done
     done_bytes: int = 0
     total_bytes: int = 0
     received_bytes: int = 0
@@ -62,7 +62,7 @@ class Fetch:
 
     @property
     def active(self) -> bool:
-        return self.state in ("looking", "fetching", "stuck", "no_disk")
+        return self.state in ("looking", "mismatch", "fetching", "stuck", "no_disk")
 
 
 @dataclass

@@ -54,6 +54,7 @@ async def model_files_from_peers(model_id: str | None, discovery: Discovery, ope
             if why != said:
                 log.warning("%s (peers in view: %d)", why, len(discovery.view()))
                 said = why
+                weights.status.state, weights.status.error = "looking", why
                 await report(why, "looking")
             await asyncio.sleep(LOOK_EVERY_S)
             continue
@@ -61,8 +62,17 @@ async def model_files_from_peers(model_id: str | None, discovery: Discovery, ope
         if len(found) > 1:
             log.warning("peers serve %d versions of %s; taking %s, which %d of them serve", len(found),
                         model_id or "the swarm's model", fingerprint, len(holders))
-        manifest = await _manifest_from_any(holders, fingerprint, open_link)
+        manifest, error = await _manifest_from_any(holders, fingerprint, open_link)
         if manifest is None:
+            mismatch = isinstance(error, ManifestError)
+            why = (f"no peer gives a manifest of {chosen_id} that matches its fingerprint {fingerprint} "
+                   f"({error}): waiting for one that does" if mismatch else
+                   f"no peer holding {chosen_id} answers ({error}): trying again")
+            if why != said:
+                log.warning("%s", why)
+                said = why
+                weights.status.state, weights.status.error = ("mismatch" if mismatch else "looking"), why
+                await report(why, weights.status.state)
             await asyncio.sleep(LOOK_EVERY_S)
             continue
         weights.store = ChunkStore.partial(fetched_model_dir(models_root, chosen_id, fingerprint), manifest)
@@ -77,15 +87,19 @@ async def model_files_from_peers(model_id: str | None, discovery: Discovery, ope
         return chosen_id, manifest
 
 
-async def _manifest_from_any(holders: list[str], fingerprint: str, open_link: OpenLink) -> Manifest | None:
+async def _manifest_from_any(holders: list[str], fingerprint: str,
+                             open_link: OpenLink) -> tuple[Manifest | None, Exception | None]:
+    """The first manifest a holder gives that hashes to `fingerprint`, else the last reason none did."""
+    error: Exception | None = None
     for holder in holders:
         link = None
         try:
             link = await open_link(holder)
-            return await fetch_manifest(link, fingerprint)
+            return await fetch_manifest(link, fingerprint), None
         except (OSError, ProtocolError, ManifestError, asyncio.TimeoutError) as e:
-            log.warning("no manifest of %s from %s: %s", fingerprint, holder, e)
+            log.debug("no manifest of %s from %s: %s", fingerprint, holder, e)
+            error = e if not isinstance(error, ManifestError) else error  # a mismatch is the news
         finally:
             if link is not None:
                 await link.close()
-    return None
+    return None, error

@@ -41,7 +41,7 @@ class NotEnoughDisk(Exception):
 
 @dataclass
 class FetchStatus:
-    state: str = "idle"  # idle | fetching | done | stuck | no_disk
+    state: str = "idle"  # idle | looking | mismatch | fetching | done | stuck | no_disk
     done_bytes: int = 0  # of this fetch
     total_bytes: int = 0
     received_bytes: int = 0  # everything received from peers since the node started (rejected included)

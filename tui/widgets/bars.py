@@ -56,7 +56,7 @@ def memory_bar(used: int | None, available: int | None, total: int | None, width
 def fetch_bar(done: int, total: int, rate_bps: float, state: str, width: int) -> Text:
     """`████····  42% 110M/258M 31M/s`: a node getting its weights from peers; the words say a stall."""
     words = {"looking": "looking for a peer that holds the model", "stuck": "stuck: no peer gives what is missing",
-             "no_disk": "not enough disk for its layers"}
+             "no_disk": "not enough disk for its layers", "mismatch": "no peer's manifest matches the model"}
     if state in words:
         return Text(words[state], "bold red" if state != "looking" else "yellow")
     pct = done / total if total > 0 else 0.0

@@ -18,7 +18,7 @@ from .bars import fetch_bar, human_bytes, layer_bar, memory_bar
 
 STATE_STYLE = {"serving": "green", "loading": "yellow", "joining": "yellow", "idle": "blue",
                "gone": "red", "unreachable": "bold red", "fetching": "yellow", "looking": "yellow",
-               "stuck": "bold red", "no_disk": "bold red"}
+               "stuck": "bold red", "no_disk": "bold red", "mismatch": "bold red"}
 FIXED = {"#": 2, "node": 16, "memory": 14, "speed": 11, "live": 8}
 PADDING = 2 * len(FIXED)   # one space each side of every column but the table's edges
 
