@@ -47,6 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens generated when a request gives no max_tokens (default: %(default)s)")
     p.add_argument("--swarm", default="default",
                    help="swarm name: nodes only join peers with the same name (default: %(default)s)")
+    p.add_argument("--secret", default=None, metavar="SECRET",
+                   help="the swarm secret: peers must prove they know it, and every peer link is encrypted "
+                        "with keys derived from it. Wins over $SWARM_SECRET, which wins over the file `secret` "
+                        "in the state dir. None of them: an open swarm, anyone on the network can join")
+    p.add_argument("--new-secret", action="store_true",
+                   help="write a new random swarm secret into the state dir, print it and how to give it to "
+                        "the other nodes, and exit")
     p.add_argument("--interface", action="append", dest="interfaces", default=None, metavar="IP_OR_NAME",
                    help="advertise and browse with mDNS only on this interface (repeatable; default: all)")
     p.add_argument("--peer", action="append", dest="peers", default=[], type=_host_port, metavar="HOST:PORT",
@@ -109,7 +116,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
                       peer_port=args.peer_port, state_dir=args.state_dir, cache_dir=args.cache_dir,
                       node_id=args.node_id, name=args.name, dtype=args.dtype,
                       dequantize=args.dequantize == "yes",
-                      default_max_tokens=args.max_tokens_default, swarm=args.swarm,
+                      default_max_tokens=args.max_tokens_default, swarm=args.swarm, secret=args.secret,
                       interfaces=args.interfaces, peers=args.peers, mdns=not args.no_mdns,
                       memory_limit=args.memory_limit, speed=args.speed, strategy=args.strategy,
                       recovery_timeout=args.recovery_timeout, peer_host=args.peer_host,
@@ -140,8 +147,31 @@ async def _serve(node) -> None:
         await node.stop()
 
 
+def new_secret(state_dir: Path) -> int:
+    """`swarm-node --new-secret`: write one, say how to use it everywhere."""
+    from .node_secrets import SECRET_ENV, new_secret_file
+    try:
+        path, text = new_secret_file(state_dir)
+    except (FileExistsError, OSError) as e:
+        print(f"swarm-node: error: {e}", file=sys.stderr)
+        return 2
+    print(f"""A new swarm secret is in {path} (readable by you only):
+
+    {text}
+
+This node uses it from now on. Give every other node of the swarm the same secret, one of:
+    swarm-node --secret {text}
+    SWARM_SECRET={text} swarm-node
+    a file named `secret` holding it in that node's state dir ({default_state_dir()} by default)
+(the flag wins over the environment, which wins over the file). Nodes with the secret never
+connect to nodes without it: restart every node of the swarm with it.""")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.new_secret:
+        return new_secret(args.state_dir)
     # Before MLX is imported: on Linux CPUs, re-exec once with an optimized BLAS preloaded.
     maybe_reexec_with_blas(sys.argv[1:] if argv is None else list(argv))
     from .models.errors import ModelError
@@ -149,6 +179,11 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     node = Node(config_from_args(args))
+    try:
+        node.prepare_secret()
+    except ValueError as e:
+        print(f"swarm-node: error: {e}", file=sys.stderr)
+        return 2
     try:
         node.prepare_model()
     except ModelError as e:

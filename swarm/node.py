@@ -37,7 +37,9 @@ from .entry.stats import RequestStats
 from .entry.swarm_pipeline import SwarmPipelines
 from .api.bootstrap_app import make_bootstrap_app
 from .models.resolve import LocalModel, describe_model, is_local_spec, models_root, resolve_model
+from . import peer_security
 from .node_config import NodeConfig
+from .node_secrets import Secret, swarm_secret
 from .planning.coordinator import Coordinator
 from .stage.stage_host import StageHost
 from .stage.stage_service import StageService
@@ -45,12 +47,17 @@ from .events import EventBus
 from .status.node_status import NodeStatus
 from .status.peer_stats import PeerStats
 from .transport.lane import DataLane
+from .transport.link_crypto import stretch_secret
+from .transport.link_handshake import LinkAuth
 from .transport.links import PeerLinks
 from .transport.listener import PeerListener
-from .transport.stream_link import dial_weights
+from .transport.log_limit import limit_loop_exceptions
+from .transport.peer_profiles import ProfileFetcher
+from .transport.handshake import dial_stream
 from .weights.model_from_peers import model_files_from_peers
 from .weights.peer_weights import PeerWeights
 from .weights.store import ChunkStore
+from .weights.transfer import WEIGHTS_MAX_PAYLOAD, WEIGHTS_PURPOSE
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +92,10 @@ class Node:
         self.worker = MlxWorker()  # the MLX thread, from the first measurement to the last frame
         self._stops: list = []  # what to stop, in reverse order of starting
 
+    def prepare_secret(self) -> None:
+        """Find the swarm secret (flag, environment, state dir); ValueError for an unusable one."""
+        self.secret: Secret = swarm_secret(self.config.secret, self.config.state_dir)
+
     def prepare_model(self) -> None:
         """Resolve and check the model before serving; raises ModelError with one clear line.
 
@@ -115,6 +126,13 @@ class Node:
 
     async def start(self) -> None:
         cfg, model, worker = self.config, self.model, self.worker
+        loop = asyncio.get_running_loop()
+        limit_loop_exceptions(loop)  # e.g. accept() out of descriptors: not a traceback per connection
+        if not hasattr(self, "secret"):
+            self.prepare_secret()
+        peer_security.log_at_start(self.secret)
+        # Stretched once (scrypt, slow on purpose), off the loop.
+        link_key = await asyncio.to_thread(stretch_secret, self.secret.value) if self.secret else None
 
         # What this node is: its model's sizes, its speed, its profile (and so its id). A node that
         # fetches its model names only the model it looks for until it has the model's small files.
@@ -129,21 +147,30 @@ class Node:
             profile = profile.replace(node_id=cfg.node_id)
         node_id = profile.node_id
 
-        # Who else is there. Peer events wait in a queue until planning consumes them (below).
+        # Who else is there. Peer events wait in a queue until planning consumes them (below). Profiles
+        # and probes go over the peer protocol: with a secret, only peers that prove it enter the view,
+        # and an mDNS record only names an endpoint to ask.
+        auth = LinkAuth(node_id, cfg.swarm, link_key)
         peer_events: asyncio.Queue[PeerEvent] = asyncio.Queue()
         discovery = Discovery(profile, interfaces=cfg.interfaces, static_peers=cfg.peers, mdns=cfg.mdns,
-                              on_event=peer_events, state_dir=cfg.state_dir)
+                              on_event=peer_events, state_dir=cfg.state_dir, fetch_profile=ProfileFetcher(auth),
+                              mdns_is_hint=link_key is not None)
 
-        # The peer data path: one connection per peer, read and written on the MLX thread.
+        # The peer data path: one connection per peer, read and written on the MLX thread. A link that
+        # breaks may have lost frames: the requests this node is the entry of replay (see _on_link_broken).
         links = PeerLinks(node_id)
-        lane = DataLane(node_id, cfg.swarm, links, worker.watch, worker.post, discovery.endpoint_of)
+        lane = DataLane(node_id, cfg.swarm, links, worker.watch, worker.post, discovery.endpoint_of, key=link_key,
+                        on_broken=lambda peer, why: loop.call_soon_threadsafe(self._on_link_broken, peer, why))
+        listener = PeerListener(node_id, cfg.swarm, cfg.peer_host, cfg.peer_port, links, lane,
+                                lambda: discovery.profile, key=link_key)
 
-        # Weights: served to peers from what this node holds; fetched from them for layers it lacks.
-        weights = PeerWeights(worker, lambda peer: dial_weights(peer, discovery.endpoint_of(peer)),
+        # Weights: served to peers from what this node holds; fetched from them for layers it lacks, over
+        # links for that purpose (authenticated and sealed like the data path's when the swarm has a secret).
+        weights = PeerWeights(worker, lambda peer: dial_stream(discovery.endpoint_of(peer), auth, WEIGHTS_PURPOSE,
+                                                               expected_peer=peer, max_payload=WEIGHTS_MAX_PAYLOAD),
                               lambda: _holders(discovery, weights),
                               lambda st: discovery.update_profile(fetch=st.profile_field()))
-        listener = PeerListener(node_id, cfg.swarm, cfg.peer_host, cfg.peer_port, links, lane,
-                                lambda: discovery.profile, on_weights=weights.serve)
+        listener.serve_purpose(WEIGHTS_PURPOSE, weights.serve)
         if model is not None:
             weights.store = ChunkStore.complete(model.path, model.manifest)
         else:
@@ -175,7 +202,7 @@ class Node:
         # What the node tells: /health, /v1/topology, and the HTTP API over it all.
         peer_stats = PeerStats(discovery)
         status = NodeStatus(model, self.backend, discovery, coordinator, host, stage_service, links, stats,
-                            hop_timing, peer_stats, weights)
+                            hop_timing, peer_stats, weights, security=peer_security.describe(self.secret))
         runner = web.AppRunner(make_app(service, status, events, model.model_id), access_log=None)
 
         # Start, in the same order.
@@ -190,9 +217,10 @@ class Node:
             await self._start(discovery.start, discovery.stop)
         peer_stats.start()
         self._stops.append(peer_stats.stop)
-        log.info("node %s (%s): API on %s:%d, peers on %s:%d, %.2f ms/layer/token, swarm %r",
+        log.info("node %s (%s): API on %s:%d, peers on %s:%d, %.2f ms/layer/token, swarm %r (%s)",
                  node_id, profile.name, cfg.api_host, cfg.api_port, cfg.peer_host, listener.port, speed * 1e3,
-                 cfg.swarm)
+                 cfg.swarm, "with a secret" if link_key else "OPEN: no secret")
+        self._coordinator, self._pending = coordinator, pending
         await coordinator.start()
         consumer = asyncio.create_task(_consume_peer_events(peer_events, stage_service, coordinator),
                                        name="peer-events")
@@ -229,6 +257,13 @@ class Node:
         finally:
             await runner.cleanup()
         return self.model, sizes, speed
+
+    def _on_link_broken(self, peer: str, problem: str) -> None:
+        """A link to `peer` broke (event loop): frames on it may be lost, so if `peer` is a stage of the plan,
+        the requests this node is the entry of replay now rather than wait out the token timeout."""
+        plan = self._coordinator.plan
+        if plan is not None and peer in {s.node_id for s in plan.stages}:
+            self._pending.break_all(f"the link to {peer} broke ({problem})")
 
     async def stop(self) -> None:
         for stop in reversed(self._stops):

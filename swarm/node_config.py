@@ -32,6 +32,7 @@ class NodeConfig:
     default_max_tokens: int = 512
     # swarm membership
     swarm: str = "default"
+    secret: str | None = None  # --secret; None: $SWARM_SECRET, else the state dir's `secret` file, else open
     interfaces: list[str] | None = None  # None: every interface (the user default)
     peers: list[tuple[str, int]] = field(default_factory=list)  # static peers (host, peer port)
     mdns: bool = True

@@ -61,10 +61,15 @@ class SwarmNode:
 
 class SwarmCluster:
     def __init__(self, root: Path, n: int, common: list[str], per_node: list[list[str]] | None = None,
-                 start: bool = True):
-        """`start` False: the hosts exist, the nodes are started by the test (`node.start()`)."""
+                 secret: str | None = None, start: bool = True):
+        """`secret`: written into every node's state dir (the file a node reads its swarm secret from).
+        `start` False: the hosts exist, the nodes are started by the test (`node.start()`)."""
         self.root = Path(root)
         self.common = common
+        if secret is not None:
+            for i in range(n):
+                (self.root / f"state{i}").mkdir(parents=True, exist_ok=True)
+                (self.root / f"state{i}" / "secret").write_text(secret + "\n")
         self.network = Network(self.root / "net")
         try:
             hosts = self.network.add_hosts(n)

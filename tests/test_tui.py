@@ -60,6 +60,7 @@ async def test_nodes_and_layer_ranges_match_topology(node):
         await pilot.pause(0.2)
         text = app.screen_text()
         assert topo.model_id in text and topo.swarm in text
+        assert topo.open_swarm and "OPEN SWARM" in text  # this node has no secret: said in the header
         if topo.plan:
             assert topo.plan.id in text
         assert ("can serve" in text) == topo.can_serve
@@ -191,7 +192,7 @@ def test_runs_in_a_real_terminal_under_tmux(node):
     sock = f"swarm-tui-test-{uuid.uuid4().hex[:8]}"    # a private tmux server, not the user's
     _tmux(sock, "new-session", "-d", "-s", "t", "-x", "100", "-y", "30", cmd + " --temperature 0 --max-tokens 8")
 
-    def wait_screen(cond, timeout=30.0) -> str:
+    def wait_screen(cond, timeout=60.0) -> str:   # a loaded 2-core machine takes long to start textual
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             screen = _tmux(sock, "capture-pane", "-p", "-t", "t")
@@ -244,3 +245,13 @@ def test_a_node_getting_its_weights_shows_a_progress_bar():
     assert "not enough disk" in screen[screen.index("full-disk"):], screen
     assert "%" not in screen[:screen.index("newcomer")], screen   # the holder shows its layers, not a fetch
     assert str(fetch_bar(110 << 20, 258 << 20, 31 << 20, "fetching", 40)).endswith(" 43% 110M/258M 31M/s")
+
+
+def test_the_header_warns_of_an_open_swarm_only():
+    from tui.widgets.header import SwarmHeader
+    raw = {"swarm": "home", "model": {"id": "m"}, "can_serve": True, "nodes": []}
+    for security, warned in (({"peers": "open"}, True), ({"peers": "secret", "secret_from": "--secret"}, False),
+                             (None, False)):
+        header = SwarmHeader()
+        header.topology = Topology.parse({**raw, "security": security} if security else raw)
+        assert ("OPEN SWARM" in header._text().plain) == warned, security

@@ -21,8 +21,9 @@ from .peer_stats import PeerStats
 class NodeStatus:
     def __init__(self, model: LocalModel, backend: str, discovery: Discovery, coordinator: Coordinator,
                  host: StageHost, stage_service: StageService, links: PeerLinks, stats: RequestStats,
-                 hop_timing: HopTiming, peer_stats: PeerStats, weights: PeerWeights):
+                 hop_timing: HopTiming, peer_stats: PeerStats, weights: PeerWeights, security: dict | None = None):
         self.model, self.backend, self.discovery, self.coordinator = model, backend, discovery, coordinator
+        self.security = security or {"peers": "open"}  # peer_security.describe
         self.host, self.stage_service, self.links = host, stage_service, links
         self.stats, self.hop_timing, self.peer_stats = stats, hop_timing, peer_stats
         self.weights = weights
@@ -41,7 +42,8 @@ class NodeStatus:
                 "decode_timing": self.hop_timing.to_dict(),
                 "decode_batching": {"max_batch": service.max_batch, "batched_passes": service.batched_passes,
                                     "batched_rows": service.batched_rows},
-                "peer_connections": self.links.snapshot(), "fetch": self.weights.status.to_dict()}
+                "peer_connections": self.links.snapshot(), "fetch": self.weights.status.to_dict(),
+                "security": dict(self.security)}
 
     def topology(self) -> dict:
         coordinator, discovery, model = self.coordinator, self.discovery, self.model
@@ -67,6 +69,7 @@ class NodeStatus:
         stages = plan.stages if plan else ()
         return {
             "swarm": discovery.profile.swarm, "node_id": discovery.node_id, "updated_at": time.time(),
+            "security": dict(self.security),
             "can_serve": can_serve, "status": status,
             "model": {"id": model.model_id, "n_layers": model.n_layers, "fingerprint": model.fingerprint},
             "plan": ({**plan.to_dict(), "id": plan.plan_id, "model": model.model_id, "spec": plan.model.to_dict(),

@@ -30,6 +30,12 @@ from .store import ChunkRejected, ChunkStore
 
 log = logging.getLogger(__name__)
 
+# The peer link purpose weights travel on (transport/handshake.dial_stream, listener.serve_purpose): behind
+# the same hello as the data path, so with a swarm secret only members fetch or serve, sealed.
+WEIGHTS_PURPOSE = "weights"
+# The largest frame a fetching node takes: a 16 MiB chunk, or the manifest of a model of some 10 TB.
+WEIGHTS_MAX_PAYLOAD = 64 << 20
+
 BATCH_BYTES = 64 * 1024 * 1024
 MAX_CHUNKS_PER_GET = 256
 NEW_HOLDERS_EVERY_S = 1.0
