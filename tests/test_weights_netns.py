@@ -64,13 +64,19 @@ def wait_until(pred, timeout: float, what: str):
 def test_hosts_with_nothing_fetch_only_their_layers_and_answer_like_one_machine(tmp_path, default_model):
     expected, _ = reference_chat(default_model.path, QUESTION, 12)
     joining = ["--join", "--cache-dir", str(tmp_path / "cache2")]  # no model named: whatever the swarm serves
-    cluster = SwarmCluster(tmp_path, 3, [], [[], fetching(tmp_path / "cache1"), joining])
+    # A closed swarm, and a fourth host with the wrong secret that wants the model too.
+    cluster = SwarmCluster(tmp_path, 4, [], [[], fetching(tmp_path / "cache1"), joining,
+                                             fetching(tmp_path / "cache3")], secret="weights-test-secret", start=False)
+    (tmp_path / "state3" / "secret").write_text("not-the-swarm-secret\n")
+    for node in cluster.nodes:
+        node.start()
+    members, stranger = cluster.nodes[:3], cluster.nodes[3]
     try:
-        cluster.wait_serving(stages=3, timeout=300)
-        for node in cluster.nodes:
+        cluster.wait_serving(stages=3, nodes=members, timeout=300)
+        for node in members:
             assert chat_text(node) == expected
             assert chat_text(node, stream=True) == expected
-        for node, cache in zip(cluster.nodes[1:], ("cache1", "cache2")):
+        for node, cache in zip(members[1:], ("cache1", "cache2")):
             fetch = own_entry(node)["fetch"]
             print(f"node{node.index}: needed {fetch['needed_bytes'] / 1e6:.1f} MB, received "
                   f"{fetch['received_bytes'] / 1e6:.1f} MB ({fetch['received_bytes'] / fetch['needed_bytes']:.3f}x)")
@@ -82,13 +88,20 @@ def test_hosts_with_nothing_fetch_only_their_layers_and_answer_like_one_machine(
         # every node's topology shows the others' fetches too
         seen = {n["id"]: n["fetch"] for n in cluster.nodes[0].topology()["nodes"]}
         assert sum(1 for f in seen.values() if f and f["state"] == "done") >= 2
+        # Weights go only to members: the stranger never got a byte, and nobody lists it.
+        status, health = stranger.get("/health")
+        assert status == 503 and health["fetch"]["state"] == "looking", health
+        assert health["fetch"]["received_bytes"] == 0 and not any((tmp_path / "cache3").rglob("*.safetensors"))
+        stranger_id = (tmp_path / "state3" / "node_id").read_text().strip()
+        assert all(n["id"] != stranger_id for n in members[0].topology()["nodes"])
+        cluster.wait_serving(stages=3, nodes=members, timeout=60)
         # A restart reads what it fetched from its cache: only chunks of its new stage it never held travel.
         # (The plan may give the returning node other layers: the others keep theirs, it is appended.)
         held_file = next((tmp_path / "cache1").rglob(".swarm-held"))
         held_before = set(json.loads(held_file.read_text())["chunks"])
         cluster.nodes[1].proc.kill9()
         cluster.nodes[1].start()
-        cluster.wait_serving(stages=3, timeout=240)
+        cluster.wait_serving(stages=3, nodes=members, timeout=240)
         start, end = own_entry(cluster.nodes[1])["layers"]
         manifest = cached_manifest(default_model.path, tmp_path / "manifests")
         stage = stage_chunks(manifest, stage_tensor_names(default_model.path, start, end))
