@@ -74,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "more tokens/s under concurrency, but greedy output may then differ from one "
                         "machine's in rare near-ties (default: %(default)s, off)")
     p.add_argument("--peer-host", default="0.0.0.0", help="address the peer port listens on (default: %(default)s)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' for chat, models and topology (/health stays open); "
+                        "default: $SWARM_API_KEY, else the file api-key in the state dir, else no key")
+    p.add_argument("--http-timeout", type=_seconds, default=30.0, metavar="SECONDS",
+                   help="an HTTP request's headers and body must arrive within this, and an idle connection "
+                        "closes after it (default: %(default)s)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="log verbosity (default: %(default)s)")
     return p
@@ -90,6 +96,16 @@ def _batch(text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= 64:
         raise argparse.ArgumentTypeError(f"expected a whole number from 1 to 64, got {text!r}")
     return int(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"expected seconds (0-3600), got {text!r}")
+    return value
 
 
 def _speed(text: str) -> float:
@@ -120,7 +136,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
                       interfaces=args.interfaces, peers=args.peers, mdns=not args.no_mdns,
                       memory_limit=args.memory_limit, speed=args.speed, strategy=args.strategy,
                       recovery_timeout=args.recovery_timeout, peer_host=args.peer_host,
-                      batch_decode=args.batch_decode)
+                      batch_decode=args.batch_decode, api_key=args.api_key, http_timeout=args.http_timeout)
 
 
 async def _serve(node) -> None:
@@ -128,23 +144,8 @@ async def _serve(node) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    # Starting may wait a long time (a node that fetches its model waits for a peer that holds it):
-    # a signal then stops it too.
-    starting = asyncio.create_task(node.start())
-    stopped = asyncio.create_task(stop.wait())
-    await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    try:
-        if starting.done():
-            starting.result()  # a failure to start is raised here
-            await stopped
-        else:
-            starting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await starting
-    finally:
-        stopped.cancel()
-        logging.getLogger(__name__).info("shutting down")
-        await node.stop()
+    await node.run(stop)
+    logging.getLogger(__name__).info("shut down")
 
 
 def new_secret(state_dir: Path) -> int:
@@ -175,10 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     # Before MLX is imported: on Linux CPUs, re-exec once with an optimized BLAS preloaded.
     maybe_reexec_with_blas(sys.argv[1:] if argv is None else list(argv))
     from .models.errors import ModelError
-    from .node import Node
+    from .node import DuplicateNodeId, Node
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    node = Node(config_from_args(args))
+    try:
+        node = Node(config_from_args(args))
+    except ValueError as e:  # e.g. an empty api-key file
+        print(f"swarm-node: error: {e}", file=sys.stderr)
+        return 2
     try:
         node.prepare_secret()
     except ValueError as e:
@@ -197,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:  # e.g. the API port is taken
         print(f"swarm-node: error: {e}", file=sys.stderr)
         return 1
+    except DuplicateNodeId as e:
+        print(f"swarm-node: error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

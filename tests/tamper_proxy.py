@@ -7,7 +7,9 @@ LISTEN to TARGET, both ways. Every connection's client -> server bytes are writt
 as they came and before any change, to DIR/conn-<n>.bin. stdin takes JSON commands:
 {"tamper": [LO, HI]}: the next read client -> server of LO to HI bytes on a data
 connection (one whose hello names no purpose, or "data"): XOR its last 256 bytes,
-once (a frame carrying one position's hidden states: all of them). stdout says, as JSON lines: "ready", "open"/"close" of each
+once (a frame carrying one position's hidden states: all of them).
+{"tamper": [LO, HI], "between": [IP_A, IP_B]}: the same, in either direction, on a
+data connection between those two hosts only (whichever of them dialed). stdout says, as JSON lines: "ready", "open"/"close" of each
 connection (with its purpose), and "tampered". A connection reset on one side is
 passed on as a reset on the other.
 """
@@ -51,7 +53,7 @@ def purpose_of(first: bytes) -> str | None:
 class Relay:
     def __init__(self, record: Path) -> None:
         self.record, self.count = record, 0
-        self.tamper: tuple[int, int] | None = None
+        self.tamper: tuple[int, int, frozenset[str] | None] | None = None
 
     async def follow_commands(self) -> None:
         loop = asyncio.get_running_loop()
@@ -59,7 +61,8 @@ class Relay:
             command = json.loads(line)
             if "tamper" in command:
                 lo, hi = command["tamper"]
-                self.tamper = (int(lo), int(hi))
+                between = frozenset(command["between"]) if command.get("between") else None
+                self.tamper = (int(lo), int(hi), between)
 
     def handler(self, target: tuple[str, int]):
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -70,14 +73,15 @@ class Relay:
             except OSError:
                 _reset(writer)
                 return
-            state = {"purpose": None, "first": b""}
+            client = (writer.get_extra_info("peername") or ("?",))[0]
+            state = {"purpose": None, "first": b"", "ends": frozenset({client, target[0]})}
             with open(self.record / f"conn-{n}.bin", "wb") as rec:
                 await asyncio.gather(self.pump(reader, up_writer, n, target, state, rec),
-                                     self.pump(up_reader, writer, n, target, None, None))
+                                     self.pump(up_reader, writer, n, target, None, None, state, client))
         return handle
 
-    async def pump(self, reader, writer, n, target, state, rec) -> None:
-        """One direction; `state` and `rec` for client -> server."""
+    async def pump(self, reader, writer, n, target, state, rec, down_state=None, client=None) -> None:
+        """One direction; `state` and `rec` for client -> server, `down_state` (the same) server -> client."""
         reset = False
         try:
             while data := await reader.read(256 * 1024):
@@ -89,12 +93,12 @@ class Relay:
                         state["purpose"] = purpose_of(state["first"])
                         if state["purpose"] is not None:
                             say(event="open", conn=n, target=f"{target[0]}:{target[1]}", purpose=state["purpose"])
-                    if (self.tamper is not None and state["purpose"] == "data"
-                            and self.tamper[0] <= len(data) <= self.tamper[1]):
-                        cut = len(data) - 256
-                        data = data[:cut] + bytes(b ^ 0x5A for b in data[cut:])
-                        self.tamper = None
-                        say(event="tampered", conn=n, target=f"{target[0]}:{target[1]}", read=len(data))
+                going_to = target[0] if state is not None else client
+                if self._tampers(state or down_state, len(data), upstream=state is not None):
+                    cut = len(data) - 256
+                    data = data[:cut] + bytes(b ^ 0x5A for b in data[cut:])
+                    self.tamper = None
+                    say(event="tampered", conn=n, target=f"{target[0]}:{target[1]}", to=going_to, read=len(data))
                 writer.write(data)
                 await writer.drain()
         except (ConnectionResetError, BrokenPipeError):
@@ -111,6 +115,15 @@ class Relay:
                     writer.write_eof()
                 except OSError:
                     pass
+
+
+    def _tampers(self, state: dict, size: int, upstream: bool) -> bool:
+        if self.tamper is None or state["purpose"] != "data":
+            return False
+        lo, hi, between = self.tamper
+        if not lo <= size <= hi:
+            return False
+        return upstream if between is None else between == state["ends"]
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:

@@ -4,8 +4,9 @@ Three nodes on separate hosts know each other only through relays on a fourth ho
 (static peers, no mDNS), so every byte between them passes the relays
 (tests/tamper_proxy.py), which record each connection and can alter one frame.
 An altered frame closes that link only, the request it carried completes with
-mlx-lm's text over a re-dialed link, and a recorded session replayed to a node is
-refused.
+mlx-lm's text over a re-dialed link (also when the link is between two stages and
+not the entry's: they tell the entry, which replays), and a recorded session
+replayed to a node is refused.
 """
 
 from __future__ import annotations
@@ -71,33 +72,48 @@ def data_connections(relay) -> dict[int, dict]:
     return conns
 
 
+def tamper_once(entry, relay, sender, receiver, question: str, expected: str) -> dict:
+    """Alter the next frame of one position's hidden states (64 floats; the prompt's last token, prefilled
+    on its own) on the link between `sender` and `receiver` (whichever of them dialed); the chat still
+    answers mlx-lm's text."""
+    mark = relay.mark()
+    relay.send({"tamper": [300, 1000], "between": [sender.host.ip, receiver.host.ip]})
+    started = time.monotonic()
+    status, reply = entry.post("/v1/chat/completions", chat(question), timeout=90)
+    took = time.monotonic() - started
+    tampered = relay.wait_event("tampered", 5, mark)
+    print(f"\ntampered a frame to {tampered['to']} (connection {tampered['conn']}): the chat took {took:.1f} s")
+    assert status == 200, reply
+    assert reply["choices"][0]["message"]["content"] == expected
+    assert tampered["to"] == receiver.host.ip, tampered
+    # Well within the token timeout (120 s): the entry was told and replayed at once.
+    assert took < 60, f"the chat took {took:.0f} s: its entry waited out a lost frame"
+    return tampered
+
+
 def test_a_tampered_frame_closes_that_link_only_and_a_replayed_session_fails(relayed_swarm):
     cluster, relay_host, relay, record, model = relayed_swarm
     stages = cluster.nodes[0].topology()["plan"]["stages"]
     by_id = {n.node_id: n for n in cluster.nodes}
-    entry, second = by_id[stages[0]["node_id"]], by_id[stages[1]["node_id"]]
+    entry, second, third = (by_id[s["node_id"]] for s in stages)
     question = "What is the capital of France?"
     expected, _ = reference_chat(model, chat(question)["messages"], 12)
 
-    # The next data frame of one position's hidden states (64 floats; the prompt's last token, prefilled
-    # on its own, into stage 1) is altered.
-    mark = relay.mark()
-    relay.send({"tamper": [300, 1000]})
-    status, reply = entry.post("/v1/chat/completions", chat(question), timeout=90)
-    tampered = relay.wait_event("tampered", 5, mark)
-    assert status == 200, reply
-    assert reply["choices"][0]["message"]["content"] == expected
-    assert tampered["target"] == f"{second.host.ip}:{PEER_PORT}"
+    # The entry's link to the second stage (the entry sees its own link break), then the link between the
+    # second and the third stage (only those two see it: they must tell the entry, or it waits 120 s).
+    tampered = [tamper_once(entry, relay, entry, second, question, expected)["conn"],
+                tamper_once(entry, relay, second, third, question, expected)["conn"]]
     time.sleep(1.0)
     conns = data_connections(relay)
-    closed = [n for n, c in conns.items() if c["closed"]]
-    print(f"\ndata connections through the relays: {conns}; tampered: connection {tampered['conn']}")
-    assert closed == [tampered["conn"]], f"closed: {closed}, not just the tampered link"
-    log = second.proc.stderr_log.read_text()
-    assert "did not open" in log, log[-3000:]
+    closed = sorted(n for n, c in conns.items() if c["closed"])
+    print(f"data connections through the relays: {conns}; tampered: connections {tampered}")
+    assert closed == sorted(tampered), f"closed: {closed}, not just the tampered links"
+    for receiver in (second, third):
+        log = receiver.proc.stderr_log.read_text()
+        assert "did not open" in log, log[-3000:]
 
     # Replay a recorded session (the first data connection not tampered with) straight to its node.
-    victim_conn = min(n for n in conns if n != tampered["conn"])
+    victim_conn = min(n for n in conns if n not in tampered)
     target_ip = conns[victim_conn]["target"].rpartition(":")[0]
     captured = (record / f"conn-{victim_conn}.bin").read_bytes()
     replies, closed_by_node = in_netns(relay_host.ns, replay, target_ip, PEER_PORT, captured)
@@ -109,4 +125,4 @@ def test_a_tampered_frame_closes_that_link_only_and_a_replayed_session_fails(rel
     # Nothing else changed: the same links, the same text.
     status, reply = entry.post("/v1/chat/completions", chat(question), timeout=90)
     assert status == 200 and reply["choices"][0]["message"]["content"] == expected
-    assert [n for n, c in data_connections(relay).items() if c["closed"]] == [tampered["conn"]]
+    assert sorted(n for n, c in data_connections(relay).items() if c["closed"]) == sorted(tampered)

@@ -59,7 +59,8 @@ def test_the_flag_wins_over_the_environment_which_wins_over_the_file(tmp_path, t
         (tmp_path / f"n{i}").mkdir()
         with running_node(tmp_path / f"n{i}", *model, *flag, "--state-dir", str(state), env=env) as node:
             status, health = get_json(node.url + "/health")
-            assert health["security"] == {"peers": "secret", "secret_from": source}, health["security"]
+            expected = {"peers": "secret", "secret_from": source, "api_key": False}
+            assert health["security"] == expected, health["security"]
             status, topology = get_json(node.url + "/v1/topology")
             assert topology["security"]["peers"] == "secret"
             log = node.log.read_text()

@@ -11,6 +11,10 @@ A node that lacks weights for its new layers fetches them from its peers first
 `ready=<plan>` when it holds them. Nodes switch to a new plan only once its new
 members and its fetching members are ready, so the plan before keeps serving while
 layers travel; entries keep using it until the new one is agreed.
+
+A stage that does not serve our plan in time is left out of the next plans for a while
+(load_deadlines.py), so one bad record cannot stop the swarm; and a node announces only a
+plan it serves (idle nodes announce none).
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ from ..entry.pending_tokens import PendingTokens
 from ..entry.pipeline import NoPipeline
 from ..events import EventBus
 from ..stage.stage_host import StageHost
-from ..weights.peer_weights import NotEnoughDisk, PeerWeights
+from ..weights.peer_weights import NotEnoughDisk, PeerWeights, parse_fetch
 from ..weights.transfer import FetchStuck
+from .load_deadlines import Announced, LoadDeadlines
 
 log = logging.getLogger(__name__)
 
@@ -45,20 +50,33 @@ SETTLE_S = 3.0
 class Coordinator:
     def __init__(self, node_id: str, spec: ModelSpec, fingerprint: str, discovery: Discovery, host: StageHost,
                  pending: PendingTokens, events: EventBus, *, strategy: str = "balanced",
-                 recovery_timeout: float = 30.0, weights: PeerWeights | None = None):
+                 recovery_timeout: float = 30.0, weights: PeerWeights | None = None,
+                 deadlines: LoadDeadlines | None = None):
         self.node_id, self.spec, self.fingerprint, self.discovery = node_id, spec, fingerprint, discovery
         self.host, self.pending, self.events = host, pending, events
         self.strategy, self.recovery_timeout = strategy, recovery_timeout
         self.weights = weights  # None: this node never fetches (tests of planning alone)
+        self.deadlines = deadlines or LoadDeadlines(node_id)
         self.plan: Plan | None = None
         self.before: Plan | None = None  # the last plan seen whole: used while the newest is fetched for
         self.plan_error: str | None = None
         self._apply_task: asyncio.Task | None = None
+        self._watch_task: asyncio.Task | None = None
         self._changed = asyncio.Condition()  # the view, the plan or our layers changed
         self._membership_changed = time.monotonic()
 
     async def start(self) -> None:
         await self.replan()
+        self._watch_task = asyncio.create_task(self._watch_loads(), name="watch-loads")
+
+    async def stop(self) -> None:
+        for task in (self._watch_task, self._apply_task):
+            if task is not None and not task.done():
+                task.cancel()
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):
+                    pass
 
     async def on_peer_event(self, event: PeerEvent) -> None:
         if event.kind in ("join", "leave"):
@@ -70,9 +88,11 @@ class Coordinator:
         await self._notify()  # an update may be a peer announcing the plan it now serves
 
     def members(self) -> list[NodeCapacity]:
+        left_out = self.deadlines.left_out()
         return [NodeCapacity(p.node_id, p.profile.memory_available, p.profile.speed)
                 for p in self.discovery.view(include_self=True)
-                if p.profile.model_fingerprint == self.fingerprint and p.profile.speed > 0]
+                if p.profile.model_fingerprint == self.fingerprint and p.profile.speed > 0
+                and p.node_id not in left_out]
 
     async def replan(self) -> None:
         try:
@@ -86,6 +106,7 @@ class Coordinator:
                  [(s.node_id, s.start, s.end) for s in plan.stages] if plan else error)
         self._note_agreement()
         self.plan = plan
+        self.deadlines.adopt(plan)
         self.pending.break_all("the plan changed", keep_plans=frozenset(
             p.plan_id for p in (plan, self.before) if p is not None))
         self.events.emit("plan", {"plan": plan.to_dict() if plan else None, "error": error})
@@ -111,21 +132,25 @@ class Coordinator:
                 layers = self.own_layers(plan)
                 if not await self._fetch_for(plan, layers):
                     continue
-                await self.discovery.update_profile(ready=plan.plan_id)
+                # Fetched (or nothing to fetch): still "loading" this plan for the deadlines while the
+                # plan's other members fetch theirs.
+                await self.discovery.update_profile(ready=plan.plan_id, loading=plan.plan_id if layers else None)
                 await self._wait_until_ready(plan)
                 if plan is not self.plan:
                     continue
-                await self.discovery.update_profile(plan="", state="loading" if layers else "idle")
+                await self.discovery.update_profile(plan="", state="loading" if layers else "idle",
+                                                    loading=plan.plan_id if layers else None)
                 try:
                     await self.host.assign(plan, layers)
                 except Exception:
                     log.exception("could not load layers %s", layers)
-                    await self.discovery.update_profile(state="failed")
+                    await self.discovery.update_profile(state="failed", loading=None)
                     return
                 if plan is not self.plan:
                     continue
+                # Only a plan we hold layers of is announced: an announcement is a promise to serve it.
                 await self.discovery.update_profile(
-                    plan=plan.plan_id, state="serving" if layers else "idle",
+                    plan=plan.plan_id if layers else "", state="serving" if layers else "idle", loading=None,
                     layers=f"{layers[0]}-{layers[1]}" if layers else "", mem_used=str(self.host.weight_bytes))
                 await self._notify()
             if plan is self.plan:
@@ -145,7 +170,7 @@ class Coordinator:
         fetch = asyncio.create_task(self.weights.ensure_stage(*layers), name="fetch-weights")
         fetch.add_done_callback(lambda _: asyncio.ensure_future(self._notify()))  # wakes the wait below
         try:
-            await self.discovery.update_profile(state="fetching")
+            await self.discovery.update_profile(state="fetching", loading=plan.plan_id)
             async with self._changed:  # a fetch for a plan that is no longer ours stops
                 await self._changed.wait_for(lambda: fetch.done() or plan is not self.plan)
             if not fetch.done():
@@ -190,6 +215,32 @@ class Coordinator:
                     log.info("plan %s: waiting for %s to hold their weights", plan.plan_id, ", ".join(late))
                     said = late
                 await self._changed.wait()
+
+    def _announced(self) -> dict[str, Announced]:
+        def received(extra: dict) -> int:
+            fetch = parse_fetch(extra.get("fetch"))
+            return fetch["received_bytes"] if fetch else 0
+        return {p.node_id: Announced(p.profile.extra.get("plan", ""), p.profile.extra.get("loading", ""),
+                                     received(p.profile.extra))
+                for p in self.discovery.view()}
+
+    async def _watch_loads(self) -> None:
+        """Leave out stages that miss their deadline, and take them back when their time out ends."""
+        while True:
+            late = self.deadlines.overdue(self._announced())
+            if late:
+                self.deadlines.leave_out(late)
+                await self.replan()
+            was_out = self.deadlines.left_out()
+            wake = self.deadlines.next_check(self._announced())
+            timeout = None if wake is None else max(0.05, wake - time.monotonic())
+            async with self._changed:
+                try:
+                    await asyncio.wait_for(self._changed.wait(), timeout)
+                except asyncio.TimeoutError:
+                    pass
+            if self.deadlines.left_out() != was_out:  # a time out ended: try that node again
+                await self.replan()
 
     def waiting_for(self, plan: Plan) -> list[str]:
         """Stage nodes that do not serve `plan` yet (empty when the pipeline is whole)."""

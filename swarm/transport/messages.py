@@ -212,7 +212,8 @@ class Error(NamedTuple):
     """A stage could not serve a request; sent to the request's entry."""
 
     T = "err"
-    KINDS = frozenset({"plan_mismatch", "cache", "protocol", "unreachable"})
+    # "link": a link this stage sent the request's frames on broke, so one may be lost (stage/link_requests.py)
+    KINDS = frozenset({"plan_mismatch", "cache", "protocol", "unreachable", "link"})
     rid: str
     plan_id: str
     kind: str
