@@ -92,7 +92,9 @@ class PeerWeights:
     # -- fetching -------------------------------------------------------------------------------
     async def lacks(self, start: int, end: int) -> bool:
         """Does this node miss chunks that layers [start, end) need?"""
-        return bool(self.store.missing(await self._stage_chunks(start, end)))
+        chunks = await self._stage_chunks(start, end)
+        self.status.needed_bytes = sum(c.length for c in chunks)  # shown even when all of it was held
+        return bool(self.store.missing(chunks))
 
     async def ensure_stage(self, start: int, end: int) -> None:
         """Have every chunk layers [start, end) need on disk, fetching what is missing.
