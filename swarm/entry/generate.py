@@ -14,14 +14,16 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable
 
+from ..engine.input_limits import MAX_CHUNK
 from ..engine.sampling import SamplingParams
 from .pipeline import NoPipeline, Pipeline, PipelineBroken
 
 log = logging.getLogger(__name__)
 
 # Same prefill schedule as mlx_lm.generate (prompt[:-1] in chunks, then the last
-# token alone), so that greedy output matches it token for token.
-PREFILL_STEP = 2048
+# token alone), so that greedy output matches it token for token. A stage takes no
+# bigger chunk (engine/input_limits.py).
+PREFILL_STEP = MAX_CHUNK
 
 
 @dataclass

@@ -5,11 +5,22 @@ the same view. Each node announces the plan id it serves (in its profile) once i
 layers are loaded; an entry node uses a plan only when every stage announces it.
 Agreement is waited for on a condition, notified whenever the view or our own
 layers change: nobody polls. Event loop only.
+
+A node that lacks weights for its new layers fetches them from its peers first
+(weights/peer_weights.py), still serving the plan it served, and announces
+`ready=<plan>` when it holds them. Nodes switch to a new plan only once its new
+members and its fetching members are ready, so the plan before keeps serving while
+layers travel; entries keep using it until the new one is agreed.
+
+A stage that does not serve our plan in time is left out of the next plans for a while
+(load_deadlines.py), so one bad record cannot stop the swarm; and a node announces only a
+plan it serves (idle nodes announce none).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -21,31 +32,55 @@ from ..entry.pending_tokens import PendingTokens
 from ..entry.pipeline import NoPipeline
 from ..events import EventBus
 from ..stage.stage_host import StageHost
+from ..weights.peer_weights import NotEnoughDisk, PeerWeights, parse_fetch
+from ..weights.transfer import FetchStuck
+from .load_deadlines import Announced, LoadDeadlines
 
 log = logging.getLogger(__name__)
 
 # After a pipeline broke, prefer waiting this long for a new plan (the liveness check
 # declares a dead peer gone within 3 s) over replaying into the same broken plan.
 NEW_PLAN_GRACE_S = 3.5
+RETRY_FETCH_S = 5.0  # a fetch that could not finish (no holder, no disk) is tried again this often at most
+# Before fetching, the membership must have held still this long: nodes that start together join
+# a second apart, and a fetch for a plan the next join replaces is mostly wasted.
+SETTLE_S = 3.0
 
 
 class Coordinator:
     def __init__(self, node_id: str, spec: ModelSpec, fingerprint: str, discovery: Discovery, host: StageHost,
                  pending: PendingTokens, events: EventBus, *, strategy: str = "balanced",
-                 recovery_timeout: float = 30.0):
+                 recovery_timeout: float = 30.0, weights: PeerWeights | None = None,
+                 deadlines: LoadDeadlines | None = None):
         self.node_id, self.spec, self.fingerprint, self.discovery = node_id, spec, fingerprint, discovery
         self.host, self.pending, self.events = host, pending, events
         self.strategy, self.recovery_timeout = strategy, recovery_timeout
+        self.weights = weights  # None: this node never fetches (tests of planning alone)
+        self.deadlines = deadlines or LoadDeadlines(node_id)
         self.plan: Plan | None = None
+        self.before: Plan | None = None  # the last plan seen whole: used while the newest is fetched for
         self.plan_error: str | None = None
         self._apply_task: asyncio.Task | None = None
+        self._watch_task: asyncio.Task | None = None
         self._changed = asyncio.Condition()  # the view, the plan or our layers changed
+        self._membership_changed = time.monotonic()
 
     async def start(self) -> None:
         await self.replan()
+        self._watch_task = asyncio.create_task(self._watch_loads(), name="watch-loads")
+
+    async def stop(self) -> None:
+        for task in (self._watch_task, self._apply_task):
+            if task is not None and not task.done():
+                task.cancel()
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):
+                    pass
 
     async def on_peer_event(self, event: PeerEvent) -> None:
         if event.kind in ("join", "leave"):
+            self._membership_changed = time.monotonic()
             self.events.emit(event.kind, {"node_id": event.node_id, "name": event.profile.name})
         if event.kind == "leave" and self.plan and event.node_id in {s.node_id for s in self.plan.stages}:
             self.pending.break_all(f"node {event.node_id} left")
@@ -53,9 +88,11 @@ class Coordinator:
         await self._notify()  # an update may be a peer announcing the plan it now serves
 
     def members(self) -> list[NodeCapacity]:
+        left_out = self.deadlines.left_out()
         return [NodeCapacity(p.node_id, p.profile.memory_available, p.profile.speed)
                 for p in self.discovery.view(include_self=True)
-                if p.profile.model_fingerprint == self.fingerprint and p.profile.speed > 0]
+                if p.profile.model_fingerprint == self.fingerprint and p.profile.speed > 0
+                and p.node_id not in left_out]
 
     async def replan(self) -> None:
         try:
@@ -67,8 +104,11 @@ class Coordinator:
             return
         log.info("plan %s -> %s: %s", _id(self.plan), _id(plan),
                  [(s.node_id, s.start, s.end) for s in plan.stages] if plan else error)
+        self._note_agreement()
         self.plan = plan
-        self.pending.break_all("the plan changed", keep_plan=_id(plan))
+        self.deadlines.adopt(plan)
+        self.pending.break_all("the plan changed", keep_plans=frozenset(
+            p.plan_id for p in (plan, self.before) if p is not None))
         self.events.emit("plan", {"plan": plan.to_dict() if plan else None, "error": error})
         await self._notify()
         if self._apply_task is None or self._apply_task.done():
@@ -90,23 +130,117 @@ class Coordinator:
                 await self.discovery.update_profile(plan="", state="waiting")
             else:
                 layers = self.own_layers(plan)
-                await self.discovery.update_profile(plan="", state="loading" if layers else "idle")
+                if not await self._fetch_for(plan, layers):
+                    continue
+                # Fetched (or nothing to fetch): still "loading" this plan for the deadlines while the
+                # plan's other members fetch theirs.
+                await self.discovery.update_profile(ready=plan.plan_id, loading=plan.plan_id if layers else None)
+                await self._wait_until_ready(plan)
+                if plan is not self.plan:
+                    continue
+                await self.discovery.update_profile(plan="", state="loading" if layers else "idle",
+                                                    loading=plan.plan_id if layers else None)
                 try:
                     await self.host.assign(plan, layers)
                 except Exception:
                     log.exception("could not load layers %s", layers)
-                    await self.discovery.update_profile(state="failed")
+                    await self.discovery.update_profile(state="failed", loading=None)
                     return
                 if plan is not self.plan:
                     continue
+                # Only a plan we hold layers of is announced: an announcement is a promise to serve it.
                 await self.discovery.update_profile(
-                    plan=plan.plan_id, state="serving" if layers else "idle",
+                    plan=plan.plan_id if layers else "", state="serving" if layers else "idle", loading=None,
                     layers=f"{layers[0]}-{layers[1]}" if layers else "", mem_used=str(self.host.weight_bytes))
                 await self._notify()
             if plan is self.plan:
                 if plan is not None:
                     self.events.emit("plan_loaded", {"node_id": self.node_id, "plan_id": plan.plan_id})
                 return
+
+    async def _fetch_for(self, plan: Plan, layers: tuple[int, int] | None) -> bool:
+        """Have the weights our layers of `plan` need (still serving the plan before); False: the
+        plan moved on meanwhile, or the fetch failed and was waited out (go round again)."""
+        if layers is None or self.weights is None or not await self.weights.lacks(*layers):
+            return True
+        while (quiet := time.monotonic() - self._membership_changed) < SETTLE_S:
+            await asyncio.sleep(SETTLE_S - quiet)
+            if plan is not self.plan:
+                return False
+        fetch = asyncio.create_task(self.weights.ensure_stage(*layers), name="fetch-weights")
+        fetch.add_done_callback(lambda _: asyncio.ensure_future(self._notify()))  # wakes the wait below
+        try:
+            await self.discovery.update_profile(state="fetching", loading=plan.plan_id)
+            async with self._changed:  # a fetch for a plan that is no longer ours stops
+                await self._changed.wait_for(lambda: fetch.done() or plan is not self.plan)
+            if not fetch.done():
+                fetch.cancel()
+                log.info("plan %s replaced while fetching for it: fetching for the new one", plan.plan_id)
+                with contextlib.suppress(asyncio.CancelledError):
+                    await fetch
+                return False
+            fetch.result()
+            return plan is self.plan
+        except (FetchStuck, NotEnoughDisk) as e:
+            log.warning("cannot load layers [%d, %d) yet: %s; trying again when the swarm changes", *layers, e)
+            await self.discovery.update_profile(state="stuck" if isinstance(e, FetchStuck) else "no_disk")
+            async with self._changed:
+                try:
+                    await asyncio.wait_for(self._changed.wait(), RETRY_FETCH_S)
+                except asyncio.TimeoutError:
+                    pass
+            return False
+
+    async def _wait_until_ready(self, plan: Plan) -> None:
+        """Until the members of `plan` that may still be fetching have its weights (or the plan moves on).
+
+        Those are the nodes the plan before did not have (they joined) and the nodes saying they
+        fetch; the others hold their layers already (they served the plan before)."""
+        def pending() -> list[str]:
+            old = {s.node_id for s in self.before.stages} if self.before is not None else set()
+            profiles = {p.node_id: p.profile.extra for p in self.discovery.view(include_self=True)}
+            late = []
+            for s in plan.stages:
+                extra = profiles.get(s.node_id, {})
+                if extra.get("ready") == plan.plan_id or extra.get("plan") == plan.plan_id:
+                    continue
+                if s.node_id not in old or extra.get("state") == "fetching":
+                    late.append(s.node_id)
+            return late
+
+        said = None
+        async with self._changed:
+            while plan is self.plan and (late := pending()):
+                if late != said:
+                    log.info("plan %s: waiting for %s to hold their weights", plan.plan_id, ", ".join(late))
+                    said = late
+                await self._changed.wait()
+
+    def _announced(self) -> dict[str, Announced]:
+        def received(extra: dict) -> int:
+            fetch = parse_fetch(extra.get("fetch"))
+            return fetch["received_bytes"] if fetch else 0
+        return {p.node_id: Announced(p.profile.extra.get("plan", ""), p.profile.extra.get("loading", ""),
+                                     received(p.profile.extra))
+                for p in self.discovery.view()}
+
+    async def _watch_loads(self) -> None:
+        """Leave out stages that miss their deadline, and take them back when their time out ends."""
+        while True:
+            late = self.deadlines.overdue(self._announced())
+            if late:
+                self.deadlines.leave_out(late)
+                await self.replan()
+            was_out = self.deadlines.left_out()
+            wake = self.deadlines.next_check(self._announced())
+            timeout = None if wake is None else max(0.05, wake - time.monotonic())
+            async with self._changed:
+                try:
+                    await asyncio.wait_for(self._changed.wait(), timeout)
+                except asyncio.TimeoutError:
+                    pass
+            if self.deadlines.left_out() != was_out:  # a time out ended: try that node again
+                await self.replan()
 
     def waiting_for(self, plan: Plan) -> list[str]:
         """Stage nodes that do not serve `plan` yet (empty when the pipeline is whole)."""
@@ -130,6 +264,9 @@ class Coordinator:
         async with self._changed:
             while True:
                 plan, waited = self.plan, time.monotonic() - start
+                if plan is not None and self.waiting_for(plan) and self.before is not None \
+                        and not self.waiting_for(self.before):
+                    plan = self.before  # the newest is still being fetched for; the one before serves
                 if plan is not None and not self.waiting_for(plan):
                     if broken is None or broken.plan_id != plan.plan_id or waited > NEW_PLAN_GRACE_S:
                         return plan
@@ -143,7 +280,12 @@ class Coordinator:
                 except asyncio.TimeoutError:
                     pass
 
+    def _note_agreement(self) -> None:
+        if self.plan is not None and not self.waiting_for(self.plan):
+            self.before = self.plan
+
     async def _notify(self) -> None:
+        self._note_agreement()
         async with self._changed:
             self._changed.notify_all()
 
