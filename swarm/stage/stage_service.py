@@ -63,7 +63,7 @@ GC_EVERY_S = 60.0
 
 class StageService:
     def __init__(self, host: StageHost, lane: DataLane, worker: MlxWorker, pending: PendingTokens,
-                 run_ahead: RunAhead, loop: asyncio.AbstractEventLoop, rules: SenderRules, max_batch: int):
+                 run_ahead: RunAhead, loop: asyncio.AbstractEventLoop, rules: SenderRules, max_batch: int = 1):
         self.host, self.lane, self.worker, self.pending = host, lane, worker, pending
         self.run_ahead, self.loop, self.rules, self.max_batch = run_ahead, loop, rules, max_batch
         self.node_id = lane.node_id
