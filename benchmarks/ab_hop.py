@@ -23,7 +23,6 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
-from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -36,10 +35,10 @@ STEPS_PER_BATCH = 300  # more than the entry's window of 256 steps: a reading se
 
 def started(python: str, nodes: int, workdir: Path, model: str | None, extra_args: str = "") -> LocalCluster:
     workdir.mkdir(parents=True)
-    cluster = LocalCluster(nodes, workdir, model, extra_args=tuple(shlex.split(extra_args)))
     # The nodes run that build's code: its interpreter, and a working directory that is no
     # checkout (`python -m` would import the package from there first).
-    with mock.patch.object(sys, "executable", python), _cwd(workdir):
+    cluster = LocalCluster(nodes, workdir, model, extra_args=tuple(shlex.split(extra_args)), python=python)
+    with _cwd(workdir):
         return cluster.__enter__()
 
 

@@ -13,7 +13,8 @@ from pathlib import Path
 from discovery.memory import parse_size
 
 from .engine.blas import maybe_reexec_with_blas
-from .node_config import DEFAULT_API_PORT, DEFAULT_PEER_PORT, NodeConfig, default_state_dir
+from .node_config import (DEFAULT_API_PORT, DEFAULT_BATCH_DECODE, DEFAULT_MAX_ACTIVE, DEFAULT_MAX_QUEUE,
+                          DEFAULT_PEER_PORT, NodeConfig, default_state_dir)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,10 +70,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recovery-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="how long a request waits for a whole pipeline before it fails with 503 "
                         "(default: %(default)s)")
-    p.add_argument("--batch-decode", type=_batch, default=1, metavar="N",
+    p.add_argument("--batch-decode", type=_batch, default=DEFAULT_BATCH_DECODE, metavar="N",
                    help="run up to N requests' decode steps through this node's layers in one pass: "
-                        "more tokens/s under concurrency, but greedy output may then differ from one "
-                        "machine's in rare near-ties (default: %(default)s, off)")
+                        "more tokens/s under concurrency; a request alone runs exactly as one machine "
+                        "would, batched ones may differ in rare near-ties (README) (default: %(default)s; "
+                        "1 never batches)")
+    p.add_argument("--max-active", type=_count(1), default=DEFAULT_MAX_ACTIVE, metavar="N",
+                   help="requests this node generates for at once as their entry node; more wait in a "
+                        "queue (default: %(default)s)")
+    p.add_argument("--max-queue", type=_count(0), default=DEFAULT_MAX_QUEUE, metavar="N",
+                   help="requests that may wait for a slot; beyond that a request gets 429 with "
+                        "Retry-After (default: %(default)s)")
     p.add_argument("--peer-host", default="0.0.0.0", help="address the peer port listens on (default: %(default)s)")
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help="require 'Authorization: Bearer KEY' for chat, models and topology (/health stays open); "
@@ -96,6 +104,14 @@ def _batch(text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= 64:
         raise argparse.ArgumentTypeError(f"expected a whole number from 1 to 64, got {text!r}")
     return int(text)
+
+
+def _count(low: int):
+    def parse(text: str) -> int:
+        if not text.isdigit() or not low <= int(text) <= 100_000:
+            raise argparse.ArgumentTypeError(f"expected a whole number from {low} to 100000, got {text!r}")
+        return int(text)
+    return parse
 
 
 def _seconds(text: str) -> float:
@@ -136,7 +152,8 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
                       interfaces=args.interfaces, peers=args.peers, mdns=not args.no_mdns,
                       memory_limit=args.memory_limit, speed=args.speed, strategy=args.strategy,
                       recovery_timeout=args.recovery_timeout, peer_host=args.peer_host,
-                      batch_decode=args.batch_decode, api_key=args.api_key, http_timeout=args.http_timeout)
+                      batch_decode=args.batch_decode, max_active=args.max_active, max_queue=args.max_queue,
+                      api_key=args.api_key, http_timeout=args.http_timeout)
 
 
 async def _serve(node) -> None:

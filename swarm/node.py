@@ -28,6 +28,7 @@ from discovery.profile import NodeProfile
 from discovery.view import PeerEvent
 from partitioner import ModelSpec
 
+from .api.admission import Admission
 from .api.app import make_app
 from .api.connection_cap import CappedAppRunner
 from .engine.blas import blas_in_use
@@ -295,7 +296,9 @@ class Node:
         status = NodeStatus(model, self.backend, discovery, coordinator, host, stage_service, links, stats,
                             hop_timing, peer_stats, weights, api_key=bool(key),
                             peers=peer_security.describe(self.secret))
-        app = make_app(service, status, events, model.model_id, api_key=key.value, body_timeout=cfg.http_timeout)
+        admission = Admission(cfg.max_active, cfg.max_queue)
+        app = make_app(service, status, events, model.model_id, admission, api_key=key.value,
+                       body_timeout=cfg.http_timeout)
         # keepalive_timeout closes a connection idle between requests, and one that never completes
         # its headers (aiohttp's default keeps both for an hour); shutdown_timeout bounds a stop.
         runner = CappedAppRunner(app, per_address=cfg.http_connections_per_address, access_log=None,

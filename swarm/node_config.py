@@ -8,6 +8,12 @@ from pathlib import Path
 
 DEFAULT_API_PORT = 8800
 DEFAULT_PEER_PORT = 8801
+# Decode steps of up to this many requests run as one pass at a stage (measured: docs/performance.md, issue 18).
+DEFAULT_BATCH_DECODE = 8
+# Admission at an entry node (api/admission.py): twice the batch width keeps every batch full while
+# finished requests are replaced; the queue holds only prompt ids.
+DEFAULT_MAX_ACTIVE = 16
+DEFAULT_MAX_QUEUE = 64
 
 
 def default_state_dir() -> Path:
@@ -42,7 +48,9 @@ class NodeConfig:
     kv_reserve_tokens: int = 4096  # KV cache room reserved per layer when planning
     recovery_timeout: float = 30.0  # how long a request waits for a whole pipeline
     token_timeout: float = 120.0  # last-resort bound on one step when no failure is seen
-    batch_decode: int = 1  # most decode steps of different requests run as one pass (1: never batch)
+    batch_decode: int = DEFAULT_BATCH_DECODE  # most decode steps of different requests run as one pass (1: never)
+    max_active: int = DEFAULT_MAX_ACTIVE  # requests this node generates for at once, as their entry
+    max_queue: int = DEFAULT_MAX_QUEUE  # requests waiting for a slot; beyond that, 429
     # the HTTP API
     api_key: str | None = None  # --api-key; None: $SWARM_API_KEY, else the state dir's api-key, else none
     http_timeout: float = 30.0  # a request's headers and body must arrive within this; idle connections close

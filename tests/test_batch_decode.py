@@ -1,4 +1,4 @@
-"""--batch-decode: decode steps of concurrent requests share one pass through a stage.
+"""Batched decode (on by default, `--batch-decode 8`): decode steps of concurrent requests share one pass.
 
 With the bundled reference BLAS a matmul row does not depend on the other rows,
 so batched requests must produce exactly the tokens each would alone (families
@@ -101,11 +101,10 @@ def test_batched_stage_equals_one_request_at_a_time(family_model, bounds) -> Non
 def test_concurrent_requests_batch_across_a_two_node_swarm(model: Path, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("SWARM_BLAS", "off")  # the nodes keep the reference BLAS: rows independent, see above
     expected = {p: reference_chat(model, [{"role": "user", "content": p}], MAX_TOKENS)[0] for p in PROMPTS}
-    with LocalCluster(2, tmp_path, str(model), memory_limit="1G", ready_timeout=120,
-                      extra_args=("--batch-decode", "4")) as cluster:
+    with LocalCluster(2, tmp_path, str(model), memory_limit="1G", ready_timeout=120) as cluster:  # the defaults
         with ThreadPoolExecutor(len(PROMPTS)) as pool:
             answers = list(pool.map(lambda p: _chat(cluster.entry.url, p), PROMPTS))
         batching = [get_json(n.url + "/health")[1]["decode_batching"] for n in cluster.nodes]
     assert dict(zip(PROMPTS, answers)) == expected
-    assert all(b["max_batch"] == 4 for b in batching), batching
+    assert all(b["max_batch"] == 8 for b in batching), batching  # batching is on by default
     assert sum(b["batched_passes"] for b in batching) > 0, f"no step was batched: {batching}"

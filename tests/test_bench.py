@@ -30,13 +30,16 @@ def test_quick_bench_two_swarm_sizes(tmp_path: Path) -> None:
     model = build_random_model(tmp_path / "model", family="llama", n_layers=6, seed=1)
     raw = tmp_path / "raw.json"
     p = subprocess.run([*_bench_cmd(), "--quick", "--nodes", "1,2", "--concurrency", "1,2", "--skip-mlx-ring",
-                        "--batch-decode", "2", "--secret", "--model", str(model), "--json", str(raw)],
-                       capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+                        "--batch-decode", "1", "--secret", "--baseline", sys.executable, "--model", str(model),
+                        "--json", str(raw)],
+                       capture_output=True, text=True, timeout=420, stdin=subprocess.DEVNULL)
     assert p.returncode == 0, p.stdout + p.stderr
     rows = _rows(p.stdout)
+    install = Path(sys.executable).parent.parent.parent  # --baseline names the install its python runs
     assert set(rows) == {"mlx-lm alone (stream_generate)", "swarm, 1 node", "swarm, 2 nodes",
-                         "swarm, 1 node, batch-decode 2", "swarm, 2 nodes, batch-decode 2",
-                         "swarm, 1 node, secret", "swarm, 2 nodes, secret"}, p.stdout
+                         "swarm, 1 node, batch-decode 1", "swarm, 2 nodes, batch-decode 1",
+                         "swarm, 1 node, secret", "swarm, 2 nodes, secret",
+                         f"swarm, 1 node, baseline ({install})", f"swarm, 2 nodes, baseline ({install})"}, p.stdout
     header = p.stdout[p.stdout.index("| setup"):].splitlines()[0]
     same = [c.strip() for c in header.strip("|").split(" | ")].index("same tokens")
     assert rows["swarm, 1 node"][same] == "yes", p.stdout

@@ -16,6 +16,7 @@ from aiohttp import web
 from ..entry.service import InferenceService
 from ..events import EventBus
 from ..status.node_status import NodeStatus
+from .admission import Admission
 from .auth import api_key_middleware, bearer_matches
 from .completions import CompletionRoutes
 from .errors import error_middleware
@@ -25,13 +26,14 @@ from .topology_routes import TopologyRoutes
 MAX_BODY_BYTES = 4 * 1024 * 1024
 
 
-def make_app(service: InferenceService, status: NodeStatus, events: EventBus, model_id: str, *,
-             api_key: str | None = None, body_timeout: float = BODY_TIMEOUT_S) -> web.Application:
+def make_app(service: InferenceService, status: NodeStatus, events: EventBus, model_id: str,
+             admission: Admission, *, api_key: str | None = None,
+             body_timeout: float = BODY_TIMEOUT_S) -> web.Application:
     """The API sees the inference service (chat) and the status (health, topology), not the node."""
     app = web.Application(middlewares=[api_key_middleware(api_key), error_middleware],
                           client_max_size=MAX_BODY_BYTES)
     app[BODY_TIMEOUT] = body_timeout
-    CompletionRoutes(service, model_id).add_to(app)
+    CompletionRoutes(service, model_id, admission).add_to(app)
     started = int(time.time())
 
     async def models(_request):
@@ -39,7 +41,11 @@ def make_app(service: InferenceService, status: NodeStatus, events: EventBus, mo
             {"id": model_id, "object": "model", "created": started, "owned_by": "swarm"}]})
 
     async def health(request):
-        return web.json_response(status.health(authorized=bearer_matches(request, api_key)),
+        authorized = bearer_matches(request, api_key)
+        body = status.health(authorized=authorized)
+        if authorized:  # like the rest of the details, only for a caller with the key
+            body["admission"] = admission.status()
+        return web.json_response(body,
                                  status=200 if status.can_serve()[0] else 503)
 
     app.router.add_get("/v1/models", models)

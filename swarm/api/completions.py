@@ -10,14 +10,15 @@ from aiohttp import web
 
 from ..entry.pipeline import NoPipeline
 from ..entry.service import Finished, InferenceService, PromptTooLong, TextDelta
+from .admission import Admission
 from .errors import ApiError
 from .request_parsing import CompletionParams, parse_messages, parse_params, parse_prompt, read_json_object
 from .sse import open_event_stream, send_event
 
 
 class CompletionRoutes:
-    def __init__(self, service: InferenceService, model_id: str):
-        self.service, self.model_id = service, model_id
+    def __init__(self, service: InferenceService, model_id: str, admission: Admission):
+        self.service, self.model_id, self.admission = service, model_id, admission
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self.chat)
@@ -50,7 +51,12 @@ class CompletionRoutes:
             max_tokens = service.budget(len(prompt), params.max_tokens)
         except ValueError as e:
             raise ApiError(400, str(e), param="max_tokens", code="context_length_exceeded")
-        events = service.complete(prompt, params.sampling, max_tokens, params.stop)
+        async with self.admission.slot():  # waits its turn, or 429 (admission.py)
+            return await self._generate(request, prompt, params, max_tokens, chat)
+
+    async def _generate(self, request, prompt: list[int], params: CompletionParams, max_tokens: int,
+                        chat: bool) -> web.StreamResponse:
+        events = self.service.complete(prompt, params.sampling, max_tokens, params.stop)
         shape = _ChatShape(self.model_id) if chat else _TextShape(self.model_id)
         async with aclosing(events):
             # The first event decides the HTTP status: no pipeline in time is a 503,

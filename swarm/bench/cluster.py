@@ -66,8 +66,10 @@ class LocalCluster:
     """Context manager: start n nodes, wait until they serve one n-stage plan, stop them all."""
 
     def __init__(self, n: int, workdir: Path, model: str | None, memory_limit: str = "2G",
-                 ready_timeout: float = 300.0, log_level: str = "WARNING", extra_args: tuple[str, ...] = ()):
+                 ready_timeout: float = 300.0, log_level: str = "WARNING", extra_args: tuple[str, ...] = (),
+                 python: str | None = None):
         self.n, self.workdir, self.model, self.extra_args = n, workdir, model, tuple(extra_args)
+        self.python = os.path.abspath(python) if python else sys.executable  # another install's swarm
         self.memory_limit, self.ready_timeout, self.log_level = memory_limit, ready_timeout, log_level
         # One swarm name per cluster: a straggler from an earlier setup can never join this one.
         self.swarm = f"bench-{os.getpid()}-{n}-{time.monotonic_ns() % 10**6}"
@@ -95,7 +97,7 @@ class LocalCluster:
     def _spawn(self, node: LocalNode) -> None:
         peers = [a for other in self.nodes if other is not node for a in ("--peer", f"{HOST}:{other.peer_port}")]
         # state-<i> is shared by the setups of one run, so each node measures its speed once.
-        argv = [sys.executable, "-m", "swarm.cli", "--no-mdns", "--api-host", HOST, "--peer-host", HOST,
+        argv = [self.python, "-m", "swarm.cli", "--no-mdns", "--api-host", HOST, "--peer-host", HOST,
                 "--api-port", str(node.api_port), "--peer-port", str(node.peer_port), *peers,
                 "--node-id", node.node_id, "--name", node.node_id, "--swarm", self.swarm,
                 "--state-dir", str(self.workdir / f"state-{node.index}"), "--strategy", "memory",
@@ -103,7 +105,9 @@ class LocalCluster:
         if self.model:
             argv += ["--model", self.model]
         with open(node.log, "w") as out:
-            node.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            # cwd: `-m` puts it first on sys.path, so a source tree there would shadow the install's swarm
+            node.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         cwd=self.workdir)
 
     def _wait_ready(self) -> dict:
         """Every node serves the same plan, and that plan has n stages."""

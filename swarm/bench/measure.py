@@ -85,6 +85,15 @@ class MlxLmAlone:
         return r, ids
 
 
+def _batching(cluster: LocalCluster) -> tuple[int, int]:
+    """Batched passes and the rows they ran, summed over every node's stage (a build without them: 0)."""
+    passes = rows = 0
+    for node in cluster.nodes:
+        b = get_json(node.url + "/health")[1].get("decode_batching", {})
+        passes, rows = passes + b.get("batched_passes", 0), rows + b.get("batched_rows", 0)
+    return passes, rows
+
+
 def measure_swarm(cluster: LocalCluster, prompt_text: str, prompt_tokens: int, max_tokens: int,
                   concurrency: list[int], runs: int, reference: str) -> SetupResult:
     url = cluster.entry.url
@@ -106,9 +115,14 @@ def measure_swarm(cluster: LocalCluster, prompt_text: str, prompt_tokens: int, m
         if c == 1:
             r.aggregate_tps[c] = _median([s.tokens / s.wall_s for s in singles])
             continue
+        before = _batching(cluster)
         wall, runs_c = concurrent_completions(url, prompt_text, max_tokens, c)
         r.aggregate_tps[c] = sum(s.tokens for s in runs_c) / wall
-        r.raw[f"concurrent_{c}"] = {"tokens": [s.tokens for s in runs_c], "wall_s": wall}
+        passes, rows = (a - b for a, b in zip(_batching(cluster), before))
+        r.raw[f"concurrent_{c}"] = {"tokens": [s.tokens for s in runs_c], "wall_s": wall,
+                                    "batched_passes": passes, "batched_rows": rows}
+        if passes:
+            r.note = "; ".join(x for x in (r.note, f"@{c}: {rows / passes:.1f} rows/batched pass") if x)
         texts += [s.text for s in runs_c]
     r.same_tokens = _same(texts, reference)
     return r

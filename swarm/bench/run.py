@@ -43,6 +43,12 @@ def _with_load(r: SetupResult, before: float) -> SetupResult:
     return r
 
 
+def _install_of(python: str) -> str:
+    """A short name for the install a python belongs to: /work/main/.venv/bin/python -> /work/main."""
+    p = Path(python)
+    return str(p.parent.parent.parent) if p.parent.name == "bin" and p.parent.parent.name.startswith(".") else python
+
+
 def reference_text(tokenizer, ids: list[int]) -> str:
     """What the swarm streams for these ids: detokenized, the EOS token's own text left out."""
     detok, eos = tokenizer.detokenizer, set(tokenizer.eos_token_ids)
@@ -56,7 +62,7 @@ def reference_text(tokenizer, ids: list[int]) -> str:
 
 def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrency: list[int], runs: int,
             with_ring: bool, memory_limit: str, workdir: Path, batch_decode: int = 0,
-            with_secret: bool = False) -> Report:
+            with_secret: bool = False, baseline: str | None = None) -> Report:
     from mlx_lm.utils import load_tokenizer
 
     from swarm.engine.blas import blas_in_use
@@ -83,16 +89,20 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
     reference = reference_text(tokenizer, ref_ids)
     results: list[SetupResult] = [ref]
 
-    # (extra node args, row name suffix, kind): kinds other than "swarm" are no baseline for per-hop numbers
-    variants = [((), "", "swarm")]
-    if batch_decode > 1:
-        variants.append((("--batch-decode", str(batch_decode)), f", batch-decode {batch_decode}", "swarm-batched"))
+    # (extra node args, row name suffix, kind, python to run the nodes with: None is this install);
+    # kinds other than "swarm" are no baseline for per-hop numbers
+    variants: list[tuple[tuple[str, ...], str, str, str | None]] = [((), "", "swarm", None)]
+    if batch_decode > 0:
+        variants.append((("--batch-decode", str(batch_decode)), f", batch-decode {batch_decode}", "swarm-batched",
+                         None))
     if with_secret:
-        variants.append((("--secret", secrets.token_urlsafe(32)), ", secret", "swarm-secret"))
+        variants.append((("--secret", secrets.token_urlsafe(32)), ", secret", "swarm-secret", None))
+    if baseline:
+        variants.append(((), f", baseline ({_install_of(baseline)})", "swarm-baseline", baseline))
     for n in nodes:
-        for extra, suffix, kind in variants:
+        for extra, suffix, kind, python in variants:
             progress(f"swarm with {n} node(s){suffix}: starting")
-            with LocalCluster(n, workdir, str(model.path), memory_limit, extra_args=extra) as cluster:
+            with LocalCluster(n, workdir, str(model.path), memory_limit, extra_args=extra, python=python) as cluster:
                 load = loadavg()
                 progress(f"swarm with {n} node(s): plan {cluster.topology['plan']['plan_id']} stages "
                          + ", ".join(f"{s['node_id']}[{s['start']},{s['end']})" for s in cluster.stages))
@@ -126,8 +136,10 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
         "(serialization, TCP, event loop, thread hand-offs) without the run-to-run noise of the column before.\n"
         f"Prefill act. MB/s: computed, prompt_tokens x hidden x {act_bytes} B x (stages-1) / TTFT "
         "(not read from the transport).\n"
-        "Batch-decode rows: nodes started with --batch-decode (decode steps of concurrent requests share a "
-        "pass); batched rows may differ from a lone request in the last bits, so greedy text can differ.\n"
+        "Batch-decode rows: nodes started with --batch-decode N (decode steps of up to N concurrent requests "
+        "share a pass; the default is 8); batched rows may differ from a lone request in the last bits, so "
+        "greedy text can differ.\n"
+        "Baseline rows: the same nodes run by another install's python (--baseline), with its defaults.\n"
         "Same tokens: the streamed text of every swarm request equals mlx-lm alone's greedy tokens, "
         "detokenized; the ring compares token ids of its own prompt.\n"
         "Note: load a->b is the machine's 1-min load average before/after a setup; above the core count, "

@@ -26,11 +26,11 @@ Frames for our stage are computed in arrival order, which also keeps each reques
 frames in order downstream. Different requests still overlap across nodes: while we
 compute one request, the next stage computes another.
 
-With max_batch > 1 (opt-in, `--batch-decode`), decode steps of different requests
-that queued up while we computed run as one pass: the weights are read once for all
-of them, which is what bounds decode speed. Batched rows may differ from a lone
-request's in the last bits, so greedy output can then differ from a single
-machine's; the default (1) keeps it identical.
+Decode steps of different requests that queued up while we computed run as one pass,
+up to max_batch (`--batch-decode`, 8 by default): the weights are read once for all of
+them, which is what bounds decode speed. A step with nothing queued beside it runs
+alone through the model's own forward, so a request alone stays exactly one machine's;
+batched rows may differ from a lone request's in the last bits (README, The engine).
 """
 
 from __future__ import annotations
