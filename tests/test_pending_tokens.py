@@ -30,7 +30,7 @@ async def test_errors_and_plan_changes_break_the_wait():
         await pending.wait("r1", fut, 1)
     fut = pending.expect("r2", "planA", at=3)
     kept = pending.expect("r3", "planB", at=3)
-    pending.break_all("the plan changed", keep_plan="planB")
+    pending.break_all("the plan changed", keep_plans=frozenset({"planB"}))
     with pytest.raises(PipelineBroken):
         await pending.wait("r2", fut, 1)
     assert not kept.done()

@@ -45,6 +45,10 @@ RETRY_FETCH_S = 5.0  # a fetch that could not finish (no holder, no disk) is tri
 # Before fetching, the membership must have held still this long: nodes that start together join
 # a second apart, and a fetch for a plan the next join replaces is mostly wasted.
 SETTLE_S = 3.0
+# Peers that are still learning the model from the swarm (their profile has no fingerprint yet) will
+# be members within seconds: a fetch waits for them, this long at most (one looking for ever must not
+# hold the swarm back).
+PROSPECTS_WAIT_S = 30.0
 
 
 class Coordinator:
@@ -163,8 +167,11 @@ class Coordinator:
         plan moved on meanwhile, or the fetch failed and was waited out (go round again)."""
         if layers is None or self.weights is None or not await self.weights.lacks(*layers):
             return True
-        while (quiet := time.monotonic() - self._membership_changed) < SETTLE_S:
-            await asyncio.sleep(SETTLE_S - quiet)
+        await self.discovery.update_profile(loading=plan.plan_id)  # for the deadlines: from now on
+        first_look = time.monotonic()
+        while (quiet := time.monotonic() - self._membership_changed) < SETTLE_S or \
+                (self._prospects() and time.monotonic() - first_look < PROSPECTS_WAIT_S):
+            await asyncio.sleep(max(SETTLE_S - quiet, 0.25))
             if plan is not self.plan:
                 return False
         fetch = asyncio.create_task(self.weights.ensure_stage(*layers), name="fetch-weights")
@@ -190,6 +197,13 @@ class Coordinator:
                 except asyncio.TimeoutError:
                     pass
             return False
+
+    def _prospects(self) -> list[str]:
+        """Peers learning the model this node serves (or whatever the swarm serves) from the swarm."""
+        model_id = self.discovery.profile.model_id
+        return [p.node_id for p in self.discovery.view()
+                if not p.profile.model_fingerprint and p.profile.model_id in ("", model_id)
+                and p.profile.extra.get("state") in ("looking", "fetching")]
 
     async def _wait_until_ready(self, plan: Plan) -> None:
         """Until the members of `plan` that may still be fetching have its weights (or the plan moves on).
