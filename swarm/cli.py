@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import signal
 import sys
 from pathlib import Path
@@ -41,6 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "weights (default: %(default)s, keep them packed)")
     p.add_argument("--max-tokens-default", type=int, default=512,
                    help="tokens generated when a request gives no max_tokens (default: %(default)s)")
+    p.add_argument("--temperature", type=_temperature, default=None, metavar="T",
+                   help="sampling temperature for requests that give none (default: the model's "
+                        "generation_config.json, else 0: greedy)")
+    p.add_argument("--top-p", type=_top_p, default=None, metavar="P",
+                   help="top-p for requests that give none (default: generation_config.json, else 1)")
+    p.add_argument("--top-k", type=_top_k, default=None, metavar="K",
+                   help="top-k for requests that give none (default: generation_config.json, else 0: off)")
     p.add_argument("--swarm", default="default",
                    help="swarm name: nodes only join peers with the same name (default: %(default)s)")
     p.add_argument("--interface", action="append", dest="interfaces", default=None, metavar="IP_OR_NAME",
@@ -81,6 +89,33 @@ def _batch(text: str) -> int:
     return int(text)
 
 
+def _temperature(text: str) -> float:
+    return _number_in(text, 0.0, 2.0, "a temperature from 0 (greedy) to 2")
+
+
+def _top_p(text: str) -> float:
+    value = _number_in(text, 0.0, 1.0, "a top-p in (0, 1]")
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"expected a top-p in (0, 1], got {text!r}")
+    return value
+
+
+def _top_k(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0 (0: off), got {text!r}")
+    return int(text)
+
+
+def _number_in(text: str, lo: float, hi: float, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not lo <= value <= hi:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
 def _speed(text: str) -> float:
     try:
         value = float(text)
@@ -103,7 +138,8 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
                       peer_port=args.peer_port, state_dir=args.state_dir, cache_dir=args.cache_dir,
                       node_id=args.node_id, name=args.name, dtype=args.dtype,
                       dequantize=args.dequantize == "yes",
-                      default_max_tokens=args.max_tokens_default, swarm=args.swarm,
+                      default_max_tokens=args.max_tokens_default, temperature=args.temperature,
+                      top_p=args.top_p, top_k=args.top_k, swarm=args.swarm,
                       interfaces=args.interfaces, peers=args.peers, mdns=not args.no_mdns,
                       memory_limit=args.memory_limit, speed=args.speed, strategy=args.strategy,
                       recovery_timeout=args.recovery_timeout, peer_host=args.peer_host,

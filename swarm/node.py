@@ -25,6 +25,7 @@ from partitioner import ModelSpec
 
 from .api.app import make_app
 from .engine.blas import blas_in_use
+from .engine.constraints import GrammarVocab
 from .engine.model_bytes import ModelBytes, measure_model_bytes
 from .engine.shard import check_splittable
 from .engine.speed_probe import cached_speed, measure_speed
@@ -35,6 +36,7 @@ from .entry.run_ahead import RunAhead
 from .entry.service import InferenceService
 from .entry.stats import RequestStats
 from .entry.swarm_pipeline import SwarmPipelines
+from .models.generation_defaults import generation_defaults
 from .models.resolve import LocalModel, resolve_model
 from .node_config import NodeConfig
 from .planning.coordinator import Coordinator
@@ -116,7 +118,8 @@ class Node:
 
         # The entry side's bookkeeping, and the stage side that serves every peer message.
         pending, run_ahead, hop_timing = PendingTokens(), RunAhead(node_id), HopTiming()
-        host = StageHost(model.path, self.dtype, worker, dequantize=self.dequantize)
+        vocab = GrammarVocab(self.tokenizer)  # grammars: checked by the entry, applied by the last stage
+        host = StageHost(model.path, self.dtype, worker, dequantize=self.dequantize, vocab=vocab)
         stage_service = StageService(host, lane, worker, pending, run_ahead, asyncio.get_running_loop(),
                                      max_batch=cfg.batch_decode)
 
@@ -130,13 +133,15 @@ class Node:
         pipelines = SwarmPipelines(coordinator.agreed_plan, node_id, stage_service, pending, cfg.token_timeout,
                                    hop_timing, run_ahead)
         service = InferenceService(self.tokenizer, model.context_length, pipelines, stats, cfg.default_max_tokens,
-                                   cfg.recovery_timeout)
+                                   cfg.recovery_timeout, vocab)
+        defaults = generation_defaults(model.path, cfg.temperature, cfg.top_p, cfg.top_k)
+        log.info("requests that leave sampling out get %s", defaults.describe())
 
         # What the node tells: /health, /v1/topology, and the HTTP API over it all.
         peer_stats = PeerStats(discovery)
         status = NodeStatus(model, self.backend, discovery, coordinator, host, stage_service, links, stats,
                             hop_timing, peer_stats)
-        runner = web.AppRunner(make_app(service, status, events, model.model_id), access_log=None)
+        runner = web.AppRunner(make_app(service, status, events, model.model_id, defaults), access_log=None)
 
         # Start, in the same order.
         stage_service.start()

@@ -100,7 +100,7 @@ BAD_BODIES = [
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "top_p": "a"}).encode(), 400, "top_p"),
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "stop": 5}).encode(), 400, "stop"),
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}).encode(), 400, "stream"),
-    (json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 3}).encode(), 400, "n"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 17}).encode(), 400, "n"),
     (json.dumps({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}).encode(), 404, "model"),
 ]
 

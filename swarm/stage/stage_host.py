@@ -13,6 +13,7 @@ import mlx.core as mx
 
 from partitioner import Plan
 
+from ..engine.constraints import GrammarVocab
 from ..engine.shard import load_shard
 from ..engine.shard_runner import ShardRunner
 from ..engine.worker import MlxWorker
@@ -21,8 +22,10 @@ log = logging.getLogger(__name__)
 
 
 class StageHost:
-    def __init__(self, model_dir, dtype: mx.Dtype | None, worker: MlxWorker, dequantize: bool = False):
+    def __init__(self, model_dir, dtype: mx.Dtype | None, worker: MlxWorker, dequantize: bool = False,
+                 vocab: GrammarVocab | None = None):
         self.model_dir, self.dtype, self.worker = model_dir, dtype, worker
+        self.vocab = vocab  # grammars for the requests we sample (when we hold the last layers)
         self.dequantize = dequantize  # quantized layers loaded as `dtype` floats
         self.stage: ShardRunner | None = None
         self.plan: Plan | None = None  # the plan `stage` serves; None while loading
@@ -50,7 +53,7 @@ class StageHost:
             shard = await self.worker.run(load_shard, self.model_dir, layers[0], layers[1], self.dtype, old,
                                           self.dequantize)
             del old
-            self.stage = ShardRunner(shard)
+            self.stage = ShardRunner(shard, self.vocab)
             log.info("now holding layers [%d, %d): %.1f MB", *layers, shard.weight_bytes() / 1e6)
         self.plan = plan
 
