@@ -16,7 +16,7 @@ class ToolRequest:
     tools: list[dict]  # OpenAI's form: {"type": "function", "function": {"name", "description"?, "parameters"?}}
     choice: str  # "auto", "none", "required" or "function" (a named one)
     name: str | None = None  # the function tool_choice names
-    parallel: bool = True  # several calls in one answer
+    parallel: bool = False  # several calls in one forced answer: only when the client says so (see parse_tools)
 
     @property
     def offered(self) -> list[dict] | None:
@@ -38,9 +38,11 @@ def parse_tools(body: dict) -> ToolRequest:
     names = [t["function"]["name"] for t in tools]
     if len(set(names)) != len(names):
         raise ApiError(400, "'tools' names a function twice", param="tools")
-    parallel = body.get("parallel_tool_calls", True)
+    # OpenAI's default is true, but a forced answer that may hold several calls lets a small model
+    # repeat its call until max_tokens (seen with SmolLM2): it gets several only when it asks.
+    parallel = body.get("parallel_tool_calls")
     if parallel is None:
-        parallel = True
+        parallel = False
     if not isinstance(parallel, bool):
         raise ApiError(400, "'parallel_tool_calls' must be a boolean", param="parallel_tool_calls")
     choice = body.get("tool_choice")

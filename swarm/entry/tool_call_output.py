@@ -40,7 +40,7 @@ class ToolCallOutput:
         self._state, held, current = TextStateMachine.flush(self._state)
         content, calls = self._take([(current, held)])
         if self._in_call:
-            more, closing = self._close_call()
+            more, closing = self._close_call(ended=False)
             content, calls = content + more, calls + closing
         return content, calls
 
@@ -57,7 +57,8 @@ class ToolCallOutput:
                 content += text
         return content, calls
 
-    def _close_call(self) -> tuple[str, list[dict]]:
+    def _close_call(self, ended: bool = True) -> tuple[str, list[dict]]:
+        """`ended`: the end marker was seen (else the text stopped inside the call)."""
         text, self._call_text, self._in_call = self._call_text, "", False
         try:
             parsed = self.fmt.parse(text, self.tools)
@@ -65,7 +66,7 @@ class ToolCallOutput:
             calls = [self._openai_call(p) for p in parsed]
         except Exception as e:  # the parsers raise what they raise (ValueError, JSONDecodeError, KeyError, ...)
             log.info("a tool call did not parse (%s: %s); it goes out as text", type(e).__name__, e)
-            return f"{self.fmt.start}{text}{self.fmt.end}", []
+            return f"{self.fmt.start}{text}{self.fmt.end if ended else ''}", []
         return "", calls
 
     def _openai_call(self, parsed: dict) -> dict:
