@@ -18,6 +18,7 @@ from local_pipeline import LocalPipeline
 from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model, load_tokenizer
 from model_fixtures import tiny_models  # noqa: F401
+from reference import reference_with_penalties
 
 from swarm.engine.constraints import GrammarVocab
 from swarm.engine.decoding_rules import DecodingRules
@@ -131,22 +132,6 @@ def test_echo_scores_every_prompt_token_across_prefill_chunks(llama, worker):
     assert rows.ids[:, 0].tolist() == prompt[1:]
     np.testing.assert_allclose(rows.logprobs[:, 0], lp[np.arange(len(prompt) - 1), prompt[1:]], atol=1e-4)
     np.testing.assert_allclose(rows.logprobs[:, 1], lp[:-1].max(axis=-1), atol=1e-4)
-
-
-def reference_with_penalties(model_dir, prompt: list[int], n: int, bias: dict, presence: float,
-                             frequency: float) -> list[int]:
-    """OpenAI's definition written out: logit + bias - presence * [count > 0] - frequency * count,
-    counting generated tokens only; greedy."""
-    model, _ = load_model(model_dir)
-    tokens: list[int] = []
-    for _ in range(n):
-        logits = np.array(model(mx.array(prompt + tokens)[None])[0, -1].astype(mx.float32))
-        counts = np.bincount(tokens, minlength=logits.shape[0]).astype(np.float32)
-        for t, b in bias.items():
-            logits[t] += b
-        logits -= presence * (counts > 0) + frequency * counts
-        tokens.append(int(np.argmax(logits)))
-    return tokens
 
 
 @pytest.mark.parametrize("presence,frequency", [(1.5, 0.0), (0.0, 1.0), (0.5, 0.5)])

@@ -76,7 +76,7 @@ class CompletionRoutes:
             grammar, param, fmt = forced_tool_calls_grammar(calls, vocab, tools.choice == "required"
                                                             and tools.parallel), "tools", JSON_TOOLS
         elif tools.offered and fmt.is_json_tools:  # "auto": free text, but a call once opened is a valid one
-            grammar, param = lazy_tool_calls_grammar(calls, vocab), "tools"
+            grammar, param = lazy_tool_calls_grammar(calls, vocab, tools.parallel), "tools"
         elif schema is not None:
             try:
                 grammar, param = json_schema_grammar(schema), "response_format"

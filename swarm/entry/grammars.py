@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 
 import llguidance as llg
-from llguidance import StructTag
 
 from ..engine.constraints import GrammarVocab
 
@@ -50,12 +49,23 @@ def forced_tool_calls_grammar(calls: list[dict], vocab: GrammarVocab, several: b
     return llg.LLMatcher.grammar_from_lark(lark)
 
 
-def lazy_tool_calls_grammar(calls: list[dict], vocab: GrammarVocab) -> str:
-    """tool_choice "auto": free text, but once the model opens a tool call, a valid call."""
+def lazy_tool_calls_grammar(calls: list[dict], vocab: GrammarVocab, several: bool) -> str:
+    """tool_choice "auto": free text, but once the model opens a tool call, a valid call (llguidance's
+    lazy lexemes, as its StructTag writes them, with markers that may be special tokens); at most one
+    call unless `several`."""
     body = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    tag = StructTag(trigger=TOOL_CALL_START, begin=TOOL_CALL_START + "\n",
-                    grammar={**body, "x-guidance": JSON_STYLE}, end="\n" + TOOL_CALL_END)
-    return StructTag.to_grammar([tag], assume_special=vocab.is_special(TOOL_CALL_START))
+    start, end = _marker(TOOL_CALL_START, vocab), _marker(TOOL_CALL_END, vocab)
+    if vocab.is_special(TOOL_CALL_START):  # a special token can only be the model's choice: no trigger needed
+        opening = f"call: TEXT {start} \"\\n\" body \"\\n\" {end}\n"
+    else:
+        opening = f"call_start[lazy]: TEXT {start}\ncall: call_start \"\\n\" body \"\\n\" {end}\n"
+    lark = ("%llguidance {}\n"
+            f"start: {'call* tail' if several else 'tail | call tail'}\n"
+            "tail: TEXT\n"
+            "TEXT: /(.|\\n)*/\n"
+            f"{opening}"
+            f"body: %json {json.dumps({**body, 'x-guidance': JSON_STYLE})}\n")
+    return llg.LLMatcher.grammar_from_lark(lark)
 
 
 def checked(grammar: str, vocab: GrammarVocab) -> str:

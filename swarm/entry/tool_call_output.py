@@ -5,7 +5,8 @@ back what may be the start of one); the text between them goes to the model's to
 parser (chat_prompt.ToolFormat). As mlx-lm's server does, a call reaches the client
 whole, once its end marker is in: a streaming client gets one `tool_calls` delta per
 call. A call that does not parse (cut off by max_tokens, say) is given back as
-content, markers and all: nothing the model wrote is dropped.
+content, markers and all: nothing the model wrote is dropped, but for blank lines
+around calls (the separators of their syntax).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class ToolCallOutput:
         self._state = TextStateMachine(transitions).make_state("normal")
         self._in_call = False
         self._call_text = ""
+        self._blank = ""  # whitespace held back: dropped if a call follows, shown if text does
         self.count = 0  # tool calls given out so far
 
     def add(self, text: str) -> tuple[str, list[dict]]:
@@ -42,20 +44,29 @@ class ToolCallOutput:
         if self._in_call:
             more, closing = self._close_call(ended=False)
             content, calls = content + more, calls + closing
+        if not self.count:
+            content, self._blank = content + self._blank, ""
         return content, calls
 
     def _take(self, segments) -> tuple[str, list[dict]]:
         content, calls = "", []
         for state, text in segments:
             if state == "tool":
-                self._in_call = True
+                self._in_call, self._blank = True, ""
                 self._call_text += text
             else:
                 if self._in_call:
                     more, closed = self._close_call()
                     content, calls = content + more, calls + closed
-                content += text
+                content += self._text(text)
         return content, calls
+
+    def _text(self, text: str) -> str:
+        if not text.strip():
+            self._blank += text
+            return ""
+        out, self._blank = self._blank + text, ""
+        return out
 
     def _close_call(self, ended: bool = True) -> tuple[str, list[dict]]:
         """`ended`: the end marker was seen (else the text stopped inside the call)."""
