@@ -147,3 +147,8 @@ def test_default_model_answers_through_the_api(tmp_path, default_model):
         r = client.chat.completions.create(model="SmolLM2-135M-Instruct", max_tokens=12, temperature=0,
                                            messages=[{"role": "user", "content": "What is the capital of France?"}])
         assert "Paris" in r.choices[0].message.content
+        # The README's first example, as it is: no sampling fields, so the node's greedy default.
+        status, reply = post_raw(node, "/v1/chat/completions", json.dumps(
+            {"messages": [{"role": "user", "content": "What is the capital of France?"}]}).encode())
+        assert status == 200 and "Paris" in reply["choices"][0]["message"]["content"], reply
+        assert reply["choices"][0]["finish_reason"] == "stop" and reply["usage"]["completion_tokens"] < 30, reply
