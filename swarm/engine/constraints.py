@@ -70,8 +70,10 @@ class GrammarMatcher:
             log.warning("grammar rejected on the last stage: %s", self._m.get_error())
 
     def consume(self, token: int) -> None:
+        if self._m.is_error():
+            return  # said once below; from here on only EOS is allowed
         if not self._m.consume_token(token):
-            log.warning("grammar refused token %d: %s", token, self._m.get_error())
+            log.warning("grammar refused token %d: %s", token, self._m.get_error().splitlines()[0][:300])
 
     def allowed(self) -> np.ndarray:
         """bool (vocab,) of the tokens allowed next; EOS alone once the grammar is done or broken."""

@@ -11,10 +11,14 @@ Per sampled token, in this order (mlx-lm's logits processors where they fit):
              -> logit bias, repetition / presence / frequency penalties
              -> the grammar's mask (constraints.py)
              -> temperature, top-k, top-p from a key of (seed, position) (sampling.py)
-Runs on the MLX thread.
+All but the draw join the forward's own lazy graph (`prepare`), so they cost about
+nothing beyond the grammar's mask, which is filled before the forward runs. Runs on
+the MLX thread.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import mlx.core as mx
 import numpy as np
@@ -24,9 +28,18 @@ from mlx_lm.sample_utils import (make_frequency_penalty, make_logits_processors,
 from .constraints import GrammarVocab
 from .decoding_rules import DecodingRules
 from .sampling import SamplingParams, sample
-from .token_logprobs import SampledToken, TokenLogprobs, log_softmax, rows_of
+from .token_logprobs import SampledToken, TokenLogprobs, log_softmax, rows_of, top_of
 
 WHOLE_HISTORY = 1 << 31  # mlx-lm's processors look at the last N tokens they are given: give them all
+
+
+class Prepared(NamedTuple):
+    drawn_from: mx.array  # the logits after bias, penalties and mask
+    logprobs: mx.array | None = None  # the raw log-softmax, when logprobs are asked for
+    top: mx.array | None = None  # the ids of its k best (unordered)
+
+    def arrays(self) -> list[mx.array]:
+        return [a for a in self if a is not None]
 
 
 class HistoryMismatch(Exception):
@@ -88,24 +101,42 @@ class RequestSampler:
             self._open_row = lp[known:]  # its token comes with the next forward
 
     # -- sampling ----------------------------------------------------------------------------
-    def sample(self, logits: mx.array, sampling: SamplingParams, position: int) -> int | SampledToken:
-        """The token at `position` from logits (vocab,) of the position before it."""
-        raw = logits
+    def prepare(self, logits: mx.array) -> Prepared:
+        """Lazily, from logits (vocab,) of the last position: the logits the token is drawn from, and the raw
+        log-softmax with its k best tokens when logprobs are asked for. Call before the forward is evaluated and evaluate these with it: the grammar's
+        mask is cheap now and 10x dearer right after a forward (docs/performance.md), and the rest costs
+        nothing inside the forward's graph."""
+        drawn_from = logits
         if self.processors:
             prompt_len = self.rules.prompt_len
             everything = mx.array(self.history, dtype=mx.int32)
             generated = everything[prompt_len:]
-            x = raw[None]  # a new array: mlx-lm's penalties write into the one they are given
+            x = logits[None]  # a new array: mlx-lm's penalties write into the one they are given
             for processor, whole in self.processors:
                 x = processor(everything if whole else generated, x)
-            logits = x[0]
+            drawn_from = x[0]
         if self.matcher is not None:
-            logits = self.matcher.mask(logits)
-        token = sample(logits, sampling, position)
-        if self.rules.logprobs is None:
+            drawn_from = self.matcher.mask(drawn_from)
+        k = self.rules.logprobs
+        if k is None:
+            return Prepared(drawn_from)
+        raw = logits.astype(mx.float32)
+        logprobs = raw - mx.logsumexp(raw)
+        return Prepared(drawn_from, logprobs, mx.argpartition(-logprobs, k - 1)[:k] if k else None)
+
+    def draw(self, prepared: Prepared, sampling: SamplingParams, position: int) -> int | SampledToken:
+        """The token at `position` (and its logprobs if asked), from what `prepare` gave, evaluated."""
+        token = sample(prepared.drawn_from, sampling, position)
+        if prepared.logprobs is None:
             return token
-        row = rows_of(log_softmax(raw[None]), [token], self.rules.logprobs)
+        row = top_of(prepared.logprobs, prepared.top, token)
         if self._prompt_rows:
             row = TokenLogprobs.concat([*self._prompt_rows, row])
             self._prompt_rows = []
         return SampledToken(token, row)
+
+    def sample(self, logits: mx.array, sampling: SamplingParams, position: int) -> int | SampledToken:
+        """prepare + draw in one (for callers without a forward to share the evaluation with)."""
+        prepared = self.prepare(logits)
+        mx.eval(prepared.arrays())
+        return self.draw(prepared, sampling, position)

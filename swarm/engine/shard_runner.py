@@ -67,12 +67,17 @@ class ShardRunner:
             raise CacheMismatch(f"request {request_id}: cache holds {state.offset} positions, frame starts at {start_pos}")
         state.last_used = time.monotonic()
         sampler = state.sampler
+        prepared = None
         try:
             if sampler is not None:
                 sampler.observe(start_pos, ids)
             every_row = sampler is not None and sampler.wants_every_row(start_pos)
             out = self.shard(x, state.caches, every_row) if every_row else self.shard(x, state.caches)
-            mx.eval(out, state.caches.arrays())
+            if sampler is not None and sampling is not None and self.range.is_last:
+                prepared = sampler.prepare(out[-1] if every_row else out)  # joins the forward's evaluation
+                mx.eval(out, prepared.arrays(), state.caches.arrays())
+            else:
+                mx.eval(out, state.caches.arrays())
         except HistoryMismatch as e:
             del self._requests[request_id]
             raise CacheMismatch(f"request {request_id}: {e}") from None
@@ -85,8 +90,8 @@ class ShardRunner:
             out = out[-1]
         if not self.range.is_last or sampling is None:
             return out
-        if sampler is not None:
-            return sampler.sample(out, sampling, start_pos + x.shape[1])
+        if prepared is not None:
+            return sampler.draw(prepared, sampling, start_pos + x.shape[1])
         return sample(out, sampling, start_pos + x.shape[1])
 
     def decode_batch(self, items: list[tuple]) -> list:
@@ -119,7 +124,9 @@ class ShardRunner:
         try:
             out = self.shard.decode_batch(mx.concatenate([items[i][1] for i in rows], axis=0),
                                           [st.caches for st in states])
-            mx.eval(out, [st.caches.arrays() for st in states])
+            prepared = [st.sampler.prepare(out[j]) if self.range.is_last and st.sampler is not None
+                        and items[i][3] is not None else None for j, (i, st) in enumerate(zip(rows, states))]
+            mx.eval(out, [p.arrays() for p in prepared if p is not None], [st.caches.arrays() for st in states])
         except Exception:
             for i in rows:
                 self._requests.pop(items[i][0], None)
@@ -131,8 +138,7 @@ class ShardRunner:
             if not self.range.is_last:
                 results[i] = out[j:j + 1]
             elif sampling is not None:
-                sampler = states[j].sampler
-                results[i] = (sampler.sample(out[j], sampling, pos + 1) if sampler is not None
+                results[i] = (states[j].sampler.draw(prepared[j], sampling, pos + 1) if prepared[j] is not None
                               else sample(out[j], sampling, pos + 1))
         return results
 

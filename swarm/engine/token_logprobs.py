@@ -67,3 +67,19 @@ def rows_of(logprobs: np.ndarray, chosen: list[int], k: int) -> TokenLogprobs:
         ids[:, 1:] = np.take_along_axis(top, order, axis=-1)
         lps[:, 1:] = np.take_along_axis(vals, order, axis=-1)
     return TokenLogprobs(ids, lps)
+
+
+def top_of(logprobs: mx.array, top: mx.array | None, chosen: int) -> TokenLogprobs:
+    """One row from evaluated log-probabilities (vocab,) and the ids of its k best: the chosen token's
+    logprob, then the k best, best first."""
+    k = 0 if top is None else top.shape[0]
+    ids = np.empty((1, 1 + k), np.int32)
+    lps = np.empty((1, 1 + k), np.float32)
+    ids[0, 0], lps[0, 0] = chosen, logprobs[chosen].item()
+    if k:
+        top_ids = np.array(top)
+        vals = np.array(logprobs[top])
+        order = np.lexsort((top_ids, -vals))  # best first; ties by id, so a replay orders them alike
+        ids[0, 1:] = top_ids[order]
+        lps[0, 1:] = vals[order]
+    return TokenLogprobs(ids, lps)
