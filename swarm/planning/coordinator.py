@@ -62,6 +62,10 @@ class Coordinator:
             plan, error = make_plan(self.spec, self.members(), self.strategy), None
         except InsufficientMemoryError as e:
             plan, error = None, f"the swarm cannot hold the model: {e}"
+        if error and error != self.plan_error:  # said once per new shortfall, not only in /health
+            log.warning("%s; waiting for more nodes or memory", error)
+        elif self.plan_error and not error:
+            log.info("the swarm can hold the model again")
         self.plan_error = error
         if _id(plan) == _id(self.plan):
             return
@@ -90,6 +94,9 @@ class Coordinator:
                 await self.discovery.update_profile(plan="", state="waiting")
             else:
                 layers = self.own_layers(plan)
+                held = self.host.stage.range if self.host.stage else None
+                if layers and (held is None or (held.start, held.end) != layers):
+                    log.info("loading layers [%d, %d) for plan %s", *layers, plan.plan_id)
                 await self.discovery.update_profile(plan="", state="loading" if layers else "idle")
                 try:
                     await self.host.assign(plan, layers)
