@@ -88,7 +88,6 @@ class Node:
 
     def prepare_model(self) -> None:
         """Resolve and check the model before serving; raises ModelError with one clear line."""
-        log.info("model: %s", self.config.model or "the built-in default")
         self.model: LocalModel = resolve_model(self.config.model, self.config.cache_dir, self.backend)
         check_splittable(self.model.path)
         self.tokenizer = load_tokenizer(self.model.path, eos_token_ids=self.model.config.get("eos_token_id"))
@@ -180,6 +179,7 @@ class Node:
                                        name="peer-events")
         self._stops.append(lambda: _cancel(consumer))
         host = cfg.api_host if cfg.api_host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+        host = f"[{host}]" if ":" in host else host
         url = f"http://{host}:{runner.addresses[0][1]}/v1"
         ready = asyncio.create_task(_say_ready(coordinator, url), name="say-ready")
         self._stops.append(lambda: _cancel(ready))

@@ -265,6 +265,7 @@ def cached_conversion(
 
     if _is_complete(out_dir, marker):
         return out_dir
+    validate_gguf(gguf_path)  # a broken file is one error line, not a "converting" line first
     log.info("converting %s for the %s backend, once (kept in %s)", gguf_path.name, backend, out_dir)
     started = time.monotonic()
     root.mkdir(parents=True, exist_ok=True)
