@@ -103,9 +103,9 @@ class RequestSampler:
     # -- sampling ----------------------------------------------------------------------------
     def prepare(self, logits: mx.array) -> Prepared:
         """Lazily, from logits (vocab,) of the last position: the logits the token is drawn from, and the raw
-        log-softmax with its k best tokens when logprobs are asked for. Call before the forward is evaluated and evaluate these with it: the grammar's
-        mask is cheap now and 10x dearer right after a forward (docs/performance.md), and the rest costs
-        nothing inside the forward's graph."""
+        log-softmax with its k best tokens when logprobs are asked for. Call before the forward is evaluated
+        and evaluate these with it: the grammar's mask is cheap now and many times dearer right after a
+        forward (docs/performance.md), and the rest costs nothing inside the forward's graph."""
         drawn_from = logits
         if self.processors:
             prompt_len = self.rules.prompt_len
