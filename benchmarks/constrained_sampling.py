@@ -83,13 +83,13 @@ def generate(runner: ShardRunner, prompt: list[int], rules: DecodingRules | None
     """(step, sampler) times (s) of one request's decode steps, prefill excluded."""
     rules = None if rules is None else DecodingRules(**{**vars(rules), "prompt_len": len(prompt)})
     sampling = SamplingParams(temperature=0.0)
-    token = runner.forward(rid, mx.array([prompt]), 0, sampling, rules, prompt if rules else None)
+    token = runner.forward(rid, mx.array([prompt]), 0, sampling, rules=rules, ids=prompt if rules else None)
     token = token if isinstance(token, int) else token.token
     steps, pos = [], len(prompt)
     for _ in range(n):
         CLOCK.spent = 0.0
         t0 = time.perf_counter()
-        out = runner.forward(rid, mx.array([[token]]), pos, sampling, None, [token] if rules else None)
+        out = runner.forward(rid, mx.array([[token]]), pos, sampling, ids=[token] if rules else None)
         steps.append((time.perf_counter() - t0, CLOCK.spent))
         token, pos = (out if isinstance(out, int) else out.token), pos + 1
     runner.release(rid)
@@ -113,7 +113,7 @@ def main() -> int:
     vocab.ll  # noqa: B018  (built once per node, on first use)
     print(f"model {model_dir.name}: vocabulary {len(tokenizer.get_vocab())}; llguidance's view of it built in "
           f"{(time.perf_counter() - t0) * 1e3:.0f} ms (once per node)")
-    runner = ShardRunner(load_shard(model_dir, 0, None, mx.float32 if not mx.metal.is_available() else None), vocab)
+    runner = ShardRunner(load_shard(model_dir, 0, None, mx.float32 if not mx.metal.is_available() else None), vocab=vocab)
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Describe a person in JSON."}],
                                            add_generation_prompt=True)
     global CLOCK

@@ -9,6 +9,11 @@ Sources of knowledge, all funnelled into one PeerTable:
     for their profile (SWPF) every `probe_interval` until they answer.
 
 The caller serves the peer port (answering SWPF, see profile_exchange).
+
+Our own id in another node's record: the later-started of the two must take a new id
+(node_id.must_remint). Standalone, discovery re-mints in place (its id is only its own);
+a caller whose other parts hold the id too passes `on_duplicate` and decides itself
+(the swarm node starts over under a new id: swarm/node.py).
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from .view import PeerEvent, PeerInfo, PeerTable
 log = logging.getLogger(__name__)
 
 EventSink = Union[Callable[[PeerEvent], Union[None, Awaitable[None]]], "asyncio.Queue[PeerEvent]"]
+# (our profile, the other node's, its addresses): called when we are the one that must move
+OnDuplicate = Callable[[NodeProfile, NodeProfile, tuple[str, ...]], None]
 
 
 class Discovery:
@@ -46,9 +53,11 @@ class Discovery:
         probe_interval: float = liveness.PROBE_INTERVAL,
         probe_timeout: float = liveness.PROBE_TIMEOUT,
         probe_failures: int = liveness.PROBE_FAILURES,
+        on_duplicate: OnDuplicate | None = None,
     ) -> None:
         """`profile.swarm` is the swarm we join; `interfaces` (IPs or names) restricts
-        mDNS, None = all interfaces; `state_dir` is where a re-minted id is stored."""
+        mDNS, None = all interfaces; `state_dir` is where a re-minted id is stored;
+        `on_duplicate`: told (once per other instance) instead of re-minting in place."""
         if not profile.instance:
             raise ValueError("profile.instance must be set (see local_profile.build_local_profile)")
         self._table = PeerTable(profile)
@@ -65,6 +74,8 @@ class Discovery:
         self._interval, self._timeout, self._failure_limit = probe_interval, probe_timeout, probe_failures
         self._tasks: list[asyncio.Task[Any]] = []
         self._reminting = False
+        self._on_duplicate = on_duplicate
+        self._duplicates_seen: set[str] = set()  # instances of other nodes seen with our id
         self._profile_lock = asyncio.Lock()
 
     # -- public ---------------------------------------------------------
@@ -146,12 +157,17 @@ class Discovery:
     def _on_duplicate_of_self(self, other: NodeProfile, addresses: tuple[str, ...]) -> None:
         if other.peer_port == self.profile.peer_port and set(addresses) & set(self._addresses):
             return  # a stale record of our own former instance at our endpoint
+        if other.instance in self._duplicates_seen:
+            return  # seen (and acted on) already: every probe and record of it would say it again
+        self._duplicates_seen.add(other.instance)
         log.warning(
             "DUPLICATE NODE ID %s: another node (instance %s at %s:%d) uses our id; %s",
             self.node_id, other.instance, addresses[0], other.peer_port,
             "we started later and take a new id" if must_remint(self.profile, other) else "it will take a new id",
         )
-        if must_remint(self.profile, other) and not self._reminting:
+        if must_remint(self.profile, other) and self._on_duplicate is not None:
+            self._on_duplicate(self.profile, other, addresses)
+        elif must_remint(self.profile, other) and not self._reminting:
             self._reminting = True
             self._tasks.append(asyncio.create_task(self._remint(), name="discovery-remint"))
 
@@ -200,7 +216,9 @@ class Discovery:
         # A restarted node at the same endpoint shows up here as a newer instance,
         # which the peer table swaps in (a leave and a join).
         self._observe(profile, peer.addresses, peer.source)
-        return True
+        # Another id answering at its endpoint (it restarted under a new id, or the port is
+        # another node's now): the probed one is not there.
+        return profile.node_id == peer.node_id
 
     async def _poll_loop(self) -> None:
         loop = asyncio.get_running_loop()

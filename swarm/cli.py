@@ -85,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "more tokens/s under concurrency, but greedy output may then differ from one "
                         "machine's in rare near-ties (default: %(default)s, off)")
     p.add_argument("--peer-host", default="0.0.0.0", help="address the peer port listens on (default: %(default)s)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' for chat, models and topology (/health stays open); "
+                        "default: $SWARM_API_KEY, else the file api-key in the state dir, else no key")
+    p.add_argument("--http-timeout", type=_seconds, default=30.0, metavar="SECONDS",
+                   help="an HTTP request's headers and body must arrive within this, and an idle connection "
+                        "closes after it (default: %(default)s)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="log verbosity (default: %(default)s)")
     return p
@@ -107,6 +113,16 @@ def _batch(text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= 64:
         raise argparse.ArgumentTypeError(f"expected a whole number from 1 to 64, got {text!r}")
     return int(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"expected seconds (0-3600), got {text!r}")
+    return value
 
 
 def _temperature(text: str) -> float:
@@ -163,7 +179,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
                       interfaces=args.interfaces, peers=args.peers, mdns=not args.no_mdns,
                       memory_limit=args.memory_limit, speed=args.speed, strategy=args.strategy,
                       recovery_timeout=args.recovery_timeout, peer_host=args.peer_host,
-                      batch_decode=args.batch_decode)
+                      batch_decode=args.batch_decode, api_key=args.api_key, http_timeout=args.http_timeout)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,10 +212,14 @@ def _main(argv: list[str] | None) -> int:
     maybe_reexec_with_blas(sys.argv[1:] if argv is None else list(argv))
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .models.errors import ModelError
-    from .node import Node
+    from .node import DuplicateNodeId, Node
     from .node_lifecycle import Interrupted, serve
 
-    node = Node(config_from_args(args))
+    try:
+        node = Node(config_from_args(args))
+    except ValueError as e:  # e.g. an empty api-key file
+        print(f"swarm-node: error: {e}", file=sys.stderr)
+        return 2
     try:
         try:
             node.prepare_model()
@@ -211,15 +231,19 @@ def _main(argv: list[str] | None) -> int:
             return 2
         try:
             asyncio.run(serve(node))
-        except PortError as e:  # taken in the moment since check_ports
+        except (PortError, DuplicateNodeId) as e:  # a port taken since check_port; an id that cannot change
             print(f"swarm-node: error: {e}", file=sys.stderr)
             return 2
+        except OSError as e:
+            print(f"swarm-node: error: {e}", file=sys.stderr)
+            return 1
         except Interrupted:
             print("swarm-node: interrupted", file=sys.stderr)
             return 130
         return 0
     finally:
-        node.worker.close()  # a live MLX thread at exit aborts the process (exit 134)
+        if node.worker is not None:
+            node.worker.close()  # a live MLX thread at exit aborts the process (exit 134)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
 """The node daemon: one per machine. Finds peers, holds its share of the layers, serves chat.
 
 Everything is assembled in `Node.start`, top to bottom, each part from the parts
-above it; then started in the same order and stopped in reverse. Two threads:
+above it; then started in the same order and stopped in reverse. Every part takes the
+node's id once, at start; so when the id turns out to be another node's too (a cloned
+VM, a copied state dir), the node does not patch it into each part: it re-mints its id
+and starts over, all parts afresh (`Node.run`; see `_on_duplicate_id`). Two threads:
 the event loop (HTTP API, discovery, the peer-port listener, the entry's generation
 loop, planning) and the MLX thread (engine/worker.py: every MLX call, and every peer
 frame, read and written by the data lane). README.md, "Architecture", follows one
@@ -13,17 +16,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 import mlx.core as mx
 from aiohttp import web
 from mlx_lm.utils import load_tokenizer
 
 from discovery import Discovery, build_local_profile
-from discovery.node_id import machine_id
+from discovery.node_id import machine_id, remint_node_id
+from discovery.profile import NodeProfile
 from discovery.view import PeerEvent
 from partitioner import ModelSpec
 
 from .api.app import make_app
+from .api.connection_cap import CappedAppRunner
 from .api.request_gate import RequestGate
 from .engine.blas import blas_in_use
 from .engine.constraints import GrammarVocab
@@ -32,6 +38,7 @@ from .engine.shard import check_splittable
 from .engine.speed_probe import cached_speed, measure_speed
 from .engine.worker import MlxWorker
 from .entry.hop_timing import HopTiming
+from .entry.own_requests import OwnRequests
 from .entry.pending_tokens import PendingTokens
 from .entry.pipeline import NoPipeline
 from .entry.run_ahead import RunAhead
@@ -42,7 +49,9 @@ from .models.generation_defaults import generation_defaults
 from .models.resolve import LocalModel, resolve_model
 from .node_config import NodeConfig
 from .node_ports import port_error
+from .node_secrets import api_key
 from .planning.coordinator import Coordinator
+from .stage.sender_rules import SenderRules
 from .stage.stage_host import StageHost
 from .stage.stage_service import StageService
 from .events import EventBus
@@ -54,6 +63,16 @@ from .transport.listener import PeerListener
 
 log = logging.getLogger(__name__)
 
+# A node re-mints its id at most once in this long: a second conflict so soon is not a cloned
+# machine but someone reusing ids on purpose (in an open swarm anyone can), and a node that
+# re-minted at every fake record would flap for as long as the faker cares to.
+REMINT_AT_MOST_EVERY_S = 600.0
+STOP_PART_TIMEOUT_S = 10.0
+
+
+class DuplicateNodeId(Exception):
+    """The id given by --node-id is another node's too: the node cannot run with it."""
+
 
 def backend_name() -> str:
     return "metal" if mx.metal.is_available() else "cpu"
@@ -64,6 +83,14 @@ def weights_dtype(choice: str, backend: str):
         # float16/bfloat16 matmuls on the CPU backend are several times slower than float32
         return mx.float32 if backend == "cpu" else None
     return None if choice == "native" else getattr(mx, choice)
+
+
+def vocab_size(config: dict) -> int | None:
+    """The logits' width: every token id a last stage may send back is below it."""
+    for source in (config, config.get("text_config") or {}):
+        if isinstance(source.get("vocab_size"), int):
+            return source["vocab_size"]
+    return None
 
 
 def model_spec(b: ModelBytes, context_tokens: int) -> ModelSpec:
@@ -82,9 +109,16 @@ class Node:
         # Quantized weights stay packed unless asked: on a CPU backend dequantizing makes prefill ~7-15x
         # faster but a 4-bit layer 7x bigger (benchmarks/cpu_quantized.py), and memory is what a swarm pools.
         self.dequantize = config.dequantize
-        self.worker = MlxWorker()  # the MLX thread, from the first measurement to the last frame
-        self.gate = RequestGate()  # the API's door: closed on Ctrl-C while taken requests finish
+        self.api_key = api_key(config.api_key, config.state_dir)  # ValueError: an empty key file
+        self.worker: MlxWorker | None = None  # the MLX thread of one run, from its first measurement to its last frame
+        # The API's door: closed on Ctrl-C while taken requests finish. One for every run (a restart under
+        # a new id must not reopen a door the user closed).
+        self.gate = RequestGate()
+        self.serving = asyncio.Event()  # set while a run has started every part (node_lifecycle.py waits on it)
         self._stops: list = []  # what to stop, in reverse order of starting
+        self._start_over = asyncio.Event()  # set when this run's id turned out to be another node's
+        self._fatal: str | None = None
+        self._reminted_at: float | None = None
 
     def prepare_model(self) -> None:
         """Resolve and check the model before serving; raises ModelError with one clear line."""
@@ -93,7 +127,61 @@ class Node:
         self.tokenizer = load_tokenizer(self.model.path, eos_token_ids=self.model.config.get("eos_token_id"))
         log.info("model %s: %d layers, from %s", self.model.model_id, self.model.n_layers, self.model.path)
 
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until `stop` is set; start over under a new id when ours is another node's.
+
+        `stop` set while a start is under way stops the start (what it started is stopped).
+        Raises what a start raised (e.g. node_ports.PortError), or DuplicateNodeId when the id
+        came from --node-id (which a new id cannot change)."""
+        while True:
+            self._start_over = asyncio.Event()
+            stopping = asyncio.ensure_future(stop.wait())
+            restarting = asyncio.ensure_future(self._start_over.wait())
+            starting = asyncio.ensure_future(self.start())
+            try:
+                await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                if starting.done():
+                    starting.result()  # a start that failed raises here
+                    self.serving.set()
+                    await asyncio.wait({stopping, restarting}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                self.serving.clear()
+                stopping.cancel()
+                restarting.cancel()
+                if not starting.done():  # a start stopped halfway: the stop below stops what it started
+                    starting.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await starting
+                await self.stop()
+            if self._fatal:
+                raise DuplicateNodeId(self._fatal)
+            if stop.is_set():
+                return
+            log.warning("starting over with the new node id")
+
+    def _on_duplicate_id(self, own: NodeProfile, other: NodeProfile, addresses: tuple[str, ...]) -> None:
+        """Another node (earlier started) uses our id (discovery tells us; we are the one to move)."""
+        where = f"{addresses[0]}:{other.peer_port}" if addresses else "?"
+        if self.config.node_id:
+            self._fatal = (f"node id {own.node_id!r} (from --node-id) is also the id of another node at {where}, "
+                           f"which started earlier; start this one with another --node-id, or none")
+            self._start_over.set()
+            return
+        now = time.monotonic()
+        if self._reminted_at is not None and now - self._reminted_at < REMINT_AT_MOST_EVERY_S:
+            log.warning("node %s at %s claims our id %s too, %.0f s after we took it: not re-minting again within "
+                        "%.0f s (in a swarm without a secret anyone can claim any id)", other.name, where,
+                        own.node_id, now - self._reminted_at, REMINT_AT_MOST_EVERY_S)
+            return
+        self._reminted_at = now
+        new_id = remint_node_id(self.config.state_dir)
+        log.warning("node id %s is also the id of node %s at %s, which started earlier: this node takes the "
+                    "new id %s and starts over", own.node_id, other.name, where, new_id)
+        self._start_over.set()
+
     async def start(self) -> None:
+        self.worker = MlxWorker()
+        self._stops = []
         cfg, model, worker = self.config, self.model, self.worker
 
         # What this node is: its model's sizes, its speed, its profile (and so its id).
@@ -114,7 +202,7 @@ class Node:
         # Who else is there. Peer events wait in a queue until planning consumes them (below).
         peer_events: asyncio.Queue[PeerEvent] = asyncio.Queue()
         discovery = Discovery(profile, interfaces=cfg.interfaces, static_peers=cfg.peers, mdns=cfg.mdns,
-                              on_event=peer_events, state_dir=cfg.state_dir)
+                              on_event=peer_events, state_dir=cfg.state_dir, on_duplicate=self._on_duplicate_id)
 
         # The peer data path: one connection per peer, read and written on the MLX thread.
         links = PeerLinks(node_id)
@@ -122,11 +210,15 @@ class Node:
         listener = PeerListener(node_id, cfg.swarm, cfg.peer_host, cfg.peer_port, links, lane,
                                 lambda: discovery.profile)
 
-        # The entry side's bookkeeping, and the stage side that serves every peer message.
-        pending, run_ahead, hop_timing = PendingTokens(), RunAhead(node_id), HopTiming()
+        # The entry side's bookkeeping, and the stage side that serves every peer message, each
+        # message checked first against who may send it (stage/sender_rules.py).
+        pending, run_ahead, hop_timing, own = PendingTokens(), RunAhead(node_id), HopTiming(), OwnRequests()
         vocab = GrammarVocab(self.tokenizer)  # grammars: checked by the entry, applied by the last stage
-        host = StageHost(model.path, self.dtype, worker, dequantize=self.dequantize, vocab=vocab)
-        stage_service = StageService(host, lane, worker, pending, run_ahead, asyncio.get_running_loop(),
+        host = StageHost(model.path, self.dtype, worker, dequantize=self.dequantize, context=model.context_length,
+                         layer_caches=sizes.caches, vocab=vocab)
+        rules = SenderRules(node_id, host.known_plan, lambda peer: discovery.endpoint_of(peer) is not None, own,
+                            vocab_size(model.config))
+        stage_service = StageService(host, lane, worker, pending, run_ahead, asyncio.get_running_loop(), rules,
                                      max_batch=cfg.batch_decode)
 
         # Planning: the plan from the view, our layers loaded, agreement.
@@ -137,21 +229,27 @@ class Node:
         # The entry side: requests through pipelines on agreed plans.
         stats = RequestStats(events.emit, entry=node_id)
         pipelines = SwarmPipelines(coordinator.agreed_plan, node_id, stage_service, pending, cfg.token_timeout,
-                                   hop_timing, run_ahead)
+                                   hop_timing, run_ahead, own)
         service = InferenceService(self.tokenizer, model.context_length, pipelines, stats, cfg.default_max_tokens,
                                    cfg.recovery_timeout, vocab)
         defaults = generation_defaults(model.path, cfg.temperature, cfg.top_p, cfg.top_k)
         log.info("requests that leave sampling out get %s", defaults.describe())
 
         # What the node tells: /health, /v1/topology, and the HTTP API over it all.
+        key = self.api_key
         peer_stats = PeerStats(discovery)
         status = NodeStatus(model, self.backend, discovery, coordinator, host, stage_service, links, stats,
-                            hop_timing, peer_stats)
-        # handler_cancellation: a client that goes away cancels its handler, streaming or not, and
-        # leaving the handler frees the request on every stage. Taken requests are drained before
-        # cleanup (node_lifecycle.py), so cleanup waits for nothing long.
-        runner = web.AppRunner(make_app(service, status, events, model.model_id, defaults, self.gate),
-                               access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
+                            hop_timing, peer_stats, api_key=bool(key))
+        app = make_app(service, status, events, model.model_id, defaults, self.gate, api_key=key.value,
+                       body_timeout=cfg.http_timeout)
+        # keepalive_timeout closes a connection idle between requests, and one that never completes
+        # its headers (aiohttp's default keeps both for an hour). handler_cancellation: a client that
+        # goes away cancels its handler, streaming or not, and leaving the handler frees the request on
+        # every stage. Taken requests are drained before a stop (node_lifecycle.py), so a stop waits
+        # for nothing long; a restart under a new id cuts off what it finds within shutdown_timeout.
+        runner = CappedAppRunner(app, per_address=cfg.http_connections_per_address, access_log=None,
+                                 keepalive_timeout=cfg.http_timeout, handler_cancellation=True,
+                                 shutdown_timeout=1.0)
 
         # Start, in the same order.
         stage_service.start()
@@ -174,7 +272,13 @@ class Node:
         log.info("node %s (%s): API on %s:%d, peers on %s:%d, %.2f ms/layer/token, swarm %r",
                  node_id, profile.name, cfg.api_host, cfg.api_port, cfg.peer_host, listener.port, speed * 1e3,
                  cfg.swarm)
+        if key:
+            log.info("the API requires its key (from %s) for everything but /health", key.source)
+        else:
+            log.warning("the API takes requests from anyone who can reach %s:%d (no API key: see --api-key)",
+                        cfg.api_host, cfg.api_port)
         await coordinator.start()
+        self._stops.append(coordinator.stop)
         consumer = asyncio.create_task(_consume_peer_events(peer_events, stage_service, coordinator),
                                        name="peer-events")
         self._stops.append(lambda: _cancel(consumer))
@@ -187,10 +291,15 @@ class Node:
     async def stop(self) -> None:
         for stop in reversed(self._stops):
             try:
-                await stop()
+                # Bounded: a part that hangs must not keep the node from starting over (or exiting).
+                await asyncio.wait_for(stop(), STOP_PART_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                log.error("%s did not stop within %.0f s", getattr(stop, "__qualname__", stop), STOP_PART_TIMEOUT_S)
             except Exception:
                 log.exception("error while stopping")
-        self.worker.close()
+        self._stops = []
+        if self.worker is not None:
+            self.worker.close()
 
 
 async def _consume_peer_events(events: asyncio.Queue[PeerEvent], stage_service: StageService,

@@ -45,3 +45,7 @@ class NodeConfig:
     recovery_timeout: float = 30.0  # how long a request waits for a whole pipeline
     token_timeout: float = 120.0  # last-resort bound on one step when no failure is seen
     batch_decode: int = 1  # most decode steps of different requests run as one pass (1: never batch)
+    # the HTTP API
+    api_key: str | None = None  # --api-key; None: $SWARM_API_KEY, else the state dir's api-key, else none
+    http_timeout: float = 30.0  # a request's headers and body must arrive within this; idle connections close
+    http_connections_per_address: int = 64

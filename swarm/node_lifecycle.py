@@ -2,7 +2,8 @@
 
 Ctrl-C once: the API takes no new requests (503), the log says how many are finishing,
 and the node stops when they have. Ctrl-C again, or SIGTERM: stop now. Ctrl-C while the
-node is still starting stops the start. Whatever happens, what was started is stopped
+node is still starting stops the start. The node itself may start over meanwhile (a new id,
+node.run); the gate and these signals are the node's, kept through that. Whatever happens, what was started is stopped
 and the MLX thread is closed, so the process never aborts on its way out.
 """
 
@@ -21,8 +22,9 @@ class Interrupted(Exception):
 
 
 async def serve(node) -> None:
-    """Start `node`, run it until told to stop, stop it. Raises what the start raised, or Interrupted."""
-    drain, now = asyncio.Event(), asyncio.Event()
+    """Run `node` (node.run: it starts over under a new id when its id is another node's) until told
+    to stop. Raises what a start raised, DuplicateNodeId, or Interrupted."""
+    drain, now, stop = asyncio.Event(), asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
 
     def on_interrupt() -> None:  # on the loop
@@ -30,30 +32,37 @@ async def serve(node) -> None:
 
     loop.add_signal_handler(signal.SIGINT, on_interrupt)
     loop.add_signal_handler(signal.SIGTERM, now.set)
+    run = asyncio.create_task(node.run(stop), name="node-run")
     try:
-        start = asyncio.create_task(node.start(), name="node-start")
-        if not await _first(start, drain, now):
-            start.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await start
+        if not await _first(node.serving, run, drain, now) and not run.done():
+            stop.set()  # Ctrl-C while starting: node.run stops the start
+            await run
             raise Interrupted
-        start.result()  # a start that failed raises here (e.g. PortError)
-        await _first(drain, now)
-        if not now.is_set():
+        if not run.done():
+            await _first(drain, now, run)
+        if not run.done() and not now.is_set():
+            # The gate is the node's, not one run's: closed, it stays closed through a restart.
             finishing = node.gate.close()
             log.warning("stopping: no new requests; %d %s finishing (Ctrl-C again to stop now)", finishing,
                         "request" if finishing == 1 else "requests")
             idle = asyncio.ensure_future(node.gate.wait_idle())
-            await _first(idle, now)
+            await _first(idle, now, run)
             idle.cancel()
+        if run.done():
+            run.result()  # a restart that failed (a port taken meanwhile, an id from --node-id) raises here
         if node.gate.active:
             log.warning("stopping now: %d %s cut off", node.gate.active,
                         "request" if node.gate.active == 1 else "requests")
         log.info("shutting down")
+        stop.set()
+        await run
     finally:
         loop.remove_signal_handler(signal.SIGINT)
         loop.remove_signal_handler(signal.SIGTERM)
-        await node.stop()
+        if not run.done():  # (an error above, or this task cancelled): node.run still stops what it started
+            stop.set()
+            with contextlib.suppress(Exception):  # (what is raised already says what went wrong)
+                await asyncio.shield(run)
     log.info("stopped")
 
 

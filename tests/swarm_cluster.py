@@ -73,6 +73,13 @@ class SwarmCluster:
             self.network.close()
             raise
 
+    def add_node(self, extra: list[str] | None = None) -> SwarmNode:
+        """One more node, on a new host of the same network (started now)."""
+        node = SwarmNode(self, self.network.add_host(), len(self.nodes), extra or [])
+        self.nodes.append(node)
+        node.start()
+        return node
+
     def wait_serving(self, stages: int | None = None, nodes: list[SwarmNode] | None = None,
                      timeout: float = 180) -> dict:
         """Until every given node can serve on one shared plan (with `stages` stages)."""

@@ -54,7 +54,7 @@ def worker():
 def stages(model_dir, worker, sizes=(3, 3)) -> list[ShardRunner]:
     vocab = GrammarVocab(load_tokenizer(model_dir))
     bounds = np.cumsum([0, *sizes])
-    return [ShardRunner(worker.run_sync(load_shard, model_dir, int(a), int(b)), vocab)
+    return [ShardRunner(worker.run_sync(load_shard, model_dir, int(a), int(b)), vocab=vocab)
             for a, b in zip(bounds, bounds[1:])]
 
 
@@ -175,7 +175,7 @@ def test_batched_rows_keep_their_own_rules(llama, worker):
                  "p": None}
         out = {}
         for rid, r in rules.items():
-            out[rid] = [worker.run_sync(runner.forward, rid, mx.array([PROMPT]), 0, GREEDY, r,
+            out[rid] = [worker.run_sync(runner.forward, rid, mx.array([PROMPT]), 0, GREEDY, "", r,
                                         PROMPT if r else None)]
         for _ in range(8):
             pos = len(PROMPT) + len(out["g"]) - 1
@@ -184,7 +184,7 @@ def test_batched_rows_keep_their_own_rules(llama, worker):
             if batched:
                 results = worker.run_sync(runner.decode_batch, items)
             else:
-                results = [worker.run_sync(runner.forward, *item[:4], None, item[4]) for item in items]
+                results = [worker.run_sync(runner.forward, *item[:4], "", None, item[4]) for item in items]
             for (rid, *_), token in zip(items, results):
                 out[rid].append(token)
         return out

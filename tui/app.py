@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import time
 
 from rich.console import Console
@@ -48,11 +49,11 @@ class SwarmTUI(App):
     ]
 
     def __init__(self, urls: list[str] | None = None, temperature: float | None = None,
-                 max_tokens: int | None = 256):
+                 max_tokens: int | None = 256, api_key: str | None = None):
         super().__init__()
         self.urls = [u.rstrip("/") for u in (urls or [DEFAULT_URL])]
         self.temperature, self.max_tokens = temperature, max_tokens
-        self.client = NodeClient()
+        self.client = NodeClient(api_key=api_key)
         self.topology: Topology | None = None
         self.connected = False
         self._last_status: str | None = None
@@ -154,8 +155,10 @@ def main(argv: list[str] | None = None) -> None:
                    help=f"node API URLs to watch, first that answers wins (default: {DEFAULT_URL})")
     p.add_argument("--temperature", type=float, default=None, help="chat sampling temperature (default: the node's)")
     p.add_argument("--max-tokens", type=int, default=256, help="chat answer length cap (default: %(default)s)")
+    p.add_argument("--api-key", default=os.environ.get("SWARM_API_KEY"),
+                   help="the nodes' API key, if they require one (default: $SWARM_API_KEY)")
     args = p.parse_args(argv)
-    SwarmTUI(args.urls, args.temperature, args.max_tokens).run()
+    SwarmTUI(args.urls, args.temperature, args.max_tokens, args.api_key).run()
 
 
 if __name__ == "__main__":

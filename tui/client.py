@@ -63,14 +63,15 @@ def _error_text(status: int, body: str) -> str:
 class NodeClient:
     """One aiohttp session, used against whichever node URL the caller passes."""
 
-    def __init__(self, timeout: float = 3.0):
+    def __init__(self, timeout: float = 3.0, api_key: str | None = None):
         self.timeout = timeout
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}  # a node's --api-key
         self._session: aiohttp.ClientSession | None = None
 
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession()
+            self._session = aiohttp.ClientSession(headers=self._headers)
         return self._session
 
     async def close(self) -> None:

@@ -1,4 +1,11 @@
-"""The node's HTTP server: OpenAI-compatible chat plus health and models."""
+"""The node's HTTP server: OpenAI-compatible chat plus health and models.
+
+Hardened for a network with strangers on it: an optional API key (auth.py), bodies of at
+most MAX_BODY_BYTES that must arrive within the HTTP timeout (request_parsing.py), and,
+set where the server is run (node.py): a connection that sends no complete request within
+that timeout is closed (aiohttp's keep-alive timeout, which also covers unfinished
+headers), and at most so many connections per address (connection_cap.py).
+"""
 
 from __future__ import annotations
 
@@ -10,19 +17,25 @@ from ..entry.service import InferenceService
 from ..events import EventBus
 from ..models.generation_defaults import GenerationDefaults
 from ..status.node_status import NodeStatus
+from .auth import api_key_middleware, bearer_matches
 from .completions import CompletionRoutes
 from .errors import ApiError, error_middleware
 from .request_gate import RequestGate
+from .request_parsing import BODY_TIMEOUT, BODY_TIMEOUT_S
 from .topology_routes import TopologyRoutes
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 
 
 def make_app(service: InferenceService, status: NodeStatus, events: EventBus, model_id: str,
-             defaults: GenerationDefaults | None = None, gate: RequestGate | None = None) -> web.Application:
+             defaults: GenerationDefaults | None = None, gate: RequestGate | None = None, *,
+             api_key: str | None = None, body_timeout: float = BODY_TIMEOUT_S) -> web.Application:
     """The API sees the inference service (chat) and the status (health, topology), not the node."""
-    middlewares = [error_middleware] if gate is None else [error_middleware, gate.middleware]
+    # The key first (a request without it learns nothing, not even that the node is stopping), then
+    # errors in OpenAI's shape, then the gate (a 503 once the node stops taking requests).
+    middlewares = [api_key_middleware(api_key), error_middleware] + ([gate.middleware] if gate else [])
     app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
+    app[BODY_TIMEOUT] = body_timeout
     CompletionRoutes(service, model_id, defaults).add_to(app)
     model = {"id": model_id, "object": "model", "created": int(time.time()), "owned_by": "swarm"}
 
@@ -35,8 +48,9 @@ def make_app(service: InferenceService, status: NodeStatus, events: EventBus, mo
                                 f"{model_id!r}", "invalid_request_error", param="model", code="model_not_found")
         return web.json_response(model)
 
-    async def health(_request):
-        return web.json_response(status.health(), status=200 if status.can_serve()[0] else 503)
+    async def health(request):
+        return web.json_response(status.health(authorized=bearer_matches(request, api_key)),
+                                 status=200 if status.can_serve()[0] else 503)
 
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/models/{model_id:.+}", one_model)  # ids like ORG/NAME hold a slash

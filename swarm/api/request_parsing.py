@@ -45,6 +45,7 @@ class CompletionParams:
 
 
 BODY_TIMEOUT_S = 30.0  # a client trickling its body must not hold a handler forever
+BODY_TIMEOUT = web.AppKey("body_timeout", float)  # the app's own, when it sets one (--http-timeout)
 # What aiohttp decodes itself; any other Content-Encoding would reach us still encoded.
 CONTENT_ENCODINGS = {"identity", "gzip", "deflate"}
 
@@ -54,11 +55,12 @@ async def read_json_object(request: web.Request) -> dict:
     if encoding not in CONTENT_ENCODINGS:
         raise ApiError(415, f"Content-Encoding {encoding!r} is not supported; use one of "
                             f"{sorted(CONTENT_ENCODINGS)}", code="unsupported_content_encoding")
+    timeout = request.app.get(BODY_TIMEOUT, BODY_TIMEOUT_S)
     try:
-        async with asyncio.timeout(BODY_TIMEOUT_S):
+        async with asyncio.timeout(timeout):
             raw = await request.read()
     except TimeoutError:
-        raise ApiError(408, f"request body did not arrive within {BODY_TIMEOUT_S:.0f} s", code="timeout")
+        raise ApiError(408, f"request body did not arrive within {timeout:.0f} s", code="timeout")
     except web.RequestPayloadError as e:  # e.g. a body that is not the gzip its header says
         raise ApiError(400, f"request body could not be decoded as {encoding}: {e.__cause__ or e}")
     if not raw:

@@ -35,6 +35,7 @@ from mlx_lm.utils import load_model
 
 from ..models.errors import ModelFormatError, UnsplittableModel
 from . import families
+from .input_limits import InputLimits
 from .layer_hooks import LayerHook, hidden_of, hook, strip_arrays, with_hidden
 from .model_outline import BETWEEN, POST, PRE, Outline, outline
 from .quantized import cast_floats, dequantize, weights_run_as
@@ -127,13 +128,17 @@ class Shard(nn.Module):
         if len(model_layers) != layers.n_layers:
             raise ValueError(f"model has {len(model_layers)} layers, range expects {layers.n_layers}")
         self.hidden_size, self.activation_dtype = None, dtype
+        self.vocab_size: int | None = None  # the first shard's embedding rows: token ids must be below
         for i, layer in enumerate(model_layers):
             if not layers.start <= i < layers.end:
                 strip_arrays(layer)
                 hook(layer, _PassThrough())
         self._strip_outside(plan, dtype)
+        args = getattr(model, "args", None)
         if self.hidden_size is None:  # no nn.Embedding before the layers: the config says it
-            self.hidden_size = getattr(getattr(model, "args", None), "hidden_size", None)
+            self.hidden_size = getattr(args, "hidden_size", None)
+        if layers.is_first and self.vocab_size is None:
+            self.vocab_size = getattr(args, "vocab_size", None)
         first, last = model_layers[layers.start], model_layers[layers.end - 1]
         self._entry = _Edge(inject=not layers.is_first, stop=not layers.is_last and first is last,
                             last_position=layers.is_last and first is last)
@@ -156,6 +161,8 @@ class Shard(nn.Module):
             is_embedding = path in plan.embedding_modules
             if is_embedding and self.hidden_size is None:
                 self.hidden_size, self.activation_dtype = _embedding_shape(m, dtype)
+            if is_embedding and r.is_first and self.vocab_size is None and isinstance(m.get("weight"), mx.array):
+                self.vocab_size = m["weight"].shape[0]
             for key in [k for k, v in m.items() if isinstance(v, mx.array) and not k.startswith("_")]:
                 phases = plan.phases(prefix + key)
                 keep = ((PRE in phases and (r.is_first or not is_embedding)) or BETWEEN in phases
@@ -197,6 +204,11 @@ class Shard(nn.Module):
         if not self.range.is_last:
             return out
         return out[0] if every_row else out[0, -1]
+
+    def input_limits(self, context: int) -> InputLimits:
+        """What this shard may be fed (engine/input_limits.py), for a model of `context` positions."""
+        return InputLimits(context, self.vocab_size if self.range.is_first else None,
+                           None if self.range.is_first else self.hidden_size)
 
     def example_input(self, length: int) -> mx.array:
         """An input of `length` positions this shard accepts (for probes and checks)."""

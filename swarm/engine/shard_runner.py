@@ -1,5 +1,9 @@
 """A shard serving many requests, each with its own caches and position.
 
+A request is known by its entry (the node that started it) and its id: two entries' requests
+never share caches, whatever ids they pick, so no frame can restart or free another entry's
+request. What each entry may hold here is capped (cache_budget.py).
+
 A request's position is counted here, not read from a cache: some cache kinds
 (ArraysCache of linear-attention and state-space layers) have no offset.
 """
@@ -11,6 +15,7 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
+from .cache_budget import CacheBudget, CacheFull, CacheLimits
 from .constraints import GrammarVocab
 from .decoding_rules import DecodingRules
 from .request_sampler import HistoryMismatch, RequestSampler
@@ -28,44 +33,63 @@ class CacheMismatch(Exception):
 class _RequestState:
     caches: ShardCaches
     offset: int = 0  # positions this request's caches hold
+    counted: int = 0  # positions the budget counts for it (a step's, from before it runs)
     last_used: float = field(default_factory=time.monotonic)
     sampler: RequestSampler | None = None  # the last stage's, for a request with decoding rules
+
+
+Key = tuple[str, str]  # (entry node id, request id)
 
 
 class ShardRunner:
     """Synchronous: call only from the node's MLX worker thread."""
 
-    def __init__(self, shard: Shard, vocab: GrammarVocab | None = None):
+    def __init__(self, shard: Shard, limits: CacheLimits | None = None, context: int | None = None,
+                 vocab: GrammarVocab | None = None):
         self.shard = shard
         self.vocab = vocab  # for grammars (constraints.py); None: requests with one are refused
-        self._requests: dict[str, _RequestState] = {}
+        self.budget = CacheBudget(limits)
+        self.context = context or 2**31 - 1
+        self.input_limits = shard.input_limits(self.context)
+        self._requests: dict[Key, _RequestState] = {}
 
     @property
     def range(self):
         return self.shard.range
 
     def forward(self, request_id: str, x: mx.array, start_pos: int, sampling: SamplingParams | None = None,
-                rules: DecodingRules | None = None, ids: list[int] | None = None) -> mx.array | int | SampledToken:
-        """Run positions [start_pos, start_pos + L) of a request through this shard.
+                entry: str = "", rules: DecodingRules | None = None,
+                ids: list[int] | None = None) -> mx.array | int | SampledToken:
+        """Run positions [start_pos, start_pos + L) of `entry`'s request through this shard.
 
         start_pos 0 always starts the request afresh (a replay after churn does that), with
         the request's decoding `rules` if it has any; every later forward of such a request
         brings the token `ids` of its positions (see request_sampler.py).
         On the last stage with `sampling`, returns the sampled token for the next position
         (a SampledToken when the rules ask for logprobs).
+        Raises CacheMismatch when the caches do not hold start_pos, CacheFull past a cap.
         """
-        state = self._requests.get(request_id)
-        if state is None or start_pos == 0:
-            state = self._requests[request_id] = _RequestState(self.shard.make_caches())
+        key, length = (entry, request_id), x.shape[1]
+        if start_pos + length > self.context:
+            raise CacheMismatch(f"request {request_id}: positions [{start_pos}, {start_pos + length}) run past "
+                                f"the context of {self.context}")
+        state = self._requests.get(key)
+        if start_pos == 0:
+            if state is not None:
+                self._drop(key)
+            state = self._start(key, length)
             if rules is not None and self.range.is_last:
                 try:
                     state.sampler = RequestSampler(rules, self.vocab)
                 except Exception as e:  # never expected: the entry checked the rules
-                    del self._requests[request_id]
+                    self._drop(key)
                     raise CacheMismatch(f"request {request_id}: its decoding rules cannot apply here: {e}") from e
-        if state.offset != start_pos:
-            raise CacheMismatch(f"request {request_id}: cache holds {state.offset} positions, frame starts at {start_pos}")
-        state.last_used = time.monotonic()
+        elif state is None or state.offset != start_pos:
+            held = state.offset if state else 0
+            raise CacheMismatch(f"request {request_id}: cache holds {held} positions, frame starts at {start_pos}")
+        else:
+            state.last_used = time.monotonic()  # (before _grow, which may free idle requests)
+            self._grow(key, state, length)
         sampler = state.sampler
         prepared = None
         try:
@@ -79,33 +103,63 @@ class ShardRunner:
             else:
                 mx.eval(out, state.caches.arrays())
         except HistoryMismatch as e:
-            del self._requests[request_id]
+            self._drop(key)
             raise CacheMismatch(f"request {request_id}: {e}") from None
         except Exception:
-            del self._requests[request_id]  # its caches may hold part of the step
+            self._drop(key)  # its caches may hold part of the step
             raise
-        state.offset += x.shape[1]
+        state.offset += length
         if every_row:
             sampler.take_prompt_rows(out, start_pos)
             out = out[-1]
         if not self.range.is_last or sampling is None:
             return out
         if prepared is not None:
-            return sampler.draw(prepared, sampling, start_pos + x.shape[1])
-        return sample(out, sampling, start_pos + x.shape[1])
+            return sampler.draw(prepared, sampling, start_pos + length)
+        return sample(out, sampling, start_pos + length)
 
-    def decode_batch(self, items: list[tuple]) -> list:
+    def _start(self, key: Key, length: int) -> _RequestState:
+        why = self.budget.refusal(key[0], True, length)
+        if why is not None:
+            self.release_idle(IDLE_EVICT_S)  # abandoned requests go first
+            why = self.budget.refusal(key[0], True, length)
+        if why is not None:
+            raise CacheFull(f"request {key[1]}: {why}")
+        self.budget.add(key[0], True, length)
+        state = self._requests[key] = _RequestState(self.shard.make_caches(), counted=length)
+        return state  # (its last_used is now)
+
+    def _grow(self, key: Key, state: _RequestState, length: int) -> None:
+        why = self.budget.refusal(key[0], False, length)
+        if why is not None:
+            self.release_idle(IDLE_EVICT_S)
+            why = self.budget.refusal(key[0], False, length)
+        if why is not None:
+            self._drop(key)  # it cannot go on here: free what it holds, the entry learns why
+            raise CacheFull(f"request {key[1]}: {why}")
+        self.budget.add(key[0], False, length)
+        state.counted += length
+
+    def _drop(self, key: Key) -> None:
+        state = self._requests.pop(key, None)
+        if state is not None:
+            self.budget.remove(key[0], state.counted)
+
+    def decode_batch(self, items: list[tuple], entries: list[str] | None = None) -> list:
         """One decode position for several requests in one pass (see Shard.decode_batch).
 
         items: (request id, input of one position, its position, sampling[, its token ids, for a
-        request with decoding rules]). Returns per item what forward would, or the CacheMismatch
-        that request hit (the others go on). Each row is sampled with its own request's state.
+        request with decoding rules]); `entries`: each one's entry. Returns per item what forward
+        would, or the CacheMismatch (CacheFull) that request hit (the others go on). Each row is
+        sampled with its own request's state.
         """
+        entries = entries or [""] * len(items)
         results: list = [None] * len(items)
-        rows, states = [], []
+        rows, states, keys = [], [], []
         for i, (rid, x, pos, *_) in enumerate(items):
-            state = self._requests.get(rid)
-            if state is None or state.offset != pos or pos == 0 or x.shape[1] != 1:
+            key = (entries[i], rid)
+            state = self._requests.get(key)
+            if state is None or state.offset != pos or pos == 0 or x.shape[1] != 1 or pos + 1 > self.context:
                 held = state.offset if state else 0
                 results[i] = CacheMismatch(f"request {rid}: cache holds {held} positions, frame starts at {pos}")
                 continue
@@ -113,12 +167,18 @@ class ShardRunner:
                 try:
                     state.sampler.observe(pos, items[i][4] if len(items[i]) > 4 else None)
                 except HistoryMismatch as e:
-                    del self._requests[rid]
+                    self._drop(key)
                     results[i] = CacheMismatch(f"request {rid}: {e}")
                     continue
             state.last_used = time.monotonic()
+            try:
+                self._grow(key, state, 1)
+            except CacheFull as e:
+                results[i] = e
+                continue
             rows.append(i)
             states.append(state)
+            keys.append(key)
         if not rows:
             return results
         try:
@@ -128,8 +188,8 @@ class ShardRunner:
                         and items[i][3] is not None else None for j, (i, st) in enumerate(zip(rows, states))]
             mx.eval(out, [p.arrays() for p in prepared if p is not None], [st.caches.arrays() for st in states])
         except Exception:
-            for i in rows:
-                self._requests.pop(items[i][0], None)
+            for key in keys:
+                self._drop(key)
             raise
         for st in states:
             st.offset += 1
@@ -142,17 +202,32 @@ class ShardRunner:
                               else sample(out[j], sampling, pos + 1))
         return results
 
-    def release(self, request_id: str) -> None:
-        self._requests.pop(request_id, None)
+    def release(self, request_id: str, entry: str = "") -> bool:
+        """Free `entry`'s request (False: it holds none by that id)."""
+        if (entry, request_id) not in self._requests:
+            return False
+        self._drop((entry, request_id))
+        return True
+
+    def holders(self, request_id: str) -> list[str]:
+        """The entries holding a request of this id here (for a release from someone else)."""
+        return [entry for entry, rid in self._requests if rid == request_id]
 
     def release_idle(self, max_idle_s: float) -> list[str]:
         """Free the caches of requests nobody has touched for a while (their entry died)."""
         now = time.monotonic()
-        stale = [rid for rid, s in self._requests.items() if now - s.last_used > max_idle_s]
-        for rid in stale:
-            del self._requests[rid]
-        return stale
+        stale = [key for key, s in self._requests.items() if now - s.last_used > max_idle_s]
+        for key in stale:
+            self._drop(key)
+        return [rid for _, rid in stale]
 
     @property
     def active_requests(self) -> int:
         return len(self._requests)
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.budget.kv_bytes()
+
+
+IDLE_EVICT_S = 60.0  # at a cap, requests idle this long are freed first: an honest one steps far more often

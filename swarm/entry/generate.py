@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import AsyncIterator, Awaitable, Callable
 
 from ..engine.decoding_rules import DecodingRules
+from ..engine.input_limits import MAX_CHUNK
 from ..engine.sampling import SamplingParams
 from ..engine.token_logprobs import SampledToken, TokenLogprobs
 from .pipeline import NoPipeline, Pipeline, PipelineBroken
@@ -27,8 +28,9 @@ from .pipeline import NoPipeline, Pipeline, PipelineBroken
 log = logging.getLogger(__name__)
 
 # Same prefill schedule as mlx_lm.generate (prompt[:-1] in chunks, then the last
-# token alone), so that greedy output matches it token for token.
-PREFILL_STEP = 2048
+# token alone), so that greedy output matches it token for token. A stage takes no
+# bigger chunk (engine/input_limits.py).
+PREFILL_STEP = MAX_CHUNK
 # Prompt logprobs (echo) need the logits of every prompt position: (chunk, vocab) floats at a time.
 ECHO_PREFILL_STEP = 64
 

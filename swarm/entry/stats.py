@@ -1,7 +1,14 @@
-"""Live request counters of a node, for /v1/topology and the dashboard."""
+"""Live request counters of a node, for /v1/topology and the dashboard.
+
+The events name a request by a label, its number at this entry ("request": 17), never by its
+id: a request id is what a peer's frames for that request carry, and the events stream is read
+by dashboards, whoever they are (it once published ids within milliseconds, and a stranger used
+them to write into other people's answers). The log, the operator's, ties the two together.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from contextlib import contextmanager
@@ -9,10 +16,13 @@ from typing import Callable
 
 WINDOW_S = 10.0
 
+log = logging.getLogger(__name__)
+
 
 class RequestStats:
     def __init__(self, emit: Callable[[str, dict], None] | None = None, entry: str | None = None) -> None:
-        """`emit(kind, data)` gets request_started/finished events, `data` naming this node as `entry`."""
+        """`emit(kind, data)` gets request_started/finished events, `data` naming this node as `entry` and
+        the request by its label."""
         self._emit, self.entry = emit, entry
         self.active: set[str] = set()
         self.total_requests = 0
@@ -23,13 +33,15 @@ class RequestStats:
     def track(self, request_id: str):
         self.active.add(request_id)
         self.total_requests += 1
-        self._event("request_started", {"request_id": request_id})
+        label = self.total_requests
+        log.debug("request %s started (#%d)", request_id, label)
+        self._event("request_started", {"request": label})
         counted = self.total_tokens
         try:
             yield
         finally:
             self.active.discard(request_id)
-            self._event("request_finished", {"request_id": request_id, "tokens": self.total_tokens - counted})
+            self._event("request_finished", {"request": label, "tokens": self.total_tokens - counted})
 
     def token(self) -> None:
         self.total_tokens += 1

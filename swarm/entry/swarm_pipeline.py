@@ -17,6 +17,7 @@ from ..engine.sampling import SamplingParams
 from ..engine.token_logprobs import SampledToken
 from ..transport.messages import Forward
 from .hop_timing import HopTiming
+from .own_requests import OwnRequests
 from .pending_tokens import PendingTokens
 from .run_ahead import RunAhead
 
@@ -33,9 +34,9 @@ class Outbox(Protocol):
 
 class SwarmPipeline:
     def __init__(self, plan: Plan, node_id: str, outbox: Outbox, pending: PendingTokens, token_timeout: float,
-                 timing: HopTiming, run_ahead: RunAhead):
+                 timing: HopTiming, run_ahead: RunAhead, own: OwnRequests):
         self.plan, self.entry, self.outbox, self.pending = plan, node_id, outbox, pending
-        self.token_timeout, self.timing, self.run_ahead = token_timeout, timing, run_ahead
+        self.token_timeout, self.timing, self.run_ahead, self.own = token_timeout, timing, run_ahead, own
 
     @property
     def path(self) -> list[str]:
@@ -48,6 +49,7 @@ class SwarmPipeline:
         (see run_ahead.py); None: it may not. `rules`: see pipeline.py."""
         first, plan_id = self.plan.stages[0].node_id, self.plan.plan_id
         at = start_pos + len(tokens)
+        self.own.begin(request_id, self.plan)  # only this plan's stages may answer it (stage/sender_rules.py)
         fut = self.pending.expect(request_id, plan_id, at) if sampling else None  # before sending: errors too
         started = self.run_ahead.started(request_id, plan_id, start_pos, tokens)
         t0 = started or time.perf_counter()
@@ -77,6 +79,7 @@ class SwarmPipeline:
         return len(stages) - 1 + (stages[0] != self.entry) + (stages[-1] != self.entry)
 
     async def release(self, request_id: str) -> None:
+        self.own.end(request_id)
         self.run_ahead.forget(request_id)
         self.pending.forget(request_id)
         self.outbox.post_release(request_id, self.path)
@@ -86,12 +89,13 @@ class SwarmPipelines:
     """The generation loop's PipelineSource (generate.py): a pipeline on the plan every stage serves."""
 
     def __init__(self, agreed_plan: Callable[[Plan | None], Awaitable[Plan]], node_id: str, outbox: Outbox,
-                 pending: PendingTokens, token_timeout: float, timing: HopTiming, run_ahead: RunAhead):
+                 pending: PendingTokens, token_timeout: float, timing: HopTiming, run_ahead: RunAhead,
+                 own: OwnRequests):
         self.agreed_plan, self.node_id, self.outbox, self.pending = agreed_plan, node_id, outbox, pending
-        self.token_timeout, self.timing, self.run_ahead = token_timeout, timing, run_ahead
+        self.token_timeout, self.timing, self.run_ahead, self.own = token_timeout, timing, run_ahead, own
 
     async def __call__(self, broken: SwarmPipeline | None = None) -> SwarmPipeline:
         """Waits for agreement (planning/coordinator.py); NoPipeline when none comes in time."""
         plan = await self.agreed_plan(broken.plan if broken is not None else None)
         return SwarmPipeline(plan, self.node_id, self.outbox, self.pending, self.token_timeout, self.timing,
-                             self.run_ahead)
+                             self.run_ahead, self.own)

@@ -5,6 +5,10 @@ the same view. Each node announces the plan id it serves (in its profile) once i
 layers are loaded; an entry node uses a plan only when every stage announces it.
 Agreement is waited for on a condition, notified whenever the view or our own
 layers change: nobody polls. Event loop only.
+
+A stage that does not serve our plan in time is left out of the next plans for a while
+(load_deadlines.py), so one bad record cannot stop the swarm; and a node announces only a
+plan it serves (idle nodes announce none).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from ..entry.pending_tokens import PendingTokens
 from ..entry.pipeline import NoPipeline
 from ..events import EventBus
 from ..stage.stage_host import StageHost
+from .load_deadlines import Announced, LoadDeadlines
 
 log = logging.getLogger(__name__)
 
@@ -32,17 +37,29 @@ NEW_PLAN_GRACE_S = 3.5
 class Coordinator:
     def __init__(self, node_id: str, spec: ModelSpec, fingerprint: str, discovery: Discovery, host: StageHost,
                  pending: PendingTokens, events: EventBus, *, strategy: str = "balanced",
-                 recovery_timeout: float = 30.0):
+                 recovery_timeout: float = 30.0, deadlines: LoadDeadlines | None = None):
         self.node_id, self.spec, self.fingerprint, self.discovery = node_id, spec, fingerprint, discovery
         self.host, self.pending, self.events = host, pending, events
         self.strategy, self.recovery_timeout = strategy, recovery_timeout
+        self.deadlines = deadlines or LoadDeadlines(node_id)
         self.plan: Plan | None = None
         self.plan_error: str | None = None
         self._apply_task: asyncio.Task | None = None
+        self._watch_task: asyncio.Task | None = None
         self._changed = asyncio.Condition()  # the view, the plan or our layers changed
 
     async def start(self) -> None:
         await self.replan()
+        self._watch_task = asyncio.create_task(self._watch_loads(), name="watch-loads")
+
+    async def stop(self) -> None:
+        for task in (self._watch_task, self._apply_task):
+            if task is not None and not task.done():
+                task.cancel()
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):
+                    pass
 
     async def on_peer_event(self, event: PeerEvent) -> None:
         if event.kind in ("join", "leave"):
@@ -53,9 +70,11 @@ class Coordinator:
         await self._notify()  # an update may be a peer announcing the plan it now serves
 
     def members(self) -> list[NodeCapacity]:
+        left_out = self.deadlines.left_out()
         return [NodeCapacity(p.node_id, p.profile.memory_available, p.profile.speed)
                 for p in self.discovery.view(include_self=True)
-                if p.profile.model_fingerprint == self.fingerprint and p.profile.speed > 0]
+                if p.profile.model_fingerprint == self.fingerprint and p.profile.speed > 0
+                and p.node_id not in left_out]
 
     async def replan(self) -> None:
         try:
@@ -72,6 +91,7 @@ class Coordinator:
         log.info("plan %s -> %s: %s", _id(self.plan), _id(plan),
                  [(s.node_id, s.start, s.end) for s in plan.stages] if plan else error)
         self.plan = plan
+        self.deadlines.adopt(plan)
         self.pending.break_all("the plan changed", keep_plan=_id(plan))
         self.events.emit("plan", {"plan": plan.to_dict() if plan else None, "error": error})
         await self._notify()
@@ -97,23 +117,47 @@ class Coordinator:
                 held = self.host.stage.range if self.host.stage else None
                 if layers and (held is None or (held.start, held.end) != layers):
                     log.info("loading layers [%d, %d) for plan %s", *layers, plan.plan_id)
-                await self.discovery.update_profile(plan="", state="loading" if layers else "idle")
+                await self.discovery.update_profile(plan="", state="loading" if layers else "idle",
+                                                    loading=plan.plan_id if layers else None)
                 try:
                     await self.host.assign(plan, layers)
                 except Exception:
                     log.exception("could not load layers %s", layers)
-                    await self.discovery.update_profile(state="failed")
+                    await self.discovery.update_profile(state="failed", loading=None)
                     return
                 if plan is not self.plan:
                     continue
+                # Only a plan we hold layers of is announced: an announcement is a promise to serve it.
                 await self.discovery.update_profile(
-                    plan=plan.plan_id, state="serving" if layers else "idle",
+                    plan=plan.plan_id if layers else "", state="serving" if layers else "idle", loading=None,
                     layers=f"{layers[0]}-{layers[1]}" if layers else "", mem_used=str(self.host.weight_bytes))
                 await self._notify()
             if plan is self.plan:
                 if plan is not None:
                     self.events.emit("plan_loaded", {"node_id": self.node_id, "plan_id": plan.plan_id})
                 return
+
+    def _announced(self) -> dict[str, Announced]:
+        return {p.node_id: Announced(p.profile.extra.get("plan", ""), p.profile.extra.get("loading", ""))
+                for p in self.discovery.view()}
+
+    async def _watch_loads(self) -> None:
+        """Leave out stages that miss their deadline, and take them back when their time out ends."""
+        while True:
+            late = self.deadlines.overdue(self._announced())
+            if late:
+                self.deadlines.leave_out(late)
+                await self.replan()
+            was_out = self.deadlines.left_out()
+            wake = self.deadlines.next_check(self._announced())
+            timeout = None if wake is None else max(0.05, wake - time.monotonic())
+            async with self._changed:
+                try:
+                    await asyncio.wait_for(self._changed.wait(), timeout)
+                except asyncio.TimeoutError:
+                    pass
+            if self.deadlines.left_out() != was_out:  # a time out ended: try that node again
+                await self.replan()
 
     def waiting_for(self, plan: Plan) -> list[str]:
         """Stage nodes that do not serve `plan` yet (empty when the pipeline is whole)."""

@@ -3,32 +3,58 @@
 `assign` runs on the event loop (planning calls it) and loads on the MLX thread; the
 stage service reads `stage` and `plan` on the MLX thread. `plan` is None while the
 layers change, so no message is served by layers of another plan.
+
+It also remembers the last few plans it was given (`known_plan`, from the moment it is given
+one, before loading): who may send a frame for a plan is decided by that plan's stages
+(stage/sender_rules.py), also for the plan just left behind, whose late frames still get an
+answer.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
+from typing import Sequence
 
 import mlx.core as mx
 
 from partitioner import Plan
 
+from ..engine.cache_budget import CacheLimits
 from ..engine.constraints import GrammarVocab
+from ..engine.model_bytes import LayerCache
 from ..engine.shard import load_shard
 from ..engine.shard_runner import ShardRunner
 from ..engine.worker import MlxWorker
 
 log = logging.getLogger(__name__)
 
+KNOWN_PLANS = 8
+
 
 class StageHost:
-    def __init__(self, model_dir, dtype: mx.Dtype | None, worker: MlxWorker, dequantize: bool = False,
+    def __init__(self, model_dir, dtype: mx.Dtype | None, worker: MlxWorker, dequantize: bool = False, *,
+                 context: int | None = None, layer_caches: Sequence[LayerCache] = (),
                  vocab: GrammarVocab | None = None):
+        """`context`: the model's positions; `layer_caches`: each layer's cache bytes (engine/model_bytes.py),
+        from which the caps on what requests may hold here are set (engine/cache_budget.py)."""
         self.model_dir, self.dtype, self.worker = model_dir, dtype, worker
         self.vocab = vocab  # grammars for the requests we sample (when we hold the last layers)
         self.dequantize = dequantize  # quantized layers loaded as `dtype` floats
+        self.context, self.layer_caches = context, tuple(layer_caches)
         self.stage: ShardRunner | None = None
         self.plan: Plan | None = None  # the plan `stage` serves; None while loading
+        self._known: OrderedDict[str, Plan] = OrderedDict()  # written on the event loop, read on the MLX thread
+
+    def known_plan(self, plan_id: str) -> Plan | None:
+        """One of the last plans this node was given (one dict read: any thread)."""
+        return self._known.get(plan_id)
+
+    def _remember(self, plan: Plan) -> None:
+        self._known[plan.plan_id] = plan
+        self._known.move_to_end(plan.plan_id)
+        while len(self._known) > KNOWN_PLANS:
+            self._known.popitem(last=False)
 
     @property
     def plan_id(self) -> str | None:
@@ -45,6 +71,8 @@ class StageHost:
     async def assign(self, plan: Plan | None, layers: tuple[int, int] | None) -> None:
         """Serve `layers` of `plan` (None: no layers). Keeps layers it already holds."""
         self.plan = None  # frames for the old plan are refused from now on
+        if plan is not None:
+            self._remember(plan)
         if layers is None:
             self.stage = None  # its memory is freed with the last reference
         elif self.stage is None or (self.stage.range.start, self.stage.range.end) != layers:
@@ -53,9 +81,14 @@ class StageHost:
             shard = await self.worker.run(load_shard, self.model_dir, layers[0], layers[1], self.dtype, old,
                                           self.dequantize)
             del old
-            self.stage = ShardRunner(shard, self.vocab)
+            self.stage = ShardRunner(shard, self._limits(*layers), self.context, self.vocab)
             log.info("now holding layers [%d, %d): %.1f MB", *layers, shard.weight_bytes() / 1e6)
         self.plan = plan
+
+    def _limits(self, start: int, end: int) -> CacheLimits | None:
+        if not self.layer_caches or self.context is None:
+            return None  # counted, not capped by bytes (tests that build a host by hand)
+        return CacheLimits.for_layers(self.layer_caches, start, end, self.context)
 
     @property
     def weight_bytes(self) -> int:

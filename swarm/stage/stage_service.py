@@ -11,7 +11,12 @@ last stage's tokens for its own requests). So there is one switch:
                       the event loop (pending tokens); a token whose next step was
                       armed starts that step right here (entry/run_ahead.py)
 
-Deciding who may send what (issue 19) is one check at the top of `mlx_on_message`.
+Who may send what is decided first, for every message (sender_rules.py): a frame from anyone
+else is dropped with one log line at a bounded rate (bounded_log.py), and nobody else hears of
+it, since the entry it names may be a victim. A frame from the right sender that this stage
+cannot serve (another plan, token ids outside the vocabulary, positions past the context, the
+wrong width, a cap on cached requests: engine/input_limits.py, engine/cache_budget.py) earns
+its entry an Error saying why. Never a crash, never a silent divergence.
 
 From the event loop: `post` and `post_release` (the entry's outbox) hand messages
 to the MLX thread, which sends them; a send that fails becomes an Error for the
@@ -35,6 +40,7 @@ import logging
 import time
 from collections import deque
 
+from ..engine.cache_budget import CacheFull
 from ..engine.shard_runner import CacheMismatch, ShardRunner
 from ..engine.token_logprobs import SampledToken
 from ..engine.worker import MlxWorker
@@ -44,9 +50,12 @@ from ..transport.arrays import encode_array
 from ..transport.errors import PeerUnreachable, ProtocolError
 from ..transport.lane import DataLane
 from ..transport.messages import Error, Forward, Message, Release, Token
+from .bounded_log import BoundedLog
+from .sender_rules import LATE, SenderRules, describe
 from .stage_host import StageHost
 
 log = logging.getLogger(__name__)
+refused_log = logging.getLogger("swarm.refused")
 
 IDLE_CACHE_S = 600.0  # caches of a request nobody touched this long are freed (its entry died)
 GC_EVERY_S = 60.0
@@ -54,13 +63,16 @@ GC_EVERY_S = 60.0
 
 class StageService:
     def __init__(self, host: StageHost, lane: DataLane, worker: MlxWorker, pending: PendingTokens,
-                 run_ahead: RunAhead, loop: asyncio.AbstractEventLoop, max_batch: int = 1):
+                 run_ahead: RunAhead, loop: asyncio.AbstractEventLoop, rules: SenderRules, max_batch: int = 1):
         self.host, self.lane, self.worker, self.pending = host, lane, worker, pending
-        self.run_ahead, self.loop, self.max_batch = run_ahead, loop, max_batch
+        self.run_ahead, self.loop, self.rules, self.max_batch = run_ahead, loop, rules, max_batch
         self.node_id = lane.node_id
+        self.refusals = BoundedLog(refused_log)  # frames from senders that may not send them
+        self.failures = BoundedLog(log, logging.INFO)  # requests this stage could not serve
         self.batched_passes = 0  # passes that ran more than one request's decode step
         self.batched_rows = 0
-        self._queue: deque[Forward | Release] = deque()  # for our stage, in arrival order; MLX thread only
+        # (sender, message) for our stage, in arrival order; MLX thread only
+        self._queue: deque[tuple[str, Forward | Release]] = deque()
         self._last_gc = time.monotonic()
 
     def start(self) -> None:
@@ -84,16 +96,29 @@ class StageService:
 
     # -- MLX thread -------------------------------------------------------------------------
     def mlx_on_message(self, sender: str, message: Message) -> None:
-        if isinstance(message, (Forward, Release)):
-            self._queue.append(message)
+        if isinstance(message, Forward):
+            why = self.rules.mlx_forward(sender, message)
+            if why is None:
+                self._queue.append((sender, message))
+            else:
+                self._mlx_refuse(sender, describe(message), why)
+        elif isinstance(message, Release):
+            self._queue.append((sender, message))  # it frees the sender's own request only
         elif isinstance(message, (Token, Error)):
-            self._mlx_to_entry(message)
+            why = self.rules.mlx_answer(sender, message)
+            if why is None:
+                self._mlx_to_entry(message)
+            elif why is not LATE:
+                self._mlx_refuse(sender, describe(message), why)
         else:  # the lane passes nothing else: a bug if it did
             log.error("no handler for a %s from %s", type(message).__name__, sender)
 
     def _mlx_to_entry(self, message: Token | Error) -> None:
         """A token or error for a request this node is the entry of: its client waits on the loop."""
         started = None
+        if isinstance(message, Token) and (problem := self.rules.mlx_token_problem(message)):
+            self.failures.mlx_line("request %s: %s", message.rid, problem)  # a buggy last stage: it replays
+            message = Error(message.rid, message.plan_id, "protocol", problem)
         if isinstance(message, Token):
             step = self.run_ahead.mlx_next_step(message)
             if step is not None:
@@ -115,7 +140,7 @@ class StageService:
                 pass  # a dead stage freed its caches by dying
 
     def _mlx_fail(self, forward: Forward, kind: str, message: str) -> None:
-        log.info("request %s: %s (%s)", forward.rid, kind, message)
+        self.failures.mlx_line("request %s of %s: %s (%s)", forward.rid, forward.entry, kind, message)
         try:
             self.lane.mlx_send(forward.entry, Error(forward.rid, forward.plan_id, kind, message))
         except PeerUnreachable:
@@ -124,19 +149,31 @@ class StageService:
     def _mlx_serve_queue(self) -> None:
         """Compute every message queued for our stage (called after each round of socket events)."""
         while self._queue:
-            message = self._queue.popleft()
+            sender, message = self._queue.popleft()
             try:
                 if isinstance(message, Release):
-                    if self.host.stage is not None:
-                        self.host.stage.release(message.rid)
+                    self._mlx_release(sender, message)
                 else:
                     self._mlx_forward(self._with_queued_decode_steps(message))
             except Exception:
-                log.exception("failed to serve a %s message", type(message).__name__)
+                self.failures.mlx_line("failed to serve a %s message from %s", type(message).__name__, sender,
+                                       exc_info=True)
         now = time.monotonic()
         if now - self._last_gc > GC_EVERY_S and self.host.stage is not None:
             self._last_gc = now
             self.host.stage.release_idle(IDLE_CACHE_S)
+
+    def _mlx_release(self, sender: str, message: Release) -> None:
+        stage = self.host.stage
+        if stage is None or stage.release(message.rid, sender):
+            return
+        holders = stage.holders(message.rid)
+        if holders:  # (none: a stage that never saw the request, or already freed it: normal)
+            self._mlx_refuse(sender, f"a release of request {message.rid}",
+                             f"only its entry ({', '.join(holders)}) may free it")
+
+    def _mlx_refuse(self, sender: str, what: str, why: str) -> None:
+        self.refusals.mlx_line("refused %s from %s: %s", what, sender, why)
 
     def _with_queued_decode_steps(self, first: Forward) -> list[Forward]:
         """`first`, plus the decode steps queued right behind it, up to max_batch.
@@ -147,12 +184,14 @@ class StageService:
         steps = [first]
         if self.max_batch < 2 or not first.is_decode_step:
             return steps
-        queued, rids = self._queue, {first.rid}
-        while (len(steps) < self.max_batch and queued and isinstance(queued[0], Forward)
-               and queued[0].is_decode_step and (queued[0].dtype, queued[0].shape) == (first.dtype, first.shape)
-               and queued[0].rid not in rids):
-            rids.add(queued[0].rid)
-            steps.append(queued.popleft())
+        queued, requests = self._queue, {(first.entry, first.rid)}
+        while len(steps) < self.max_batch and queued:
+            nxt = queued[0][1]
+            if not (isinstance(nxt, Forward) and nxt.is_decode_step
+                    and (nxt.dtype, nxt.shape) == (first.dtype, first.shape) and (nxt.entry, nxt.rid) not in requests):
+                break
+            requests.add((nxt.entry, nxt.rid))
+            steps.append(queued.popleft()[1])
         return steps
 
     def _mlx_forward(self, steps: list[Forward]) -> None:
@@ -172,17 +211,22 @@ class StageService:
             self._mlx_deliver(forward, out, took_s, stage, plan, index)
 
     def _mlx_accept(self, forward: Forward, stage: ShardRunner | None, plan) -> bool:
-        """Can our stage serve it? If not, its entry is told."""
+        """Can our stage serve it? If not, its entry is told (the sender was one that may send it)."""
         if plan is None or stage is None or forward.plan_id != plan.plan_id or forward.start != stage.range.start:
             self._mlx_fail(forward, "plan_mismatch",
                            f"node {self.node_id} serves plan {self.host.plan_id} layers "
                            f"{stage.range.start if stage else None}, not {forward.plan_id} layer {forward.start}")
             return False
+        why = stage.input_limits.refusal(forward.pos, forward.shape, forward.payload)
+        if why is not None:
+            self._mlx_fail(forward, "protocol", f"node {self.node_id} refused layer {forward.start}'s input: {why}")
+            return False
         return True
 
     def _mlx_deliver(self, forward: Forward, out, took_s: float, stage: ShardRunner, plan, index: int) -> None:
-        if isinstance(out, (CacheMismatch, ProtocolError)):
-            self._mlx_fail(forward, "cache" if isinstance(out, CacheMismatch) else "protocol", str(out))
+        if isinstance(out, (CacheMismatch, CacheFull, ProtocolError)):
+            kind = "protocol" if isinstance(out, ProtocolError) else "cache"
+            self._mlx_fail(forward, kind, f"node {self.node_id}: {out}" if isinstance(out, CacheFull) else str(out))
             return
         compute_us = forward.compute_us + round(took_s * 1e6)
         if stage.range.is_last:
@@ -214,9 +258,9 @@ def _compute(stage: ShardRunner, forward: Forward):
     calls compute). A request's own failure (lost cache, bad array) is returned, not raised."""
     t0 = time.perf_counter()
     try:
-        out = stage.forward(forward.rid, forward.array(), forward.pos, forward.sampling, forward.rules,
-                            forward.token_ids() if stage.range.is_last else None)
-    except (CacheMismatch, ProtocolError) as e:
+        out = stage.forward(forward.rid, forward.array(), forward.pos, forward.sampling, forward.entry,
+                            forward.rules, forward.token_ids() if stage.range.is_last else None)
+    except (CacheMismatch, CacheFull, ProtocolError) as e:
         out = e
     return _result(stage, out), time.perf_counter() - t0
 
@@ -231,7 +275,8 @@ def _compute_batch(stage: ShardRunner, accepted: list[Forward]):
                               forward.token_ids() if stage.range.is_last else None)))
         except ProtocolError as e:
             results[i] = e
-    outs = stage.decode_batch([item for _, item in items]) if items else []
+    entries = [accepted[i].entry for i, _ in items]
+    outs = stage.decode_batch([item for _, item in items], entries) if items else []
     for (i, _), out in zip(items, outs):
         results[i] = out
     encoded = [_result(stage, results[i]) for i in range(len(accepted))]

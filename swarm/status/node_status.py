@@ -1,4 +1,10 @@
-"""What a node says about itself and the swarm: /health and /v1/topology. Event loop."""
+"""What a node says about itself and the swarm: /health and /v1/topology. Event loop.
+
+Both say how the node is secured ("security"). With an API key set, /health tells a caller
+without it only whether the node can serve, how it is secured, and its request counters
+(which peers poll for their topology, sending no key: peer_stats.py); node ids, plans,
+layers and connections are for those with the key.
+"""
 
 from __future__ import annotations
 
@@ -20,22 +26,31 @@ from .peer_stats import PeerStats
 class NodeStatus:
     def __init__(self, model: LocalModel, backend: str, discovery: Discovery, coordinator: Coordinator,
                  host: StageHost, stage_service: StageService, links: PeerLinks, stats: RequestStats,
-                 hop_timing: HopTiming, peer_stats: PeerStats):
+                 hop_timing: HopTiming, peer_stats: PeerStats, *, api_key: bool = False):
         self.model, self.backend, self.discovery, self.coordinator = model, backend, discovery, coordinator
         self.host, self.stage_service, self.links = host, stage_service, links
         self.stats, self.hop_timing, self.peer_stats = stats, hop_timing, peer_stats
+        self.api_key = api_key
 
     def can_serve(self) -> tuple[bool, str]:
         return self.coordinator.status()
 
-    def health(self) -> dict:
+    def security(self) -> dict:
+        return {"api_key": self.api_key}
+
+    def health(self, authorized: bool = True) -> dict:
         ok, reason = self.can_serve()
+        if not authorized:
+            return {"status": "ok" if ok else "unavailable", "security": self.security(), **self.stats.to_dict()}
         stage, plan, service = self.host.stage, self.coordinator.plan, self.stage_service
-        return {"status": "ok" if ok else reason, "node_id": self.discovery.node_id, "model": self.model.model_id,
+        return {"status": "ok" if ok else reason, "security": self.security(), "node_id": self.discovery.node_id,
+                "model": self.model.model_id,
                 "backend": self.backend, "blas": blas_in_use(), "plan_id": plan.plan_id if plan else None,
                 "layers": [stage.range.start, stage.range.end] if stage else None,
                 "weights": stage.shard.weights_run_as if stage else None,
-                "cached_requests": stage.active_requests if stage else 0, **self.stats.to_dict(),
+                "cached_requests": stage.active_requests if stage else 0,
+                "cached_kv_bytes": stage.kv_bytes if stage else 0,
+                "refused_frames": service.refusals.count, **self.stats.to_dict(),
                 "decode_timing": self.hop_timing.to_dict(),
                 "decode_batching": {"max_batch": service.max_batch, "batched_passes": service.batched_passes,
                                     "batched_rows": service.batched_rows},
@@ -64,7 +79,7 @@ class NodeStatus:
         stages = plan.stages if plan else ()
         return {
             "swarm": discovery.profile.swarm, "node_id": discovery.node_id, "updated_at": time.time(),
-            "can_serve": can_serve, "status": status,
+            "can_serve": can_serve, "status": status, "security": self.security(),
             "model": {"id": model.model_id, "n_layers": model.n_layers, "fingerprint": model.fingerprint},
             "plan": ({**plan.to_dict(), "id": plan.plan_id, "model": model.model_id, "spec": plan.model.to_dict(),
                       "n_layers": model.n_layers} if plan else None),

@@ -1,4 +1,9 @@
-"""Live request stats of the other nodes, polled from their /health for the topology view."""
+"""Live request stats of the other nodes, polled from their /health for the topology view.
+
+These counters stay in /health for callers without the API key (node_status.py): the poll
+sends no key, since a peer's address may be a stranger's (in a swarm without a secret, anyone
+can put one in the view) and a key sent there would be the stranger's to use.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ import aiohttp
 
 log = logging.getLogger(__name__)
 
-STAT_KEYS = ("active_requests", "tokens_per_second", "total_requests", "total_tokens")
+STAT_KEYS = ("active_requests", "tokens_per_second", "total_requests", "total_tokens")  # open in /health
 
 
 class PeerStats:

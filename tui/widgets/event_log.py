@@ -38,7 +38,8 @@ class EventLog(RichLog):
             self.add(kind, f"new plan {plan.get('id') or '(none)'}" + (": " + " → ".join(parts) if parts else ""),
                      when)
         elif kind in ("request_started", "request_finished"):
-            rid = str(data.get("request_id", "?"))[:8]
+            label = data.get("request")  # a number per entry node (request ids are not published)
+            rid = f"#{label}" if isinstance(label, int) else str(data.get("request_id", "?"))[:8]
             at = f" at {name_of(str(data['entry']))}" if data.get("entry") else ""
             if kind == "request_started":
                 self.add(kind, f"request {rid} started{at}", when)

@@ -1,0 +1,90 @@
+"""At most so many HTTP connections from one address at once (event loop).
+
+aiohttp takes every connection it is offered; a client that opens thousands (or trickles
+its headers on each) holds a file descriptor and a handler apiece until they time out.
+So the runner's protocol factory is wrapped: a connection past the cap from its address
+gets a plain 429 and is closed before aiohttp ever sees it; the others are handed to
+aiohttp's own handler, unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any, Callable
+
+from aiohttp import web
+
+DEFAULT_PER_ADDRESS = 64
+_BODY = (b'{"error": {"message": "too many connections from your address", "type": "rate_limit_error", '
+         b'"param": null, "code": "too_many_connections"}}')
+_TOO_MANY = (b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nConnection: close\r\n"
+             b"Content-Length: %d\r\n\r\n%s" % (len(_BODY), _BODY))
+
+
+class PerAddressCap:
+    """aiohttp's server (the protocol factory), admitting at most `limit` connections per address."""
+
+    def __init__(self, server: Any, limit: int):
+        self._server, self.limit = server, limit
+        self.open: Counter[str] = Counter()
+        self.refused = 0
+
+    def __call__(self) -> asyncio.Protocol:
+        return _Gate(self, self._server)
+
+    def __getattr__(self, name: str) -> Any:  # shutdown, pre_shutdown, connections, ...: aiohttp's own
+        return getattr(self._server, name)
+
+
+class _Gate(asyncio.Protocol):
+    def __init__(self, cap: PerAddressCap, factory: Callable[[], asyncio.BaseProtocol]):
+        self._cap, self._factory = cap, factory
+        self._inner: Any = None
+        self._address = "?"
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        peer = transport.get_extra_info("peername")
+        self._address = peer[0] if peer else "?"
+        if self._cap.open[self._address] >= self._cap.limit:
+            self._cap.refused += 1
+            transport.write(_TOO_MANY)  # type: ignore[attr-defined]
+            transport.close()
+            return
+        self._cap.open[self._address] += 1
+        self._inner = self._factory()
+        self._inner.connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._inner is None:
+            return
+        self._cap.open[self._address] -= 1
+        if self._cap.open[self._address] <= 0:
+            del self._cap.open[self._address]
+        self._inner.connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._inner is not None:
+            self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received() if self._inner is not None else None
+
+    def pause_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.resume_writing()
+
+
+class CappedAppRunner(web.AppRunner):
+    """web.AppRunner whose connections are capped per address (`per_address`)."""
+
+    def __init__(self, app: web.Application, *, per_address: int = DEFAULT_PER_ADDRESS, **kwargs: Any):
+        super().__init__(app, **kwargs)
+        self.per_address = per_address
+
+    async def _make_server(self) -> Any:
+        return PerAddressCap(await super()._make_server(), self.per_address)

@@ -1,0 +1,114 @@
+"""The stage service's checks with its real parts (MLX thread, lane, listener, a tiny model's last
+three layers) and real peers over loopback: a frame from the stage before it that this stage cannot
+serve earns the request's entry an Error saying why; the same frame from anyone else earns nobody
+anything; releases free only the sender's own requests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from model_fixtures import tiny_models  # noqa: F401
+from peer_nodes import HOST, SWARM, PeerNode
+
+from partitioner import ModelSpec, Plan, Stage
+from swarm.engine.model_bytes import measure_model_bytes
+from swarm.engine.sampling import SamplingParams
+from swarm.engine.worker import MlxWorker
+from swarm.entry.own_requests import OwnRequests
+from swarm.entry.pending_tokens import PendingTokens
+from swarm.entry.run_ahead import RunAhead
+from swarm.stage.sender_rules import SenderRules
+from swarm.stage.stage_host import StageHost
+from swarm.stage.stage_service import StageService
+from swarm.transport.lane import DataLane
+from swarm.transport.links import PeerLinks
+from swarm.transport.listener import PeerListener
+from swarm.transport.messages import Error, Forward, Release, Token
+
+pytestmark = pytest.mark.timeout(120)
+
+PLAN = Plan(ModelSpec(6, 1000), "balanced", (Stage("prev", 0, 3), Stage("us", 3, 6)), (), 0.0, "p1")
+GREEDY = SamplingParams()
+
+
+@pytest.fixture
+async def stage(tiny_models):  # noqa: F811
+    """Node "us", the last stage of PLAN, with "prev" (stage 0 and the entry) and a stranger as peers."""
+    addresses: dict[str, tuple[str, int]] = {}
+    worker = MlxWorker()
+    links = PeerLinks("us")
+    lane = DataLane("us", SWARM, links, worker.watch, worker.post, addresses.get)
+    listener = PeerListener("us", SWARM, HOST, 0, links, lane, lambda: None)
+    path = tiny_models["llama"]
+    sizes = await worker.run(measure_model_bytes, path, mx.float32)
+    host = StageHost(path, mx.float32, worker, context=4096, layer_caches=sizes.caches)
+    await host.assign(PLAN, (3, 6))
+    rules = SenderRules("us", host.known_plan, lambda n: n in addresses, OwnRequests(), 384)
+    service = StageService(host, lane, worker, PendingTokens(), RunAhead("us"), asyncio.get_running_loop(), rules)
+    service.start()
+    await listener.start()
+    addresses["us"] = (HOST, listener.port)
+    prev = await PeerNode("prev", addresses).start()
+    stranger = await PeerNode("stranger", addresses).start()
+    yield service, prev, stranger
+    await prev.stop()
+    await stranger.stop()
+    await service.stop()
+    await listener.stop()
+    worker.close()
+
+
+def hidden(rid: str, pos: int, width: int, length: int = 2, entry: str = "prev") -> Forward:
+    h = np.zeros((1, length, width), np.float32)
+    return Forward(rid, "p1", pos, 3, entry, GREEDY, "float32", h.shape, h.tobytes())
+
+
+async def answer(node: PeerNode, timeout: float = 10.0):
+    return (await node.received_async(1, timeout))[0]
+
+
+async def test_the_entry_learns_why_a_frame_from_the_previous_stage_was_refused(stage):
+    service, prev, _ = stage
+    await prev.send("us", hidden("wide", 0, 32))
+    sender, error = await answer(prev)
+    assert sender == "us" and isinstance(error, Error) and error.kind == "protocol"
+    assert "width 32; this model's width is 64" in error.message
+    await prev.send("us", hidden("late", 4090, 64, length=10))
+    _, error = await answer(prev)
+    assert isinstance(error, Error) and "context of 4096" in error.message
+    await prev.send("us", hidden("ok", 0, 64))
+    _, token = await answer(prev)
+    assert isinstance(token, Token) and token.rid == "ok" and token.at == 2
+
+
+async def test_the_same_frames_from_anyone_else_earn_nobody_anything(stage):
+    service, prev, stranger = stage
+    before = service.refusals.count
+    await stranger.send("us", hidden("wide", 0, 32))
+    await stranger.send("us", hidden("ok", 0, 64))
+    await stranger.send("us", hidden("ok", 0, 64, entry="stranger"))
+    deadline = time.monotonic() + 10
+    while service.refusals.count < before + 3:
+        assert time.monotonic() < deadline, "the stranger's frames were not refused"
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)
+    assert prev.nothing_received() and stranger.nothing_received()
+    assert service.host.stage.active_requests == 0
+
+
+async def test_releases_free_only_the_senders_own_requests(stage):
+    service, prev, stranger = stage
+    await prev.send("us", hidden("mine", 0, 64))
+    await answer(prev)
+    await stranger.send("us", Release("mine"))
+    await prev.send("us", hidden("mine", 2, 64, length=1))  # goes on where it was: nothing was freed
+    _, token = await answer(prev)
+    assert isinstance(token, Token) and token.at == 3
+    await prev.send("us", Release("mine"))
+    await prev.send("us", hidden("mine", 3, 64, length=1))
+    _, error = await answer(prev)
+    assert isinstance(error, Error) and error.kind == "cache"
