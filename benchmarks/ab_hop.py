@@ -1,6 +1,7 @@
 """Two builds' per-hop overhead, side by side: request by request, on the same machine at the same time.
 
     python benchmarks/ab_hop.py --a ../main/.venv/bin/python --b .venv/bin/python [--nodes 3] [--rounds 10]
+    python benchmarks/ab_hop.py --a .venv/bin/python --b .venv/bin/python --b-args="--secret s3cr3t..."
 
 Starts one local swarm per interpreter (each runs `swarm.cli` from its own checkout:
 loopback, static peers, even split, as swarm-bench does), then alternates: a batch of
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import statistics
 import sys
 import tempfile
@@ -32,9 +34,9 @@ from swarm.bench.prompts import PROMPT  # noqa: E402
 STEPS_PER_BATCH = 300  # more than the entry's window of 256 steps: a reading sees only its own batch
 
 
-def started(python: str, nodes: int, workdir: Path, model: str | None) -> LocalCluster:
+def started(python: str, nodes: int, workdir: Path, model: str | None, extra_args: str = "") -> LocalCluster:
     workdir.mkdir(parents=True)
-    cluster = LocalCluster(nodes, workdir, model)
+    cluster = LocalCluster(nodes, workdir, model, extra_args=tuple(shlex.split(extra_args)))
     # The nodes run that build's code: its interpreter, and a working directory that is no
     # checkout (`python -m` would import the package from there first).
     with mock.patch.object(sys, "executable", python), _cwd(workdir):
@@ -65,11 +67,13 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--model", default=None)
+    p.add_argument("--a-args", default="", help="extra swarm-node arguments for A's nodes (one string)")
+    p.add_argument("--b-args", default="", help="extra swarm-node arguments for B's nodes, e.g. --secret ...")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="ab-hop-") as tmp:
-        a = started(args.a, args.nodes, Path(tmp) / "a", args.model)
+        a = started(args.a, args.nodes, Path(tmp) / "a", args.model, args.a_args)
         try:
-            b = started(args.b, args.nodes, Path(tmp) / "b", args.model)
+            b = started(args.b, args.nodes, Path(tmp) / "b", args.model, args.b_args)
             try:
                 for c in (a, b):  # warm up: connections made, code paths run once
                     stream_completion(c.entry.url, PROMPT, 8)

@@ -3,12 +3,20 @@
 Sources of knowledge, all funnelled into one PeerTable:
   * mDNS (unless mdns=False): announcements and TXT updates of other nodes;
     an mDNS goodbye is an immediate leave.
-  * liveness: every admitted peer's peer port is TCP-probed every
+  * liveness: every admitted peer is asked for its profile every
     `probe_interval`; `probe_failures` failures in a row is a leave (< 3 s).
   * endpoint polling: static peers, and mDNS peers declared gone, are asked
-    for their profile (SWPF) every `probe_interval` until they answer.
+    for their profile every `probe_interval` until they answer.
 
-The caller serves the peer port (answering SWPF, see profile_exchange).
+How a profile is asked for is the caller's: `fetch_profile(host, port, timeout)`,
+by default the plain SWPF exchange (profile_exchange.py; the caller then serves
+it on the peer port). A node with a swarm secret gives a fetcher that proves the
+secret both ways, and `mdns_is_hint=True`: then an mDNS record only names an
+endpoint to ask, nothing enters the view but what that fetcher returned, our own
+record is a hint (`NodeProfile.as_hint`: no memory, speed or model to plan with)
+that profile changes do not re-announce (peers see them through the probe), and a
+goodbye only makes us probe that peer at once. Records that are hints are treated
+so by every node, secret or not.
 
 Our own id in another node's record: the later-started of the two must take a new id
 (node_id.must_remint). Standalone, discovery re-mints in place (its id is only its own);
@@ -30,7 +38,7 @@ from .mdns import MdnsAgent, local_ipv4_addresses, resolve_interfaces
 from .node_id import must_remint, remint_node_id
 from .profile import NodeProfile
 from .profile_exchange import ProfileExchangeError, fetch_profile
-from .static_peers import Endpoint, poll_endpoints
+from .static_peers import Endpoint, ProfileFetcher, poll_endpoints
 from .view import PeerEvent, PeerInfo, PeerTable
 
 log = logging.getLogger(__name__)
@@ -54,10 +62,13 @@ class Discovery:
         probe_timeout: float = liveness.PROBE_TIMEOUT,
         probe_failures: int = liveness.PROBE_FAILURES,
         on_duplicate: OnDuplicate | None = None,
+        fetch_profile: ProfileFetcher = fetch_profile,
+        mdns_is_hint: bool = False,
     ) -> None:
         """`profile.swarm` is the swarm we join; `interfaces` (IPs or names) restricts
         mDNS, None = all interfaces; `state_dir` is where a re-minted id is stored;
-        `on_duplicate`: told (once per other instance) instead of re-minting in place."""
+        `on_duplicate`: told (once per other instance) instead of re-minting in place;
+        `fetch_profile` and `mdns_is_hint`: see the module's docstring."""
         if not profile.instance:
             raise ValueError("profile.instance must be set (see local_profile.build_local_profile)")
         self._table = PeerTable(profile)
@@ -65,7 +76,10 @@ class Discovery:
         self._mdns = MdnsAgent(self._interfaces, self._on_mdns_found, self._on_mdns_lost) if mdns else None
         self._addresses = tuple(self._interfaces or local_ipv4_addresses())
         self._static = [Endpoint(h, p, "static") for h, p in static_peers]
-        self._mdns_endpoints: dict[str, tuple[Endpoint, str, str]] = {}  # name -> (endpoint, node_id, instance)
+        self._fetch, self._mdns_is_hint = fetch_profile, mdns_is_hint
+        self._poll_now = asyncio.Event()  # a new endpoint to ask: do not wait for the next round
+        # name -> (endpoint, node_id, instance, only a hint) of every mDNS record of our swarm
+        self._mdns_endpoints: dict[str, tuple[Endpoint, str, str, bool]] = {}
         self._gone_instances: set[str] = set()  # ignore stale mDNS records of these
         self._failures: dict[tuple[str, str], liveness.FailureCounter] = {}
         self._on_event = on_event
@@ -100,9 +114,12 @@ class Discovery:
         peer = self._table.peers.get(node_id)
         return peer.endpoint if peer is not None else None
 
+    def _advertised(self) -> NodeProfile:
+        return self.profile.as_hint() if self._mdns_is_hint else self.profile
+
     async def start(self) -> None:
         if self._mdns is not None:
-            await self._mdns.start(self.profile)
+            await self._mdns.start(self._advertised())
         # Events seen while registering wait in the queue until start() returns.
         self._tasks.append(asyncio.create_task(self._dispatch_events(), name="discovery-events"))
         self._tasks.append(asyncio.create_task(self._liveness_loop(), name="discovery-liveness"))
@@ -121,9 +138,10 @@ class Discovery:
     async def update_profile(self, **changes: Any) -> NodeProfile:
         """Change fields (unknown names go to `extra`) and re-announce."""
         async with self._profile_lock:
+            before = self._advertised()
             self._table.own = self.profile.replace(**changes)
-            if self._mdns is not None:
-                await self._mdns.update(self.profile)
+            if self._mdns is not None and self._advertised() != before:
+                await self._mdns.update(self._advertised())
             return self.profile
 
     async def __aenter__(self) -> Discovery:
@@ -141,18 +159,37 @@ class Discovery:
         self._emit(self._table.admit(profile, addresses, source))
 
     def _on_mdns_found(self, name: str, profile: NodeProfile, addresses: tuple[str, ...]) -> None:
+        hint = self._mdns_is_hint or profile.is_hint
         if profile.swarm == self.profile.swarm:
             self._mdns_endpoints[name] = (Endpoint(addresses[0], profile.peer_port, "mdns"),
-                                          profile.node_id, profile.instance)
+                                          profile.node_id, profile.instance, hint)
+            if hint:
+                self._poll_now.set()
+        if hint:
+            return  # only an endpoint to ask (the poll loop does): never a profile to admit
         if profile.instance in self._gone_instances:
             return  # liveness said it is gone; only a successful poll brings it back
         self._observe(profile, addresses, "mdns")
 
     def _on_mdns_lost(self, name: str) -> None:
         known = self._mdns_endpoints.pop(name, None)
-        if known is not None:
-            _, node_id, instance = known
+        if known is None:
+            return
+        _, node_id, instance, hint = known
+        if not hint:
             self._emit(self._table.mark_gone(node_id, instance))
+            return
+        # Anyone can send a goodbye in any name: ask the peer itself, now, whether it is gone.
+        peer = self._table.get(node_id)
+        if peer is not None and peer.profile.instance == instance:
+            self._tasks.append(asyncio.create_task(self._probe_after_goodbye(peer), name="discovery-goodbye"))
+
+    async def _probe_after_goodbye(self, peer: PeerInfo) -> None:
+        if not await self._check(peer) and self._table.get(peer.node_id) is peer:
+            log.info("peer %s (%s) said goodbye and no longer answers: gone", peer.node_id, peer.endpoint)
+            self._gone_instances.add(peer.profile.instance)
+            self._emit(self._table.mark_gone(peer.node_id, peer.profile.instance))
+        self._tasks[:] = [t for t in self._tasks if not t.done()]
 
     def _on_duplicate_of_self(self, other: NodeProfile, addresses: tuple[str, ...]) -> None:
         if other.peer_port == self.profile.peer_port and set(addresses) & set(self._addresses):
@@ -210,7 +247,7 @@ class Discovery:
         # (seen in tests: one multicast announcement of a new plan never arrived), so
         # every profile change reaches every peer within one probe interval.
         try:
-            profile = await fetch_profile(*peer.endpoint, self._timeout)
+            profile = await self._fetch(*peer.endpoint, self._timeout)
         except ProfileExchangeError:
             return False
         # A restarted node at the same endpoint shows up here as a newer instance,
@@ -224,13 +261,15 @@ class Discovery:
         loop = asyncio.get_running_loop()
         while True:
             started = loop.time()
+            self._poll_now.clear()
             admitted = {p.endpoint for p in self._table.peers.values()}
-            candidates = {e for e in self._static + [e for e, _, _ in self._mdns_endpoints.values()]
+            candidates = {e for e in self._static + [known[0] for known in self._mdns_endpoints.values()]
                           if (e.host, e.port) not in admitted}
-            for endpoint, profile in await poll_endpoints(candidates, max(self._timeout, 1.0)):
+            for endpoint, profile in await poll_endpoints(candidates, max(self._timeout, 1.0), self._fetch):
                 self._gone_instances.discard(profile.instance)
                 self._observe(profile, (endpoint.host,), endpoint.source)
-            await asyncio.sleep(max(0.0, self._interval - (loop.time() - started)))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._poll_now.wait(), max(0.0, self._interval - (loop.time() - started)))
 
     # -- events ---------------------------------------------------------
     def _emit(self, events: list[PeerEvent]) -> None:

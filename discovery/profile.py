@@ -1,7 +1,9 @@
 """The node profile: what a node tells the swarm about itself.
 
 It travels in two encodings: a DNS-SD TXT record (mDNS) and a JSON object
-(the SWPF profile exchange, the CLI's event lines). Both round-trip exactly.
+(the profile exchange, the CLI's event lines). Both round-trip exactly. A node
+whose profile may only be told over an authenticated exchange advertises just a
+hint over mDNS (`as_hint`): its id and where to ask.
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 SERVICE_TYPE = "_swarm._tcp.local."
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 # Versions this build can work with; a peer outside this set is never admitted.
-COMPATIBLE_PROTOCOL_VERSIONS = frozenset({1})
+COMPATIBLE_PROTOCOL_VERSIONS = frozenset({2})
 BACKENDS = frozenset({"metal", "cpu", "cuda"})
+
+# An mDNS record that only names an endpoint (NodeProfile.as_hint) says so in this extra field.
+HINT_KEY = "hint"
 
 # A DNS TXT string carries at most 255 bytes, "key=value" included.
 MAX_TXT_ENTRY = 254
@@ -175,6 +180,17 @@ class NodeProfile:
         except (ValueError, UnicodeDecodeError) as exc:
             raise MalformedProfile(f"invalid JSON: {exc}") from exc
         return cls.from_dict(data)
+
+    def as_hint(self) -> NodeProfile:
+        """What an mDNS record carries when the real profile is only told over an authenticated
+        exchange: who and where to ask, nothing a planner could use (no memory, speed or model)."""
+        return NodeProfile(node_id=self.node_id, name=self.name, swarm=self.swarm, api_port=self.api_port,
+                           peer_port=self.peer_port, backend=self.backend, protocol_version=self.protocol_version,
+                           instance=self.instance, started_at=self.started_at, extra={HINT_KEY: "1"})
+
+    @property
+    def is_hint(self) -> bool:
+        return self.extra.get(HINT_KEY) == "1"
 
     def replace(self, **changes: Any) -> NodeProfile:
         """A copy with some fields changed; unknown names go into `extra`.

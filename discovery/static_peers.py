@@ -2,7 +2,8 @@
 
 Static peers (`--peer HOST:PORT`) serve networks without multicast. The same
 poll re-admits an mDNS peer that liveness declared gone (e.g. its link was
-cut): a peer does not re-announce by itself, so we ask it with SWPF. The
+cut): a peer does not re-announce by itself, so we ask it for its profile. When
+mDNS is only a hint, every mDNS peer is admitted this way. The
 profile returned is whatever instance lives at the endpoint now, so a stale
 record can never resurrect a dead instance.
 """
@@ -11,10 +12,13 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Awaitable, Callable, Iterable
 
 from .profile import NodeProfile
 from .profile_exchange import ProfileExchangeError, fetch_profile
+
+# (host, port, timeout) -> the profile of the node there; ProfileExchangeError when it cannot tell.
+ProfileFetcher = Callable[[str, int, float], Awaitable[NodeProfile]]
 
 
 @dataclass(frozen=True)
@@ -43,14 +47,14 @@ def parse_peer_address(spec: str) -> tuple[str, int]:
 
 
 async def poll_endpoints(
-    endpoints: Iterable[Endpoint], timeout: float
+    endpoints: Iterable[Endpoint], timeout: float, fetch: ProfileFetcher = fetch_profile
 ) -> list[tuple[Endpoint, NodeProfile]]:
     """Ask every endpoint for its profile concurrently; returns those that answered."""
     endpoints = list(endpoints)
 
     async def ask(endpoint: Endpoint) -> NodeProfile | None:
         try:
-            return await fetch_profile(endpoint.host, endpoint.port, timeout)
+            return await fetch(endpoint.host, endpoint.port, timeout)
         except ProfileExchangeError:
             return None
 

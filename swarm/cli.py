@@ -65,6 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="top-k for requests that give none (default: generation_config.json, else 0: off)")
     p.add_argument("--swarm", default="default",
                    help="swarm name: nodes only join peers with the same name (default: %(default)s)")
+    p.add_argument("--secret", default=None, metavar="SECRET",
+                   help="the swarm secret: peers must prove they know it, and every peer link is encrypted "
+                        "with keys derived from it. Wins over $SWARM_SECRET, which wins over the file `secret` "
+                        "in the state dir. None of them: an open swarm, anyone on the network can join")
+    p.add_argument("--new-secret", action="store_true",
+                   help="write a new random swarm secret into the state dir, print it and how to give it to "
+                        "the other nodes, and exit")
     p.add_argument("--interface", action="append", dest="interfaces", default=None, metavar="IP_OR_NAME",
                    help="advertise and browse with mDNS only on this interface (repeatable; default: all)")
     p.add_argument("--peer", action="append", dest="peers", default=[], type=_host_port, metavar="HOST:PORT",
@@ -175,11 +182,32 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
                       node_id=args.node_id, name=args.name, dtype=args.dtype,
                       dequantize=args.dequantize == "yes",
                       default_max_tokens=args.max_tokens_default, temperature=args.temperature,
-                      top_p=args.top_p, top_k=args.top_k, swarm=args.swarm,
+                      top_p=args.top_p, top_k=args.top_k, swarm=args.swarm, secret=args.secret,
                       interfaces=args.interfaces, peers=args.peers, mdns=not args.no_mdns,
                       memory_limit=args.memory_limit, speed=args.speed, strategy=args.strategy,
                       recovery_timeout=args.recovery_timeout, peer_host=args.peer_host,
                       batch_decode=args.batch_decode, api_key=args.api_key, http_timeout=args.http_timeout)
+
+
+def new_secret(state_dir: Path) -> int:
+    """`swarm-node --new-secret`: write one, say how to use it everywhere."""
+    from .node_secrets import SECRET_ENV, new_secret_file
+    try:
+        path, text = new_secret_file(state_dir)
+    except (FileExistsError, OSError) as e:
+        print(f"swarm-node: error: {e}", file=sys.stderr)
+        return 2
+    print(f"""A new swarm secret is in {path} (readable by you only):
+
+    {text}
+
+This node uses it from now on. Give every other node of the swarm the same secret, one of:
+    swarm-node --secret {text}
+    SWARM_SECRET={text} swarm-node
+    a file named `secret` holding it in that node's state dir ({default_state_dir()} by default)
+(the flag wins over the environment, which wins over the file). Nodes with the secret never
+connect to nodes without it: restart every node of the swarm with it.""")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt, caught below and in main
     args = build_parser().parse_args(argv)
+    if args.new_secret:
+        return new_secret(args.state_dir)
     try:  # before anything slow: a taken port is one line now, not after the model has loaded
         check_port("api", args.api_host, args.api_port)
         check_port("peer", args.peer_host, args.peer_port)
@@ -221,6 +251,11 @@ def _main(argv: list[str] | None) -> int:
         print(f"swarm-node: error: {e}", file=sys.stderr)
         return 2
     try:
+        try:
+            node.prepare_secret()
+        except ValueError as e:
+            print(f"swarm-node: error: {e}", file=sys.stderr)
+            return 2
         try:
             node.prepare_model()
         except ModelError as e:

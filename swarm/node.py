@@ -47,9 +47,10 @@ from .entry.stats import RequestStats
 from .entry.swarm_pipeline import SwarmPipelines
 from .models.generation_defaults import generation_defaults
 from .models.resolve import LocalModel, resolve_model
+from . import peer_security
 from .node_config import NodeConfig
 from .node_ports import port_error
-from .node_secrets import api_key
+from .node_secrets import Secret, api_key, swarm_secret
 from .planning.coordinator import Coordinator
 from .stage.sender_rules import SenderRules
 from .stage.stage_host import StageHost
@@ -58,8 +59,12 @@ from .events import EventBus
 from .status.node_status import NodeStatus
 from .status.peer_stats import PeerStats
 from .transport.lane import DataLane
+from .transport.link_crypto import stretch_secret
+from .transport.link_handshake import LinkAuth
 from .transport.links import PeerLinks
 from .transport.listener import PeerListener
+from .transport.log_limit import limit_loop_exceptions
+from .transport.peer_profiles import ProfileFetcher
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +124,10 @@ class Node:
         self._start_over = asyncio.Event()  # set when this run's id turned out to be another node's
         self._fatal: str | None = None
         self._reminted_at: float | None = None
+
+    def prepare_secret(self) -> None:
+        """Find the swarm secret (flag, environment, state dir); ValueError for an unusable one."""
+        self.secret: Secret = swarm_secret(self.config.secret, self.config.state_dir)
 
     def prepare_model(self) -> None:
         """Resolve and check the model before serving; raises ModelError with one clear line."""
@@ -183,6 +192,13 @@ class Node:
         self.worker = MlxWorker()
         self._stops = []
         cfg, model, worker = self.config, self.model, self.worker
+        loop = self._loop = asyncio.get_running_loop()
+        limit_loop_exceptions(loop)  # e.g. accept() out of descriptors: not a traceback per connection
+        if not hasattr(self, "secret"):
+            self.prepare_secret()
+        peer_security.log_at_start(self.secret)
+        # Stretched once (scrypt, slow on purpose), off the loop.
+        link_key = await asyncio.to_thread(stretch_secret, self.secret.value) if self.secret else None
 
         # What this node is: its model's sizes, its speed, its profile (and so its id).
         log.info("measuring the model's layers%s", "" if cfg.speed else " and this machine's speed (cached after once)")
@@ -199,16 +215,22 @@ class Node:
             profile = profile.replace(node_id=cfg.node_id)
         node_id = profile.node_id
 
-        # Who else is there. Peer events wait in a queue until planning consumes them (below).
+        # Who else is there. Peer events wait in a queue until planning consumes them (below). Profiles
+        # and probes go over the peer protocol: with a secret, only peers that prove it enter the view,
+        # and an mDNS record only names an endpoint to ask.
+        auth = LinkAuth(node_id, cfg.swarm, link_key)
         peer_events: asyncio.Queue[PeerEvent] = asyncio.Queue()
         discovery = Discovery(profile, interfaces=cfg.interfaces, static_peers=cfg.peers, mdns=cfg.mdns,
-                              on_event=peer_events, state_dir=cfg.state_dir, on_duplicate=self._on_duplicate_id)
+                              on_event=peer_events, state_dir=cfg.state_dir, on_duplicate=self._on_duplicate_id,
+                              fetch_profile=ProfileFetcher(auth), mdns_is_hint=link_key is not None)
 
-        # The peer data path: one connection per peer, read and written on the MLX thread.
+        # The peer data path: one connection per peer, read and written on the MLX thread. A link that
+        # breaks may have lost frames: their requests replay (see _mlx_on_link_broken).
         links = PeerLinks(node_id)
-        lane = DataLane(node_id, cfg.swarm, links, worker.watch, worker.post, discovery.endpoint_of)
+        lane = DataLane(node_id, cfg.swarm, links, worker.watch, worker.post, discovery.endpoint_of, key=link_key,
+                        on_broken=self._mlx_on_link_broken)
         listener = PeerListener(node_id, cfg.swarm, cfg.peer_host, cfg.peer_port, links, lane,
-                                lambda: discovery.profile)
+                                lambda: discovery.profile, key=link_key)
 
         # The entry side's bookkeeping, and the stage side that serves every peer message, each
         # message checked first against who may send it (stage/sender_rules.py).
@@ -225,6 +247,7 @@ class Node:
         events = EventBus()
         coordinator = Coordinator(node_id, model_spec(sizes, cfg.kv_reserve_tokens), model.fingerprint, discovery,
                                   host, pending, events, strategy=cfg.strategy, recovery_timeout=cfg.recovery_timeout)
+        self._coordinator, self._pending, self._stage_service = coordinator, pending, stage_service
 
         # The entry side: requests through pipelines on agreed plans.
         stats = RequestStats(events.emit, entry=node_id)
@@ -239,7 +262,7 @@ class Node:
         key = self.api_key
         peer_stats = PeerStats(discovery)
         status = NodeStatus(model, self.backend, discovery, coordinator, host, stage_service, links, stats,
-                            hop_timing, peer_stats, api_key=bool(key))
+                            hop_timing, peer_stats, api_key=bool(key), peers=peer_security.describe(self.secret))
         app = make_app(service, status, events, model.model_id, defaults, self.gate, api_key=key.value,
                        body_timeout=cfg.http_timeout)
         # keepalive_timeout closes a connection idle between requests, and one that never completes
@@ -269,9 +292,9 @@ class Node:
         self._stops.append(discovery.stop)
         peer_stats.start()
         self._stops.append(peer_stats.stop)
-        log.info("node %s (%s): API on %s:%d, peers on %s:%d, %.2f ms/layer/token, swarm %r",
+        log.info("node %s (%s): API on %s:%d, peers on %s:%d, %.2f ms/layer/token, swarm %r (%s)",
                  node_id, profile.name, cfg.api_host, cfg.api_port, cfg.peer_host, listener.port, speed * 1e3,
-                 cfg.swarm)
+                 cfg.swarm, "with a secret" if link_key else "OPEN: no secret")
         if key:
             log.info("the API requires its key (from %s) for everything but /health", key.source)
         else:
@@ -287,6 +310,19 @@ class Node:
         url = f"http://{host}:{runner.addresses[0][1]}/v1"
         ready = asyncio.create_task(_say_ready(coordinator, url), name="say-ready")
         self._stops.append(lambda: _cancel(ready))
+
+    def _mlx_on_link_broken(self, peer: str, problem: str) -> None:
+        """The lane's report (MLX thread): entries of requests we sent frames for on that link are told, and
+        our own requests are seen to on the event loop."""
+        self._stage_service.mlx_link_broken(peer, problem)
+        self._loop.call_soon_threadsafe(self._on_link_broken, peer, problem)
+
+    def _on_link_broken(self, peer: str, problem: str) -> None:
+        """A link to `peer` broke (event loop): frames on it may be lost, so if `peer` is a stage of the plan,
+        the requests this node is the entry of replay now rather than wait out the token timeout."""
+        plan = self._coordinator.plan
+        if plan is not None and peer in {s.node_id for s in plan.stages}:
+            self._pending.break_all(f"the link to {peer} broke ({problem})")
 
     async def stop(self) -> None:
         for stop in reversed(self._stops):

@@ -35,6 +35,7 @@ class NodeConfig:
     top_k: int | None = None
     # swarm membership
     swarm: str = "default"
+    secret: str | None = None  # --secret; None: $SWARM_SECRET, else the state dir's `secret` file, else open
     interfaces: list[str] | None = None  # None: every interface (the user default)
     peers: list[tuple[str, int]] = field(default_factory=list)  # static peers (host, peer port)
     mdns: bool = True

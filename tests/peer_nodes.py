@@ -18,8 +18,8 @@ import psutil
 import pytest
 
 from swarm.engine.worker import MlxWorker
+from discovery.profile import PROTOCOL_VERSION
 from swarm.transport.frames import MAGIC, encode_frame
-from swarm.transport.handshake import own_hello
 from swarm.transport.lane import DataLane
 from swarm.transport.links import PeerLinks
 from swarm.transport.listener import PeerListener
@@ -31,14 +31,18 @@ SWARM = "test-swarm"
 
 class PeerNode:
     def __init__(self, node_id: str, addresses: dict[str, tuple[str, int]], *, swarm: str = SWARM, port: int = 0,
-                 profile=None, on_message=None, max_payload: int | None = None, **lane_kwargs) -> None:
+                 profile=None, on_message=None, max_payload: int | None = None, key: bytes | None = None,
+                 listener_kwargs: dict | None = None, **lane_kwargs) -> None:
+        """`key`: a stretched swarm secret (link_crypto.stretch_secret), for sealed links."""
         self.node_id, self.addresses, self.inbox = node_id, addresses, queue.Queue()
         self.worker = MlxWorker()
         self.links = PeerLinks(node_id)
         sizes = {"max_payload": max_payload} if max_payload else {}
         self.lane = DataLane(node_id, swarm, self.links, self.worker.watch, self.worker.post, addresses.get,
-                             **sizes, **lane_kwargs)
-        self.listener = PeerListener(node_id, swarm, HOST, port, self.links, self.lane, lambda: profile, **sizes)
+                             key=key, **sizes, **lane_kwargs)
+        self.listener = PeerListener(node_id, swarm, HOST, port, self.links, self.lane,
+                                     (lambda: profile) if profile is not None else None, key=key, **sizes,
+                                     **(listener_kwargs or {}))
         self.lane.serve(on_message or (lambda sender, message: self.inbox.put((sender, message))))
         self._stopped = False
 
@@ -78,8 +82,8 @@ def token(seq: int, rid: str = "r1", plan: str = "p1") -> Token:
     return Token(rid, plan, seq + 1, seq % 1000, 0)
 
 
-def hello_bytes(node_id: str, swarm: str = SWARM) -> bytes:
-    return b"".join(bytes(p) for p in encode_frame(*own_hello(node_id, swarm).to_frame()))
+def hello_bytes(node_id: str, swarm: str = SWARM, **fields) -> bytes:
+    return b"".join(bytes(p) for p in encode_frame(*Hello(PROTOCOL_VERSION, node_id, swarm, **fields).to_frame()))
 
 
 def frame_bytes(header: dict, payload: bytes = b"") -> bytes:

@@ -60,9 +60,15 @@ class SwarmNode:
 
 
 class SwarmCluster:
-    def __init__(self, root: Path, n: int, common: list[str], per_node: list[list[str]] | None = None):
+    def __init__(self, root: Path, n: int, common: list[str], per_node: list[list[str]] | None = None,
+                 secret: str | None = None):
+        """`secret`: written into every node's state dir (the file a node reads its swarm secret from)."""
         self.root = Path(root)
         self.common = common
+        if secret is not None:
+            for i in range(n):
+                (self.root / f"state{i}").mkdir(parents=True, exist_ok=True)
+                (self.root / f"state{i}" / "secret").write_text(secret + "\n")
         self.network = Network(self.root / "net")
         try:
             hosts = self.network.add_hosts(n)

@@ -30,17 +30,22 @@ def test_quick_bench_two_swarm_sizes(tmp_path: Path) -> None:
     model = build_random_model(tmp_path / "model", family="llama", n_layers=6, seed=1)
     raw = tmp_path / "raw.json"
     p = subprocess.run([*_bench_cmd(), "--quick", "--nodes", "1,2", "--concurrency", "1,2", "--skip-mlx-ring",
-                        "--batch-decode", "2", "--model", str(model), "--json", str(raw)],
-                       capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+                        "--batch-decode", "2", "--secret", "--model", str(model), "--json", str(raw)],
+                       capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
     assert p.returncode == 0, p.stdout + p.stderr
     rows = _rows(p.stdout)
     assert set(rows) == {"mlx-lm alone (stream_generate)", "swarm, 1 node", "swarm, 2 nodes",
-                         "swarm, 1 node, batch-decode 2", "swarm, 2 nodes, batch-decode 2"}, p.stdout
+                         "swarm, 1 node, batch-decode 2", "swarm, 2 nodes, batch-decode 2",
+                         "swarm, 1 node, secret", "swarm, 2 nodes, secret"}, p.stdout
     header = p.stdout[p.stdout.index("| setup"):].splitlines()[0]
     same = [c.strip() for c in header.strip("|").split(" | ")].index("same tokens")
     assert rows["swarm, 1 node"][same] == "yes", p.stdout
     assert rows["swarm, 2 nodes"][same] == "yes", p.stdout
     assert rows["swarm, 2 nodes"][1].startswith("2 (0-3, 3-6)"), p.stdout  # an even split
+    assert rows["swarm, 2 nodes, secret"][same] == "yes", p.stdout
+    summary = p.stdout[p.stdout.index("With a swarm secret"):].splitlines()
+    assert summary[1].startswith("- 1 stage(s): decode") and summary[2].startswith("- 2 stage(s): decode"), summary
+    assert "ratio" in summary[2] and "overhead per hop" in summary[2], summary
 
     data = json.loads(raw.read_text())
     two = next(r for r in data["results"] if r["name"] == "swarm, 2 nodes")

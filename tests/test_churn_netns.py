@@ -6,6 +6,7 @@ undisturbed run; the client sees a pause, never an error or a repeated token.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -67,7 +68,10 @@ def seeded(max_tokens: int = TOKENS) -> dict:
 
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory, default_model):
-    cluster = SwarmCluster(tmp_path_factory.mktemp("churn"), 3, ["--recovery-timeout", "60"])
+    # A swarm with a secret, as a user should run one: plans and deaths then travel only by the
+    # authenticated probe, not by mDNS. (SWARM_CHURN_OPEN=1: the same tests on an open swarm.)
+    secret = None if os.environ.get("SWARM_CHURN_OPEN") else "churn-test-secret-0a9f7c"
+    cluster = SwarmCluster(tmp_path_factory.mktemp("churn"), 3, ["--recovery-timeout", "60"], secret=secret)
     try:
         cluster.wait_serving(stages=3)
         yield cluster

@@ -156,7 +156,7 @@ def test_table_ignores_self_other_swarms_and_incompatible_versions():
     table = PeerTable(me)
     assert table.admit(me, ("10.0.0.1",), "mdns") == []
     assert table.admit(make_profile("x", swarm="other"), ("10.0.0.2",), "mdns") == []
-    assert table.admit(make_profile("y", protocol_version=2), ("10.0.0.3",), "mdns") == []
+    assert table.admit(make_profile("y", protocol_version=1), ("10.0.0.3",), "mdns") == []  # before the secret
     assert table.peers == {}
 
 
@@ -306,3 +306,66 @@ async def test_static_peers_join_update_leave_and_view():
         await a.stop()
         server_a.close()
         await server_a.wait_closed()
+
+
+async def until(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+def test_a_hint_says_who_and_where_and_nothing_to_plan_with():
+    hint = make_profile("x", extra={"plan": "p1"}).as_hint()
+    assert hint.is_hint and (hint.node_id, hint.peer_port, hint.instance) == ("x", 7946, "inst-x")
+    assert hint.memory_available == hint.speed == 0 and not hint.model_fingerprint and "plan" not in hint.extra
+    assert NodeProfile.from_txt(hint.to_txt()) == hint
+
+
+async def test_with_mdns_as_a_hint_only_what_the_fetcher_returns_enters_the_view():
+    """mDNS records (fed in as zeroconf would) only name endpoints; the injected fetcher decides."""
+    real = make_profile("b", peer_port=7001)
+    asked: list[tuple[str, int]] = []
+
+    async def fetch(host: str, port: int, timeout: float) -> NodeProfile:
+        asked.append((host, port))
+        if (host, port) == ("127.0.0.1", 7001):
+            return real
+        raise ProfileExchangeError(f"{host}:{port} did not prove the secret")
+
+    d = Discovery(make_profile("a", peer_port=7000), mdns=False, fetch_profile=fetch, mdns_is_hint=True,
+                  probe_interval=0.1, probe_timeout=0.5)
+    await d.start()
+    try:
+        lies = make_profile("b", peer_port=7001, memory_available=2**40, speed=1e-6, extra={"plan": "mine"})
+        d._on_mdns_found("rogue._swarm._tcp.local.", make_profile("rogue", peer_port=9), ("127.0.0.9",))
+        d._on_mdns_found("b._swarm._tcp.local.", lies, ("127.0.0.1",))
+        assert d.view() == []  # nothing from the record itself
+        await until(lambda: [p.node_id for p in d.view()] == ["b"])
+        assert d.view()[0].profile == real  # what the fetcher returned, not what the record said
+        await until(lambda: asked.count(("127.0.0.9", 9)) >= 2)  # still asked, never admitted
+        assert [p.node_id for p in d.view()] == ["b"]
+        d._on_mdns_lost("b._swarm._tcp.local.")  # anyone can send a goodbye: the peer is asked first
+        await asyncio.sleep(0.5)
+        assert [p.node_id for p in d.view()] == ["b"]
+    finally:
+        await d.stop()
+
+
+async def test_an_open_node_treats_a_hint_record_as_an_endpoint_to_ask():
+    fetched = asyncio.Event()
+
+    async def fetch(host: str, port: int, timeout: float) -> NodeProfile:
+        fetched.set()
+        raise ProfileExchangeError("refused: the answering node has a swarm secret")
+
+    d = Discovery(make_profile("a"), mdns=False, fetch_profile=fetch, probe_interval=0.1)
+    await d.start()
+    try:
+        d._on_mdns_found("s._swarm._tcp.local.", make_profile("s", peer_port=7002).as_hint(), ("127.0.0.1",))
+        await asyncio.wait_for(fetched.wait(), 5)
+        assert d.view() == []
+        d._on_mdns_found("o._swarm._tcp.local.", make_profile("o", peer_port=7003), ("127.0.0.1",))
+        assert [p.node_id for p in d.view()] == ["o"]  # an open record is still a profile, as before
+    finally:
+        await d.stop()

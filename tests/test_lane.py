@@ -66,7 +66,10 @@ async def test_garbage_closes_only_its_connection(nodes, caplog) -> None:
     def hostile_peer() -> bytes:  # in a thread: b's listener answers the hello on this event loop
         with raw_hello_session(addresses["node-b"], "node-x") as raw:
             raw.sendall(b"\xff" * 64)  # from here on b's lane reads this connection
-            return raw.recv(4096)
+            try:
+                return raw.recv(4096)
+            except ConnectionResetError:
+                return b""  # a link that broke is closed with a reset
 
     assert await asyncio.to_thread(hostile_peer) == b""  # closed by b
     await a.send("node-b", token(1))

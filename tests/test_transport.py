@@ -52,19 +52,29 @@ def reader_with(data: bytes, eof: bool = True) -> asyncio.StreamReader:
 
 
 async def raw_session(port: int, data: bytes, *, close_write: bool = False, timeout: float = 2.0) -> bytes:
-    """Send `data` on a fresh connection; everything the server sent until it closed.
+    """Send `data` on a fresh connection; everything the server sent until it closed (or reset) it.
 
     Times out (failing the test) if the server keeps the connection open.
     """
     reader, writer = await asyncio.open_connection(HOST, port)
+    got = b""
+
+    async def until_closed() -> None:
+        nonlocal got
+        while chunk := await reader.read(65536):
+            got += chunk
+
     try:
         writer.write(data)
         await writer.drain()
         if close_write:
             writer.write_eof()
-        return await asyncio.wait_for(reader.read(), timeout)
+        await asyncio.wait_for(until_closed(), timeout)
+    except ConnectionResetError:
+        pass  # a link that broke is closed with a reset
     finally:
         writer.close()
+    return got
 
 
 async def eventually(predicate, timeout: float = 10.0) -> None:  # generous: green on a loaded machine

@@ -60,6 +60,7 @@ async def test_nodes_and_layer_ranges_match_topology(node):
         await pilot.pause(0.2)
         text = app.screen_text()
         assert topo.model_id in text and topo.swarm in text
+        assert topo.open_swarm and "OPEN SWARM" in text  # this node has no secret: said in the header
         if topo.plan:
             assert topo.plan.id in text
         assert ("can serve" in text) == topo.can_serve
@@ -235,3 +236,13 @@ def test_runs_in_a_real_terminal_under_tmux(node):
         assert not _alive(sock), "q did not quit the app:\n" + _tmux(sock, "capture-pane", "-p", "-t", "t")
     finally:
         subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True)
+
+
+def test_the_header_warns_of_an_open_swarm_only():
+    from tui.widgets.header import SwarmHeader
+    raw = {"swarm": "home", "model": {"id": "m"}, "can_serve": True, "nodes": []}
+    for security, warned in (({"peers": "open"}, True), ({"peers": "secret", "secret_from": "--secret"}, False),
+                             (None, False)):
+        header = SwarmHeader()
+        header.topology = Topology.parse({**raw, "security": security} if security else raw)
+        assert ("OPEN SWARM" in header._text().plain) == warned, security

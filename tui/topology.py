@@ -137,6 +137,11 @@ class Topology:
     plan: Plan | None = None
     nodes: dict[str, NodeInfo] = field(default_factory=dict)
     links: list[tuple[str, str]] = field(default_factory=list)
+    peers_security: str = ""  # "open" (no swarm secret: anyone on the network can join), "secret", "" unknown
+
+    @property
+    def open_swarm(self) -> bool:
+        return self.peers_security == "open"
 
     @classmethod
     def parse(cls, raw: Any) -> "Topology":
@@ -154,7 +159,7 @@ class Topology:
                    updated_at=_f(d.get("updated_at")), can_serve=d.get("can_serve") is True,
                    status=_s(d.get("status"), "unknown"), model_id=_s(model.get("id"), "?"),
                    n_layers=n_layers, fingerprint=_s(model.get("fingerprint")), plan=plan,
-                   nodes=nodes, links=links)
+                   nodes=nodes, links=links, peers_security=_s(_d(d.get("security")).get("peers")))
 
     def name_of(self, node_id: str) -> str:
         n = self.nodes.get(node_id)

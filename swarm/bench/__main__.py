@@ -1,7 +1,7 @@
 """swarm-bench: start 1..N local nodes on loopback, run fixed greedy prompts, print one table.
 
     swarm-bench [--model DIR|GGUF] [--nodes 1,2,3] [--tokens 64] [--concurrency 1,2,4]
-                [--batch-decode N] [--skip-mlx-ring] [--quick] [--json [PATH]]
+                [--batch-decode N] [--secret] [--skip-mlx-ring] [--quick] [--json [PATH]]
 
 Setups on the same model in the same run: mlx-lm alone in this process, the swarm
 with each node count (entry = stage 0, even split), and mlx-lm's ring pipeline
@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also dump raw numbers as JSON (to PATH, or stdout after the table)")
     p.add_argument("--batch-decode", type=int, default=0, metavar="N",
                    help="also run each swarm size with `swarm-node --batch-decode N` (one more row per size)")
+    p.add_argument("--secret", action="store_true",
+                   help="also run each swarm size with a swarm secret (proved hellos, sealed frames: one more "
+                        "row per size) and print what it costs next to the open swarm of the same run")
     p.add_argument("--blas", choices=["auto", "off"], default="auto",
                    help="auto: preload the optimized BLAS for this process and every node (same for all setups)")
     p.add_argument("--blas-threads", type=int, default=None, metavar="N",
@@ -69,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = args.runs or (1 if args.quick else 3)
     with tempfile.TemporaryDirectory(prefix="swarm-bench-") as tmp:
         report = run_all(args.model, args.nodes, tokens, args.concurrency, runs, not args.skip_mlx_ring,
-                         args.memory_limit, Path(tmp), args.batch_decode)
+                         args.memory_limit, Path(tmp), args.batch_decode, args.secret)
     print(report.text, flush=True)
     if args.json:
         dump = json.dumps(report.data, indent=2, default=str)

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 @dataclass
 class SetupResult:
     name: str
-    kind: str  # "mlx-lm" | "swarm" | "swarm-batched" | "mlx-ring"
+    kind: str  # "mlx-lm" | "swarm" | "swarm-batched" | "swarm-secret" | "mlx-ring"
     stages: int  # pipeline stages (1 for mlx-lm alone)
     split: str  # layer ranges per stage, e.g. "0-15, 15-30"
     prompt_tokens: int
@@ -45,7 +45,8 @@ def derive(results: list[SetupResult], hidden: int, act_bytes: int) -> None:
     Prefill rate is computed, not taken from the transport:
     prompt_tokens * hidden * act_bytes * (stages - 1) / TTFT (TTFT ~ prefill time).
     """
-    base = {"swarm": _one_stage(results, "swarm"), "mlx-ring": _one_stage(results, "mlx-lm")}
+    swarm_base = _one_stage(results, "swarm")
+    base = {"swarm": swarm_base, "swarm-secret": swarm_base, "mlx-ring": _one_stage(results, "mlx-lm")}
     for r in results:
         if not r.measured or r.stages < 2:
             continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import secrets
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +55,8 @@ def reference_text(tokenizer, ids: list[int]) -> str:
 
 
 def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrency: list[int], runs: int,
-            with_ring: bool, memory_limit: str, workdir: Path, batch_decode: int = 0) -> Report:
+            with_ring: bool, memory_limit: str, workdir: Path, batch_decode: int = 0,
+            with_secret: bool = False) -> Report:
     from mlx_lm.utils import load_tokenizer
 
     from swarm.engine.blas import blas_in_use
@@ -81,18 +83,22 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
     reference = reference_text(tokenizer, ref_ids)
     results: list[SetupResult] = [ref]
 
-    variants = [()] + ([("--batch-decode", str(batch_decode))] if batch_decode > 1 else [])
+    # (extra node args, row name suffix, kind): kinds other than "swarm" are no baseline for per-hop numbers
+    variants = [((), "", "swarm")]
+    if batch_decode > 1:
+        variants.append((("--batch-decode", str(batch_decode)), f", batch-decode {batch_decode}", "swarm-batched"))
+    if with_secret:
+        variants.append((("--secret", secrets.token_urlsafe(32)), ", secret", "swarm-secret"))
     for n in nodes:
-        for extra in variants:
-            progress(f"swarm with {n} node(s){''.join(' ' + a for a in extra)}: starting")
+        for extra, suffix, kind in variants:
+            progress(f"swarm with {n} node(s){suffix}: starting")
             with LocalCluster(n, workdir, str(model.path), memory_limit, extra_args=extra) as cluster:
                 load = loadavg()
                 progress(f"swarm with {n} node(s): plan {cluster.topology['plan']['plan_id']} stages "
                          + ", ".join(f"{s['node_id']}[{s['start']},{s['end']})" for s in cluster.stages))
                 r = measure_swarm(cluster, PROMPT, len(prompt), max_tokens, concurrency, runs, reference)
-                if extra:
-                    r.name += f", batch-decode {batch_decode}"
-                    r.kind = "swarm-batched"  # not a baseline for the per-hop numbers
+                r.name += suffix
+                r.kind = kind
                 results.append(_with_load(r, load))
 
     if with_ring:
@@ -126,8 +132,31 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
         "detokenized; the ring compares token ids of its own prompt.\n"
         "Note: load a->b is the machine's 1-min load average before/after a setup; above the core count, "
         "other processes shared the CPU and the numbers of that row are skewed.\n")
-    text = header + "\n" + markdown_table(results, concurrency) + "\n" + notes
+    text = header + "\n" + markdown_table(results, concurrency) + "\n" + secret_summary(results) + notes
     data = {"header": header.strip(), "prompt_tokens": len(prompt), "max_tokens": max_tokens, "runs": runs,
             "hidden": hidden, "act_bytes": act_bytes, "hops": {r.stages: hops_per_token(r.stages) for r in results},
             "results": [r.to_dict() for r in results]}
     return Report(text, data)
+
+
+def secret_summary(results: list[SetupResult]) -> str:
+    """What a swarm secret cost, per swarm size: the secret row against the open row of this run."""
+    lines = []
+    for r in results:
+        if r.kind != "swarm-secret" or not r.measured:
+            continue
+        base = next((o for o in results if o.kind == "swarm" and o.stages == r.stages and o.measured), None)
+        if base is None or not (base.decode_tps and r.decode_tps):
+            continue
+        line = (f"- {r.stages} stage(s): decode {r.decode_tps:.1f} vs {base.decode_tps:.1f} tok/s open, "
+                f"ratio {r.decode_tps / base.decode_tps:.3f}")
+        if r.hop_overhead_ms is not None and base.hop_overhead_ms is not None:
+            line += (f"; overhead per hop {r.hop_overhead_ms:.3f} vs {base.hop_overhead_ms:.3f} ms open, "
+                     f"{r.hop_overhead_ms - base.hop_overhead_ms:+.3f} ms")
+        if r.ttft_s and base.ttft_s:
+            line += f"; TTFT ratio {r.ttft_s / base.ttft_s:.3f}"
+        lines.append(line)
+    if not lines:
+        return ""
+    return "\nWith a swarm secret (proved hellos, every frame sealed with AES-GCM) vs open, same run:\n" + \
+        "\n".join(lines) + "\n"

@@ -51,6 +51,7 @@ from ..transport.errors import PeerUnreachable, ProtocolError
 from ..transport.lane import DataLane
 from ..transport.messages import Error, Forward, Message, Release, Token
 from .bounded_log import BoundedLog
+from .link_requests import LinkRequests
 from .sender_rules import LATE, SenderRules, describe
 from .stage_host import StageHost
 
@@ -73,6 +74,7 @@ class StageService:
         self.batched_rows = 0
         # (sender, message) for our stage, in arrival order; MLX thread only
         self._queue: deque[tuple[str, Forward | Release]] = deque()
+        self.carried = LinkRequests(self.node_id)  # whose entry to tell when a link breaks; MLX thread only
         self._last_gc = time.monotonic()
 
     def start(self) -> None:
@@ -93,6 +95,14 @@ class StageService:
     def drop_peer(self, node_id: str) -> None:
         """A peer left: close our connection to it."""
         self.worker.post(self.lane.mlx_drop, node_id)
+
+    # -- MLX thread: the lane's report of a broken link --------------------------------------
+    def mlx_link_broken(self, peer: str, problem: str) -> None:
+        """The link to `peer` broke: frames we sent on it may be lost, so their requests' entries replay
+        now (link_requests.py) instead of waiting out their token timeout."""
+        for rid, entry, plan_id in self.carried.broken(peer):
+            self._mlx_fail_request(rid, plan_id, entry, "link",
+                                   f"the link from {self.node_id} to {peer} broke ({problem}): a frame may be lost")
 
     # -- MLX thread -------------------------------------------------------------------------
     def mlx_on_message(self, sender: str, message: Message) -> None:
@@ -131,6 +141,8 @@ class StageService:
             self.lane.mlx_send(node_id, forward)
         except PeerUnreachable as e:
             self._mlx_fail(forward, "unreachable", str(e))
+            return
+        self.carried.note(node_id, forward)
 
     def _mlx_release_everywhere(self, rid: str, node_ids: list[str]) -> None:
         for node_id in node_ids:
@@ -140,9 +152,12 @@ class StageService:
                 pass  # a dead stage freed its caches by dying
 
     def _mlx_fail(self, forward: Forward, kind: str, message: str) -> None:
-        self.failures.mlx_line("request %s of %s: %s (%s)", forward.rid, forward.entry, kind, message)
+        self._mlx_fail_request(forward.rid, forward.plan_id, forward.entry, kind, message)
+
+    def _mlx_fail_request(self, rid: str, plan_id: str, entry: str, kind: str, message: str) -> None:
+        self.failures.mlx_line("request %s of %s: %s (%s)", rid, entry, kind, message)
         try:
-            self.lane.mlx_send(forward.entry, Error(forward.rid, forward.plan_id, kind, message))
+            self.lane.mlx_send(entry, Error(rid, plan_id, kind, message))
         except PeerUnreachable:
             pass  # the entry node is gone too; its clients are gone with it
 
@@ -166,6 +181,7 @@ class StageService:
     def _mlx_release(self, sender: str, message: Release) -> None:
         stage = self.host.stage
         if stage is None or stage.release(message.rid, sender):
+            self.carried.forget(message.rid)
             return
         holders = stage.holders(message.rid)
         if holders:  # (none: a stage that never saw the request, or already freed it: normal)

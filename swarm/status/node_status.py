@@ -26,8 +26,10 @@ from .peer_stats import PeerStats
 class NodeStatus:
     def __init__(self, model: LocalModel, backend: str, discovery: Discovery, coordinator: Coordinator,
                  host: StageHost, stage_service: StageService, links: PeerLinks, stats: RequestStats,
-                 hop_timing: HopTiming, peer_stats: PeerStats, *, api_key: bool = False):
+                 hop_timing: HopTiming, peer_stats: PeerStats, *, api_key: bool = False,
+                 peers: dict | None = None):
         self.model, self.backend, self.discovery, self.coordinator = model, backend, discovery, coordinator
+        self.peers_security = peers or {"peers": "open"}  # peer_security.describe
         self.host, self.stage_service, self.links = host, stage_service, links
         self.stats, self.hop_timing, self.peer_stats = stats, hop_timing, peer_stats
         self.api_key = api_key
@@ -36,7 +38,8 @@ class NodeStatus:
         return self.coordinator.status()
 
     def security(self) -> dict:
-        return {"api_key": self.api_key}
+        """The peers' half (peer_security.describe: an open swarm said loudly) and the API's."""
+        return {**self.peers_security, "api_key": self.api_key}
 
     def health(self, authorized: bool = True) -> dict:
         ok, reason = self.can_serve()

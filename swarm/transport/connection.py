@@ -3,8 +3,9 @@ the connection's only frame reader and frame writer.
 
 Made in exactly two places (handshake.py): `dial` when we open it, `answer` when the
 peer did. Either way the hello has named the peer, so every frame read here comes
-from `peer`. Sealing and opening frames (encryption, sequence numbers) belongs in
-`write_frame` and `read_frames` and nowhere else.
+from `peer`. With a swarm secret the handshake hands over the link's sealer and a
+sealed parser (sealed_frames.py): `write_frame` seals and `read_frames` opens, here
+and nowhere else; a frame that does not open is a ProtocolError like any garbage.
 
 The socket is non-blocking: reads take what has arrived, a write waits for room at
 most `send_timeout` (a peer that stops reading must not hold our thread for longer).
@@ -16,10 +17,14 @@ from __future__ import annotations
 
 import select
 import socket
+import struct
 import time
+from typing import Callable
 
 from .errors import ProtocolError
 from .frames import DEFAULT_MAX_PAYLOAD_BYTES, Frame, FrameParser, encode_frame
+from .link_crypto import FrameSealer
+from .sealed_frames import SealedFrameParser, seal_frame
 
 RECV_BYTES = 256 * 1024
 
@@ -27,9 +32,11 @@ RECV_BYTES = 256 * 1024
 class PeerConnection:
     def __init__(self, sock: socket.socket, peer: str, where: str, dialed: bool,
                  max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES, *, pending: bytes = b"",
-                 parser: FrameParser | None = None, ready: list[Frame] | None = None) -> None:
-        """`pending`, or `parser` and `ready`: what the handshake read past the hello (bytes not
-        parsed yet; or the parser holding a partial frame, and whole frames) comes first."""
+                 parser: FrameParser | SealedFrameParser | None = None, ready: list[Frame] | None = None,
+                 sealer: FrameSealer | None = None, on_close: Callable[[], None] | None = None) -> None:
+        """`pending`, `parser` and `ready`: what the handshake read past the hello (bytes not parsed
+        yet, the parser holding a partial frame, whole frames) comes first. A sealed link has a
+        `sealer` and a SealedFrameParser. `on_close` runs once when the connection is closed."""
         sock.setblocking(False)
         if sock.family in (socket.AF_INET, socket.AF_INET6):  # one decode step now, not after Nagle's 40 ms
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -38,8 +45,12 @@ class PeerConnection:
         self.where = where  # "host:port" of the other end, for log lines
         self.dialed = dialed  # we opened it (decides which of two simultaneous connections stays)
         self._parser = parser or FrameParser(max_payload)
+        self._sealer = sealer
         self._pending, self._ready = pending, ready or []
         self._recv_buf: bytearray | None = None
+        self._on_close = on_close
+        self.last_active = time.monotonic()  # a frame read or written (lane.py retires idle links)
+        self.retired_at: float | None = None
         self._readable = select.poll()  # asked before every write: has the peer hung up?
         self._readable.register(sock, select.POLLIN)
 
@@ -51,6 +62,7 @@ class PeerConnection:
         """The whole frames that have arrived (maybe none); None when the peer closed between frames.
 
         ProtocolError for garbage, or a close in the middle of a frame; OSError when the socket broke."""
+        self.last_active = time.monotonic()
         if self.has_pending:
             frames, self._ready = self._ready, []
             if self._pending:
@@ -78,8 +90,10 @@ class PeerConnection:
         """Write one whole frame; OSError (TimeoutError included) if it cannot within `timeout`.
 
         A frame is written whole or the connection is unusable after it: close it then."""
-        pieces = encode_frame(header, payload)  # a bad header is the caller's bug: ValueError
-        total = len(pieces[0]) + memoryview(payload).nbytes
+        self.last_active = time.monotonic()
+        # a bad header is the caller's bug: ValueError
+        pieces = encode_frame(header, payload) if self._sealer is None else seal_frame(self._sealer, header, payload)
+        total = sum(memoryview(p).nbytes for p in pieces)
         sent = _send(self.sock, pieces)  # one sendmsg, the payload not copied: nearly always all of it
         if sent == total:
             return
@@ -98,6 +112,16 @@ class PeerConnection:
         The owner's thread only (the poll object is not for two threads at once): see `peer_gone`."""
         return bool(self._readable.poll(0)) and self.peer_gone()
 
+    def hangup(self) -> str | None:
+        """After `peer_closed`: None for a clean end, or what broke (a reset)."""
+        try:
+            self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError as exc:
+            return f"the peer reset the connection ({type(exc).__name__})"
+        return None
+
     def peer_gone(self) -> bool:
         """`peer_closed` for any thread: one more system call."""
         try:
@@ -107,8 +131,24 @@ class PeerConnection:
         except OSError:
             return True
 
-    def close(self) -> None:
+    @property
+    def sealed(self) -> bool:
+        return self._sealer is not None
+
+    def close(self, abort: bool = False) -> None:
+        """Close the socket; `abort`: with a reset, so the peer knows the link broke (not a clean end)."""
+        if abort:
+            try:
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
+            except OSError:
+                pass
         self.sock.close()
+        on_close, self._on_close = self._on_close, None
+        if on_close is not None:
+            on_close()
+
+
+_RESET_ON_CLOSE = struct.pack("ii", 1, 0)
 
 
 def _send(sock: socket.socket, pieces: list) -> int:

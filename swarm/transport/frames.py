@@ -24,7 +24,7 @@ from .errors import ConnectionClosed, ProtocolError
 MAGIC = b"SWRM"
 MAX_HEADER_BYTES = 64 * 1024
 DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024 * 1024
-_PREFIX = struct.Struct(">II")
+PREFIX = struct.Struct(">II")
 # msgpack's own default is a 256 KiB buffer per packb: a large malloc on every frame, which
 # after a forward pass makes glibc merge all the small blocks MLX just freed. Headers are
 # ~200 bytes; 512 stays in Python's small-object allocator (it grows when a header needs it).
@@ -45,15 +45,29 @@ def _reject_ext(code: int, data: bytes) -> Any:
     raise ProtocolError(f"msgpack ext type {code} in header")
 
 
-def encode_frame(header: dict[str, Any], payload: bytes | memoryview = b"") -> list[bytes | memoryview]:
-    """The pieces of one frame, for `writer.writelines` (the payload is not copied here)."""
+def pack_header(header: dict[str, Any]) -> bytes:
+    """A frame header as msgpack; ValueError for one that is not ours to send (the caller's bug)."""
     if not isinstance(header.get("t"), str):
         raise ValueError(f"frame header needs a str 't', got {header!r}")
     packed = msgpack.packb(header, use_bin_type=True, buf_size=_PACK_BUFFER_BYTES)
     if len(packed) > MAX_HEADER_BYTES:
         raise ValueError(f"frame header is {len(packed)} bytes (max {MAX_HEADER_BYTES})")
+    return packed
+
+
+def encode_frame(header: dict[str, Any], payload: bytes | memoryview = b"") -> list[bytes | memoryview]:
+    """The pieces of one frame, for `writer.writelines` (the payload is not copied here)."""
+    packed = pack_header(header)
     payload_len = memoryview(payload).nbytes
-    return [_PREFIX.pack(len(packed), payload_len) + packed, payload]
+    return [PREFIX.pack(len(packed), payload_len) + packed, payload]
+
+
+def check_lengths(header_len: int, payload_len: int, max_payload: int) -> None:
+    """ProtocolError for a length prefix that asks for more than a frame may hold (before reading it)."""
+    if header_len > MAX_HEADER_BYTES:
+        raise ProtocolError(f"frame header of {header_len} bytes (max {MAX_HEADER_BYTES})")
+    if payload_len > max_payload:
+        raise ProtocolError(f"frame payload of {payload_len} bytes (max {max_payload})")
 
 
 def decode_header(packed: bytes) -> dict[str, Any]:
@@ -80,15 +94,12 @@ async def read_frame(reader: asyncio.StreamReader, max_payload: int = DEFAULT_MA
     costs no memory.
     """
     try:
-        header_len, payload_len = _PREFIX.unpack(await reader.readexactly(_PREFIX.size))
-        if header_len > MAX_HEADER_BYTES:
-            raise ProtocolError(f"frame header of {header_len} bytes (max {MAX_HEADER_BYTES})")
-        if payload_len > max_payload:
-            raise ProtocolError(f"frame payload of {payload_len} bytes (max {max_payload})")
+        header_len, payload_len = PREFIX.unpack(await reader.readexactly(PREFIX.size))
+        check_lengths(header_len, payload_len, max_payload)
         header = decode_header(await reader.readexactly(header_len))
         payload = await reader.readexactly(payload_len) if payload_len else b""
     except asyncio.IncompleteReadError as exc:
-        if not exc.partial and exc.expected == _PREFIX.size:
+        if not exc.partial and exc.expected == PREFIX.size:
             raise ConnectionClosed("connection closed between frames") from exc
         raise ProtocolError(f"connection closed mid-frame ({len(exc.partial)} of {exc.expected} bytes)") from exc
     return Frame(header, payload)
@@ -108,23 +119,30 @@ class FrameParser:
     def mid_frame(self) -> bool:
         return bool(self._buf)
 
-    def feed(self, data: bytes | memoryview) -> list[Frame]:
+    def feed(self, data: bytes | memoryview, max_frames: int | None = None) -> list[Frame]:
+        """The whole frames `data` completes (at most `max_frames`: the rest stays for `take_rest`)."""
         self._buf += data
-        frames = []
-        while len(self._buf) >= _PREFIX.size:
-            header_len, payload_len = _PREFIX.unpack_from(self._buf)
-            if header_len > MAX_HEADER_BYTES:
-                raise ProtocolError(f"frame header of {header_len} bytes (max {MAX_HEADER_BYTES})")
-            if payload_len > self.max_payload:
-                raise ProtocolError(f"frame payload of {payload_len} bytes (max {self.max_payload})")
-            end = _PREFIX.size + header_len + payload_len
+        frames: list[Frame] = []
+        while len(self._buf) >= PREFIX.size and (max_frames is None or len(frames) < max_frames):
+            header_len, payload_len = PREFIX.unpack_from(self._buf)
+            check_lengths(header_len, payload_len, self.max_payload)
+            end = PREFIX.size + header_len + payload_len
             if len(self._buf) < end:
                 break
-            header = decode_header(bytes(self._buf[_PREFIX.size:_PREFIX.size + header_len]))
-            payload = bytes(self._buf[_PREFIX.size + header_len:end]) if payload_len else b""
+            view = memoryview(self._buf)  # one copy out of the buffer (a bytearray slice would be two)
+            try:
+                header = decode_header(bytes(view[PREFIX.size:PREFIX.size + header_len]))
+                payload = bytes(view[PREFIX.size + header_len:end]) if payload_len else b""
+            finally:
+                view.release()  # before the buffer is resized
             del self._buf[:end]
             frames.append(Frame(header, payload))
         return frames
+
+    def take_rest(self) -> bytes:
+        """What was fed beyond the frames taken (e.g. the sealed frames behind a plain hello)."""
+        rest, self._buf = bytes(self._buf), bytearray()
+        return rest
 
 
 async def read_magic(reader: asyncio.StreamReader) -> bytes:

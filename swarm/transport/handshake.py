@@ -1,73 +1,66 @@
 """The hello that opens every frame connection: the one place each side establishes one.
 
-    dialer -> listener: MAGIC, Hello(version, node_id, swarm)
-    listener -> dialer: its own Hello, or a Rejection and close
-    dialer:             checks the listener's Hello; if it refuses it, a Rejection is
-                        the first (and last) frame the listener reads afterwards
+The steps and rules are link_handshake.py's (no I/O there); here they meet sockets:
 
-`dial` (blocking, on the MLX thread: lane.py) and `answer` (asyncio, on the event
-loop: listener.py) both end in a PeerConnection that carries the peer's node id.
-The listener validates before answering, so a refused dialer learns why. Rejection
+  `dial`        blocking, on the MLX thread (lane.py): a data link, a PeerConnection
+  `dial_stream` asyncio, on the event loop: a StreamFrameLink for a named purpose
+                ("profile", "weights", ...), e.g. discovery's profile fetch
+  `answer`      asyncio, on the event loop (listener.py): whatever a peer opened
+
+Each ends in a link that carries the peer's node id, proved by the swarm secret when
+there is one, and seals every later frame with the keys of this handshake. Rejection
 kinds: "version", "swarm", "protocol" (not a hello at all), "node" (the address
-answered as another node than the one meant: reused by another node), "duplicate"
-(the two nodes are connecting to each other at this moment; links.py keeps one).
+answered as another node than the one meant), "duplicate" (the two nodes are
+connecting to each other at this moment; links.py keeps one), "auth" (one side has
+a swarm secret and the other none, or another one), "purpose" (no such service).
 
-Issue 19's mutual challenge-response belongs here: both functions, and nothing else,
-decide that a peer is who it says.
+Why a handshake failed is logged once per address and reason (`note_refusal`): a
+stranger that knocks every second leaves one line, not thousands.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import time
-from typing import TYPE_CHECKING
-
-from discovery.profile import COMPATIBLE_PROTOCOL_VERSIONS, PROTOCOL_VERSION
+from dataclasses import dataclass
+from typing import Callable
 
 from .connection import PeerConnection
 from .errors import ConnectionClosed, HandshakeRejected, ProtocolError
-from .frames import MAGIC, Frame, FrameParser, encode_frame, read_frame
-from .messages import Hello, Rejection
+from .frames import Frame, FrameParser, read_frame
+from .link_handshake import AnswererHandshake, DialerHandshake, LinkAuth, LinkCipher, Refused, frame_bytes
+from .log_limit import LogLimiter
+from .messages import Admitted, Rejection
+from .sealed_frames import SealedFrameParser, read_sealed_frame, seal_frame
+from .stream_link import StreamFrameLink
 
-if TYPE_CHECKING:
-    from .links import PeerLinks
+log = logging.getLogger("swarm.transport")
 
 HANDSHAKE_TIMEOUT = 5.0
 _MAX_HELLO_PAYLOAD = 0  # a hello carries no payload; anything bigger is not one
+_REFUSALS = LogLimiter(log)  # one per process, as a node is
+
+Admit = Callable[[str, str], Rejection | None]  # (peer, purpose) -> a refusal, or None: the link is taken
+Withdraw = Callable[[str, str], None]  # a link that was taken is not used after all
 
 
-def own_hello(node_id: str, swarm: str) -> Hello:
-    return Hello(PROTOCOL_VERSION, node_id, swarm)
+def note_refusal(where: str, exc: HandshakeRejected, dialed: bool) -> None:
+    """Log why a handshake failed: once per address and kind at WARNING (later ones at DEBUG)."""
+    if exc.kind == "duplicate":  # two nodes dialing each other at once: links.py keeps one, nothing is wrong
+        log.debug("%s a second connection %s %s: %s", "refused by" if dialed else "refused", "to" if dialed
+                  else "from", where, exc.message)
+        return
+    host = where.rpartition(":")[0] if ":" in where else where
+    what = f"our hello to {where} failed" if dialed else f"refused a hello from {where}"
+    _REFUSALS.once((host, exc.kind, exc.message, dialed), "%s (%s): %s", what, exc.kind, exc.message)
 
 
-def check_hello(frame: Frame, swarm: str) -> str:
-    """The peer's node id from its hello; HandshakeRejected if we must not talk to it."""
-    if frame.header["t"] == Rejection.T:
-        refused = Rejection.from_frame(frame)
-        raise HandshakeRejected(refused.kind, f"peer says: {refused.message}")
-    if frame.header["t"] != Hello.T:
-        raise HandshakeRejected("protocol", f"expected a hello frame, got {frame.header['t']!r}")
-    try:
-        hello = Hello.from_frame(frame)
-    except ProtocolError as e:
-        raise HandshakeRejected("protocol", str(e)) from None
-    if hello.version not in COMPATIBLE_PROTOCOL_VERSIONS:
-        raise HandshakeRejected("version", f"protocol version {hello.version!r} not in "
-                                           f"{sorted(COMPATIBLE_PROTOCOL_VERSIONS)}")
-    if hello.swarm != swarm:
-        raise HandshakeRejected("swarm", f"swarm {hello.swarm!r} is not {swarm!r}")
-    return hello.node_id
-
-
-def frame_bytes(message: Hello | Rejection) -> bytes:
-    return b"".join(bytes(p) for p in encode_frame(*message.to_frame()))
-
-
-# -- outgoing: connect + hello (blocking; the MLX thread) -------------------------------------
-def dial(address: tuple[str, int], node_id: str, swarm: str, expected_peer: str, timeout: float,
-         max_payload: int) -> PeerConnection:
-    """Connect to `expected_peer` at `address` and exchange hellos, all within `timeout`.
+# -- outgoing, blocking: the data lane (MLX thread) ------------------------------------------------
+def dial(address: tuple[str, int], auth: LinkAuth, expected_peer: str, timeout: float, max_payload: int,
+         on_close: Callable[[], None] | None = None) -> PeerConnection:
+    """Connect to `expected_peer` at `address` and complete the handshake, all within `timeout`.
 
     Raises OSError (unreachable, timed out) or ProtocolError (HandshakeRejected when either
     side refused: its kind says why)."""
@@ -77,67 +70,166 @@ def dial(address: tuple[str, int], node_id: str, swarm: str, expected_peer: str,
     except TimeoutError:
         raise TimeoutError(f"no connection within {timeout} s") from None
     where = f"{address[0]}:{address[1]}"
+    steps = DialerHandshake(auth, "data", expected_peer)
     try:
-        sock.sendall(MAGIC + frame_bytes(own_hello(node_id, swarm)))
-        # The peer may write frames right behind its hello (the connection is used both ways at
-        # once): whatever comes with it stays in the parser for the connection to read.
-        parser, frames = FrameParser(max_payload), []
-        while not frames:
-            sock.settimeout(max(0.001, deadline - time.monotonic()))
-            try:
-                data = sock.recv(4096)
-            except TimeoutError:
-                raise TimeoutError(f"no hello within {timeout} s") from None
-            if not data:
-                raise ConnectionClosed("closed during the hello")
-            frames = parser.feed(data)
-        if memoryview(frames[0].payload).nbytes > _MAX_HELLO_PAYLOAD:
-            raise HandshakeRejected("protocol", "a hello with a payload")
-        peer = check_hello(frames[0], swarm)
-        if peer != expected_peer:
-            refusal = HandshakeRejected("node", f"address answered as node {peer!r}, not {expected_peer!r}")
-            sock.sendall(frame_bytes(Rejection(refusal.kind, refusal.message)))
-            raise refusal
-        return PeerConnection(sock, peer, where, dialed=True, parser=parser, ready=frames[1:])
+        sock.sendall(steps.hello())
+        parser: FrameParser | SealedFrameParser = FrameParser(max_payload)
+        answer = _receive_one(sock, parser, deadline, "hello")
+        try:
+            proof = steps.on_answer(answer)
+        except Refused as refusal:
+            sock.sendall(refusal.reply)
+            raise
+        sealer = None
+        if steps.cipher is not None:  # with a secret: our proof, then its sealed verdict
+            sock.sendall(proof)
+            plain_rest, parser = parser.take_rest(), SealedFrameParser(steps.cipher.opener, max_payload)
+            steps.on_verdict(_receive_one(sock, parser, deadline, "verdict", plain_rest))
+            sealer = steps.cipher.sealer
+        # Frames may follow at once (the connection is used both ways): they stay with the parser.
+        return PeerConnection(sock, steps.peer, where, dialed=True, parser=parser, ready=parser.feed(b""),
+                              sealer=sealer, on_close=on_close)
+    except HandshakeRejected as exc:
+        note_refusal(where, exc, dialed=True)
+        sock.close()
+        raise
     except BaseException:
         sock.close()
         raise
 
 
-# -- incoming: hello answered (asyncio; the event loop) -----------------------------------------
-async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, node_id: str, swarm: str,
-                 links: PeerLinks, where: str, max_payload: int, timeout: float = HANDSHAKE_TIMEOUT
-                 ) -> PeerConnection:
-    """After MAGIC was read: check the dialer's hello, ask `links` whether this connection may be
-    the one to that peer, answer, and hand back the connection (`links.arrived` takes it next).
-
-    The returned connection owns a duplicate of the socket (the asyncio one is closed by the
-    caller). Raises ProtocolError (HandshakeRejected after telling the dialer why)."""
-    try:
-        frame = await asyncio.wait_for(read_frame(reader, _MAX_HELLO_PAYLOAD), timeout)
-    except asyncio.TimeoutError as exc:
-        raise ProtocolError(f"no hello within {timeout} s") from exc
-    try:
-        peer = check_hello(frame, swarm)
-        refusal = links.admit(peer)
-    except HandshakeRejected as rejection:
-        refusal = Rejection(rejection.kind, rejection.message)
-    if refusal is not None:
+def _receive_one(sock: socket.socket, parser: FrameParser | SealedFrameParser, deadline: float, what: str,
+                 already: bytes = b"") -> Frame:
+    """The next frame (from `already` read bytes first), leaving whatever came behind it in the parser."""
+    frames = parser.feed(already, max_frames=1)
+    while not frames:
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
         try:
-            writer.write(frame_bytes(refusal))
-            await asyncio.wait_for(writer.drain(), 1.0)
-        except (OSError, asyncio.TimeoutError):
-            pass  # it stopped listening; it learns from the close
-        raise HandshakeRejected(refusal.kind, refusal.message)
+            data = sock.recv(65536)
+        except TimeoutError:
+            raise TimeoutError(f"no {what} within the handshake's time") from None
+        if not data:
+            raise ConnectionClosed(f"closed during the handshake (waiting for its {what})")
+        frames = parser.feed(data, max_frames=1)
+    if memoryview(frames[0].payload).nbytes > _MAX_HELLO_PAYLOAD:
+        raise HandshakeRejected("protocol", "a handshake frame with a payload")
+    return frames[0]
+
+
+# -- outgoing, asyncio: links for a purpose (event loop) --------------------------------------------
+async def dial_stream(address: tuple[str, int], auth: LinkAuth, purpose: str, *, expected_peer: str | None = None,
+                      timeout: float = HANDSHAKE_TIMEOUT, max_payload: int) -> StreamFrameLink:
+    """A link to the node at `address` for `purpose`, authenticated (and sealed) as the lane's are."""
+    where = f"{address[0]}:{address[1]}"
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(*address), timeout)
     try:
-        writer.write(frame_bytes(own_hello(node_id, swarm)))
-        await writer.drain()  # all of it out before the new owner writes frames after it
-        writer.transport.pause_reading()
-        # A dialer sends its first frame only after our hello, so this is nearly always empty;
-        # asyncio has no public accessor for what its reader already holds.
-        pending = bytes(reader._buffer)
-        return PeerConnection(writer.get_extra_info("socket").dup(), peer, where, dialed=False,
-                              max_payload=max_payload, pending=pending)
-    except BaseException:
-        links.withdraw(peer)
+        steps = DialerHandshake(auth, purpose, expected_peer)
+        writer.write(steps.hello())
+        answer = await asyncio.wait_for(read_frame(reader, _MAX_HELLO_PAYLOAD), timeout)
+        try:
+            proof = steps.on_answer(answer)
+        except Refused as refusal:
+            writer.write(refusal.reply)
+            raise
+        cipher = steps.cipher
+        if cipher is not None:
+            writer.write(proof)
+            steps.on_verdict(await asyncio.wait_for(read_sealed_frame(reader, cipher.opener, _MAX_HELLO_PAYLOAD),
+                                                    timeout))
+        return StreamFrameLink(steps.peer, reader, writer, max_payload, cipher=cipher)
+    except HandshakeRejected as exc:
+        note_refusal(where, exc, dialed=True)
+        writer.close()
         raise
+    except asyncio.TimeoutError:
+        writer.close()
+        raise TimeoutError(f"{where}: no handshake within {timeout} s") from None
+    except BaseException:
+        writer.close()
+        raise
+
+
+# -- incoming, asyncio (event loop) ---------------------------------------------------------------
+@dataclass
+class Answered:
+    peer: str
+    purpose: str
+    cipher: LinkCipher | None
+
+
+async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, auth: LinkAuth,
+                 purposes: frozenset[str] | set[str], admit: Admit, withdraw: Withdraw, where: str,
+                 timeout: float = HANDSHAKE_TIMEOUT) -> Answered:
+    """After MAGIC was read: check the dialer's hello (and proof), ask `admit` whether the link may be
+    taken, answer. All within `timeout` in all. Raises ProtocolError (HandshakeRejected after telling
+    the dialer why, when it can be told)."""
+    steps = AnswererHandshake(auth, purposes)
+    deadline = asyncio.get_running_loop().time() + timeout
+    admitted = False
+
+    async def within(coro):
+        try:
+            return await asyncio.wait_for(coro, max(0.001, deadline - asyncio.get_running_loop().time()))
+        except asyncio.TimeoutError as exc:
+            raise ProtocolError(f"no complete handshake within {timeout} s") from exc
+
+    try:
+        try:
+            reply = steps.on_hello(await within(read_frame(reader, _MAX_HELLO_PAYLOAD)))
+            peer, purpose = steps.hello.node_id, steps.hello.purpose
+            if not steps.sealed:  # nothing to prove: take the link before saying yes
+                _refuse_unless_admitted(admit(peer, purpose))
+                admitted = True
+            writer.write(reply)
+            if steps.sealed:
+                steps.on_proof(await within(read_frame(reader, _MAX_HELLO_PAYLOAD)))
+                refusal = admit(peer, purpose)
+                sealer = steps.cipher.sealer
+                if refusal is not None:
+                    writer.writelines(seal_frame(sealer, *refusal.to_frame()))
+                    await within(writer.drain())
+                    raise HandshakeRejected(refusal.kind, refusal.message)
+                admitted = True
+                writer.writelines(seal_frame(sealer, *Admitted().to_frame()))
+            # All of it out before the new owner writes frames after it. A few hundred bytes: the socket
+            # takes them at once, so this does not wait (nor yield to the loop, as a timeout around it would).
+            await writer.drain()
+        except Refused as refusal:
+            try:
+                writer.write(refusal.reply)
+                await asyncio.wait_for(writer.drain(), 1.0)
+            except (OSError, asyncio.TimeoutError):
+                pass  # it stopped listening; it learns from the close
+            raise
+    except HandshakeRejected as exc:
+        note_refusal(where, exc, dialed=False)
+        raise
+    except BaseException:
+        if admitted:
+            withdraw(peer, purpose)
+        raise
+    return Answered(peer, purpose, steps.cipher)
+
+
+def _refuse_unless_admitted(refusal: Rejection | None) -> None:
+    if refusal is not None:
+        raise Refused(refusal.kind, refusal.message)
+
+
+def take_socket(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, answered: Answered, where: str,
+                max_payload: int, on_close: Callable[[], None] | None) -> PeerConnection:
+    """An answered data link as a PeerConnection for the lane: a duplicate of the socket (the asyncio one
+    is closed by the caller), with whatever the reader already holds."""
+    writer.transport.pause_reading()
+    # A dialer sends its first frame only after our answer, so this is nearly always empty;
+    # asyncio has no public accessor for what its reader already holds.
+    pending = bytes(reader._buffer)
+    cipher = answered.cipher
+    parser = SealedFrameParser(cipher.opener, max_payload) if cipher else FrameParser(max_payload)
+    return PeerConnection(writer.get_extra_info("socket").dup(), answered.peer, where, dialed=False,
+                          max_payload=max_payload, pending=pending, parser=parser,
+                          sealer=cipher.sealer if cipher else None, on_close=on_close)
+
+
+__all__ = ["HANDSHAKE_TIMEOUT", "Answered", "answer", "dial", "dial_stream", "frame_bytes", "note_refusal",
+           "take_socket"]

@@ -20,6 +20,15 @@ without waking another thread (benchmarks/lean_pipeline.py measures the floor).
   connection with one log line, and nobody else notices.
 - A frame is written whole, so frames to one peer leave in order; a peer that stops
   reading fails the send after `send_timeout` (PeerUnreachable).
+- With a swarm secret every link was proved in its hello and every frame on it is
+  sealed (connection.py); a frame that does not open is garbage like any other.
+- A link that breaks (garbage, a frame that does not open, a reset, a failed write) is
+  closed with a reset, so the peer sees a break and not a clean end, and `on_broken`
+  is told: frames sent on it may be lost, so the entry replays what it waits for.
+- A link that carried nothing for `idle_timeout` is retired (no more writes from us,
+  its last frames read): a peer, or a stranger in an open swarm, holds no idle
+  connection for long; the next frame to that peer dials a new one. The listener's
+  timer calls `retire_idle` (the MLX thread has no timers of its own).
 - A message to this node itself is handed to the handler directly: the entry's own
   steps into its own stage 0, the last stage's token for its own request.
 
@@ -49,6 +58,7 @@ from __future__ import annotations
 import functools
 import logging
 import socket
+import time
 from typing import Callable
 
 from .. import hop_trace
@@ -56,8 +66,9 @@ from .connection import PeerConnection
 from .errors import HandshakeRejected, PeerUnreachable, ProtocolError
 from .frames import DEFAULT_MAX_PAYLOAD_BYTES
 from .handshake import dial
+from .link_handshake import LinkAuth
 from .links import PeerLinks
-from .messages import Forward, Hello, Message, Rejection, Token, decode
+from .messages import HANDSHAKE_MESSAGES, Forward, Message, Rejection, Token, decode
 
 log = logging.getLogger("swarm.transport")
 _TRACING = hop_trace.enabled()  # read once: off, the hop pays one global lookup for it
@@ -65,21 +76,29 @@ _TRACING = hop_trace.enabled()  # read once: off, the hop pays one global lookup
 OnMessage = Callable[[str, Message], None]  # (sender node id, message), on the MLX thread
 Watch = Callable[[socket.socket, Callable[[], None] | None], None]  # register (callback) or forget (None)
 Post = Callable[..., None]  # run a function on the MLX thread (MlxWorker.post)
+OnBroken = Callable[[str, str], None]  # (peer node id, what broke), on the MLX thread
 DEFAULT_CONNECT_TIMEOUT = 2.0
 DEFAULT_SEND_TIMEOUT = 10.0
+DEFAULT_IDLE_TIMEOUT = 60.0
+RETIRED_GRACE_S = 10.0  # a retired link whose peer never closes its end is closed after this
 
 
 class DataLane:
     def __init__(self, node_id: str, swarm: str, links: PeerLinks, watch: Watch, post: Post,
                  address_of: Callable[[str], tuple[str, int] | None], *,
                  max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-                 send_timeout: float = DEFAULT_SEND_TIMEOUT) -> None:
+                 send_timeout: float = DEFAULT_SEND_TIMEOUT, key: bytes | None = None,
+                 on_broken: OnBroken | None = None) -> None:
+        """`key`: the stretched swarm secret (link_crypto.stretch_secret); None: an open swarm."""
         self.node_id, self.swarm, self.links = node_id, swarm, links
+        self.auth = LinkAuth(node_id, swarm, key)
+        self._on_broken = on_broken
         self._watch, self._post, self._address_of = watch, post, address_of
         self.max_payload = max_payload
         self.connect_timeout, self.send_timeout = connect_timeout, send_timeout
         self._on_message: OnMessage | None = None
         self._watched: set[PeerConnection] = set()
+        self._closed = False
 
     def serve(self, on_message: OnMessage) -> None:
         """From now on, every message for this node goes to `on_message` (set once, at start)."""
@@ -89,6 +108,10 @@ class DataLane:
     def take_over(self, conn: PeerConnection, replaced: PeerConnection | None) -> None:
         """A connection the peer opened is now the link (links.arrived): read it from now on."""
         self._post(self._take_over_on_mlx_thread, conn, replaced)
+
+    def retire_idle(self, idle_timeout: float = DEFAULT_IDLE_TIMEOUT) -> None:
+        """Retire links that carried nothing for `idle_timeout` s; close retired ones the peer never closed."""
+        self._post(self._mlx_retire_idle, idle_timeout)
 
     # -- MLX thread: sending ----------------------------------------------------------------
     def mlx_send(self, node_id: str, message: Message) -> None:
@@ -101,8 +124,9 @@ class DataLane:
         try:
             conn.write_frame(header, payload, self.send_timeout)
         except OSError as exc:  # incl. the send timeout: a half-written frame leaves the link unusable
-            self._close(conn, None)
-            raise PeerUnreachable(node_id, f"connection broke: {type(exc).__name__}: {exc}") from exc
+            problem = f"connection broke: {type(exc).__name__}: {exc}"
+            self._close(conn, problem)
+            raise PeerUnreachable(node_id, problem) from exc
         if _TRACING:
             hop_trace.mark(hop_trace.STEP_START if self._starts_a_step(message) else "sent", header)
 
@@ -113,6 +137,7 @@ class DataLane:
             self._close(conn, None)
 
     def mlx_close(self) -> None:
+        self._closed = True
         for conn in {*self._watched, *self.links.all()}:
             self._close(conn, None)
 
@@ -122,7 +147,9 @@ class DataLane:
             raise PeerUnreachable(node_id, "not in this node's view of the swarm")
         conn = self.links.link(node_id)
         if conn is not None and conn.peer_closed():
-            self._close(conn, None)  # the peer restarted or hung up: a write would vanish into a dead socket
+            # The peer restarted or hung up: a write would vanish into a dead socket. A reset says the
+            # link broke (frames on it may be lost), a clean end that it was retired.
+            self._close(conn, conn.hangup())
             conn = None
         return conn or self._dial(node_id, address)
 
@@ -136,7 +163,7 @@ class DataLane:
             return conn  # it connected to us meanwhile
         conn = None
         try:
-            conn = dial(address, self.node_id, self.swarm, node_id, self.connect_timeout, self.max_payload)
+            conn = dial(address, self.auth, node_id, self.connect_timeout, self.max_payload)
         except HandshakeRejected as exc:
             if exc.kind != "duplicate":
                 raise PeerUnreachable(node_id, f"{where}: {exc}") from None
@@ -157,6 +184,9 @@ class DataLane:
 
     # -- MLX thread: receiving --------------------------------------------------------------
     def _take_over_on_mlx_thread(self, conn: PeerConnection, replaced: PeerConnection | None) -> None:
+        if self._closed:  # answered while the node was stopping
+            self._close(conn, None)
+            return
         self._read(conn)
         if replaced is not None:
             self._retire(replaced)
@@ -169,10 +199,22 @@ class DataLane:
 
     def _retire(self, conn: PeerConnection) -> None:
         """No more writes from us: the peer reads to our end and closes; we read its last frames, then close."""
+        self.links.remove(conn)
+        conn.retired_at = time.monotonic()
         try:
             conn.sock.shutdown(socket.SHUT_WR)
         except OSError:
             self._close(conn, None)
+
+    def _mlx_retire_idle(self, idle_timeout: float) -> None:
+        now = time.monotonic()
+        for conn in list(self._watched):
+            if conn.retired_at is not None:
+                if now - conn.retired_at > RETIRED_GRACE_S:
+                    self._close(conn, None)
+            elif now - conn.last_active > idle_timeout:
+                log.debug("retiring the idle link %s %s (%s)", "to" if conn.dialed else "from", conn.where, conn.peer)
+                self._retire(conn)
 
     def _readable(self, conn: PeerConnection) -> None:
         try:
@@ -189,9 +231,9 @@ class DataLane:
             except ProtocolError as exc:
                 self._close(conn, str(exc))
                 return
-            if isinstance(message, (Hello, Rejection)):  # the peer refused our hello, or garbled the protocol
+            if isinstance(message, HANDSHAKE_MESSAGES):  # the peer refused our hello, or garbled the protocol
                 self._close(conn, f"peer says: {message.message}" if isinstance(message, Rejection)
-                            else "a hello after the handshake")
+                            else f"a {message.T!r} frame after the handshake")
                 return
             try:
                 self._deliver(conn.peer, message, frame.header)
@@ -212,9 +254,11 @@ class DataLane:
                 and message.entry == self.node_id)
 
     def _close(self, conn: PeerConnection, problem: str | None) -> None:
+        """Close `conn`; with a `problem`, as a broken link: logged, reset, and `on_broken` told."""
         if problem:
             log.warning("closing peer connection %s %s (%s): %s", "to" if conn.dialed else "from", conn.where,
                         conn.peer, problem)
+        was_link = self.links.link(conn.peer) is conn
         self.links.remove(conn)
         if conn in self._watched:
             self._watched.discard(conn)
@@ -222,5 +266,10 @@ class DataLane:
                 self._watch(conn.sock, None)
             except (KeyError, ValueError):
                 pass  # already closed
-        conn.close()
+        conn.close(abort=bool(problem))
+        if problem and was_link and self._on_broken is not None:
+            try:
+                self._on_broken(conn.peer, problem)
+            except Exception:
+                log.exception("on_broken(%s)", conn.peer)
 

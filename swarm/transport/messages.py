@@ -19,7 +19,7 @@ entry -> stage 0 -> ... -> last stage -> entry. When the entry node is stage 0 (
 common case) the first hop is a local call, so K stages cost K network messages per
 token: K-1 activations and 1 token.
 
-The header keys are the wire format of protocol version 1 (handshake.py): short,
+The header keys are the wire format of protocol version 2 (handshake.py): short,
 because one goes with every hop.
 """
 
@@ -272,7 +272,8 @@ class Error(NamedTuple):
     """A stage could not serve a request; sent to the request's entry."""
 
     T = "err"
-    KINDS = frozenset({"plan_mismatch", "cache", "protocol", "unreachable"})
+    # "link": a link this stage sent the request's frames on broke, so one may be lost (stage/link_requests.py)
+    KINDS = frozenset({"plan_mismatch", "cache", "protocol", "unreachable", "link"})
     rid: str
     plan_id: str
     kind: str
@@ -307,17 +308,41 @@ class Release(NamedTuple):
         return cls(_text(frame.header, "rid"))
 
 
-# -- the handshake (handshake.py) -----------------------------------------------------------
+# -- the handshake (handshake.py, link_handshake.py) ---------------------------------------------
+PURPOSE_CHARS = 32
+NONCE_BYTES = PROOF_BYTES = 32
+
+
+def _blob(h: dict, key: str, size: int) -> bytes:
+    """An optional field of exactly `size` bytes (b"" when absent)."""
+    value = h.get(key, b"")
+    if type(value) is not bytes or len(value) not in (0, size):
+        raise ProtocolError(f"{h.get('t')!r} message: {key!r} must be {size} bytes, got {_brief(value)}")
+    return value
+
+
 class Hello(NamedTuple):
-    """Opens every frame connection, in both directions: who we are and what we speak."""
+    """Opens every frame connection, in both directions: who we are, what we speak, what the link is for.
+
+    With a swarm secret each side adds a fresh nonce, and the answering side its proof
+    of the secret (transport/link_crypto.py); without one both are empty."""
 
     T = "hello"
     version: int
     node_id: str
     swarm: str
+    purpose: str = "data"  # "data" (the lane), or a purpose served on the event loop (listener.py)
+    nonce: bytes = b""
+    proof: bytes = b""
 
     def to_frame(self) -> tuple[dict, bytes]:
-        return {"t": "hello", "v": self.version, "node_id": self.node_id, "swarm": self.swarm}, b""
+        header = {"t": "hello", "v": self.version, "node_id": self.node_id, "swarm": self.swarm,
+                  "purpose": self.purpose}
+        if self.nonce:
+            header["nonce"] = self.nonce
+        if self.proof:
+            header["proof"] = self.proof
+        return header, b""
 
     @classmethod
     def from_frame(cls, frame: Frame) -> Hello:
@@ -328,14 +353,48 @@ class Hello(NamedTuple):
         swarm = h.get("swarm")
         if not isinstance(swarm, str) or len(swarm) > 255:
             raise ProtocolError(f"'hello' message: 'swarm' must be a string, got {_brief(swarm)}")
-        return cls(version, _text(h, "node_id"), swarm)
+        purpose = h.get("purpose", "data")
+        if not isinstance(purpose, str) or not purpose.isidentifier() or len(purpose) > PURPOSE_CHARS:
+            raise ProtocolError(f"'hello' message: 'purpose' must be a short name, got {_brief(purpose)}")
+        return cls(version, _text(h, "node_id"), swarm, purpose, _blob(h, "nonce", NONCE_BYTES),
+                   _blob(h, "proof", PROOF_BYTES))
+
+
+class Proof(NamedTuple):
+    """The dialing side's proof of the swarm secret, after the answering side's hello proved it."""
+
+    T = "proof"
+    proof: bytes
+
+    def to_frame(self) -> tuple[dict, bytes]:
+        return {"t": "proof", "proof": self.proof}, b""
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> Proof:
+        proof = _blob(frame.header, "proof", PROOF_BYTES)
+        if not proof:
+            raise ProtocolError("'proof' message without a proof")
+        return cls(proof)
+
+
+class Admitted(NamedTuple):
+    """The answering side checked the dialer's proof and keeps the link: the first sealed frame."""
+
+    T = "admit"
+
+    def to_frame(self) -> tuple[dict, bytes]:
+        return {"t": "admit"}, b""
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> Admitted:
+        return cls()
 
 
 class Rejection(NamedTuple):
     """Why a hello was refused; the last frame on that connection."""
 
     T = "error"  # reserved for the handshake since version 1
-    KINDS = frozenset({"version", "swarm", "protocol", "node", "duplicate"})
+    KINDS = frozenset({"version", "swarm", "protocol", "node", "duplicate", "auth", "purpose"})
     kind: str
     message: str
 
@@ -351,8 +410,9 @@ class Rejection(NamedTuple):
                    message[:MAX_TEXT_CHARS] if isinstance(message, str) else "")
 
 
-Message = Union[Forward, Token, Error, Release, Hello, Rejection]
-_TYPES: dict[str, type] = {m.T: m for m in (Forward, Token, Error, Release, Hello, Rejection)}
+HANDSHAKE_MESSAGES = (Hello, Proof, Admitted, Rejection)
+Message = Union[Forward, Token, Error, Release, Hello, Proof, Admitted, Rejection]
+_TYPES: dict[str, type] = {m.T: m for m in (Forward, Token, Error, Release, *HANDSHAKE_MESSAGES)}
 
 
 def decode(frame: Frame) -> Message:

@@ -1,4 +1,7 @@
-"""Two header lines: what the swarm is and whether it can serve; what we are watching."""
+"""Two header lines: what the swarm is and whether it can serve; what we are watching.
+
+An open swarm (no swarm secret: anyone on the network can join, read and change every
+prompt and answer) is said first, in red, where no truncation can hide it."""
 
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ class SwarmHeader(Static):
         if t is None:
             top.append("swarm ", "dim").append("…")
         else:
+            if t.open_swarm:
+                top.append(" ⚠ OPEN SWARM ", "bold white on red").append(" ")
             top.append("swarm ", "dim").append(t.swarm, "bold")
             top.append("  model ", "dim").append(t.model_id, "bold")
             if t.n_layers:
@@ -55,6 +60,8 @@ class SwarmHeader(Static):
         bottom.append("   ").append(self.url or "?", "dim").append(f" [{label}]", style)
         if self.note:
             bottom.append(f" {self.note}", "dim")
+        if t is not None and t.open_swarm:
+            bottom.append("   no swarm secret: anyone on the network can join", "red")
         width = self.size.width - 2   # minus padding; 0 before the first layout
         if width > 0:
             for line in (top, bottom):
