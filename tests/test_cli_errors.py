@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
+from node_process import free_port, get_json
 
 
 def run_node(*args: str, tmp_path) -> subprocess.CompletedProcess:
@@ -51,16 +53,35 @@ def test_a_model_that_cannot_be_split_is_refused_at_start_by_name(tmp_path):
                                    f"{REFUSED[family]}"
 
 
-def test_a_hub_repo_id_not_in_the_local_cache_is_one_clear_line(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "swarm.cli", "--api-port", "0", "--no-mdns", "--state-dir",
-                        str(tmp_path / "s"), "--model", "mlx-community/Not-Cached-4bit"],
-                       capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "HF_HUB_CACHE": str(tmp_path / "empty-hub"), "HF_HUB_OFFLINE": "1"})
-    assert r.returncode == 2, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1
-    assert "mlx-community/Not-Cached-4bit is no local path and not in the local Hugging Face cache" in lines[0]
-    assert str(tmp_path / "empty-hub") in lines[0]
+def test_a_model_this_machine_does_not_hold_is_looked_for_on_peers_and_said_so(tmp_path):
+    """A repo id not in the local Hugging Face cache (or any id no local path names) is a model to
+    fetch from the swarm: with no peer serving it, the node waits and says so, once, and in /health."""
+    api = free_port()
+    log = tmp_path / "node.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "swarm.cli", "--api-host", "127.0.0.1", "--api-port", str(api), "--peer-host",
+             "127.0.0.1", "--peer-port", str(free_port()), "--no-mdns", "--state-dir", str(tmp_path / "s"),
+             "--cache-dir", str(tmp_path / "cache"), "--model", "mlx-community/Not-Cached-4bit"],
+            stdout=out, stderr=subprocess.STDOUT,
+            env={**os.environ, "HF_HUB_CACHE": str(tmp_path / "empty-hub"), "HF_HUB_OFFLINE": "1"})
+    try:
+        deadline, body = time.monotonic() + 60, None
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                status, body = get_json(f"http://127.0.0.1:{api}/health")
+                if status == 503 and "no peer holds" in body.get("status", ""):
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        assert proc.poll() is None, log.read_text()
+        assert body["status"] == "no peer holds 'mlx-community/Not-Cached-4bit': waiting for one", body
+        time.sleep(3)  # it keeps looking, and does not repeat itself
+        assert log.read_text().count("no peer holds") == 1, log.read_text()
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def test_help_explains_the_flags():

@@ -93,3 +93,28 @@ def test_the_clock_starts_when_a_stage_stops_serving_and_never_for_this_node():
     d.adopt(plan("p3", "me"))
     clock.now += 1000
     assert d.overdue({}) == []  # this node itself, never
+
+
+def test_stages_loading_a_plan_wait_as_long_as_weights_move_and_no_longer():
+    clock = Clock()
+    d = deadlines(clock)
+    p = plan("p1", "me", "fetcher", "waiter")
+    d.adopt(p)
+
+    def said(received: int) -> dict:
+        return {"fetcher": Announced(loading="p1", received=received), "waiter": Announced(loading="p1")}
+
+    received = 0
+    for _ in range(10):  # ten minutes of a fetch that moves: nobody is late
+        assert d.overdue(said(received)) == []
+        clock.now += 59
+        received += 1 << 20
+    assert d.overdue(said(received)) == []
+    clock.now += 59.9
+    assert d.overdue(said(received)) == []
+    clock.now += 0.1   # a minute without a byte: both are late (the waiter waits for nothing that moves)
+    assert sorted(d.overdue(said(received))) == ["fetcher", "waiter"]
+    # A stage that says it loads but has no fetch that grows has only the loading deadline.
+    d.adopt(p)
+    clock.now += 60
+    assert sorted(d.overdue(said(received))) == ["fetcher", "waiter"]

@@ -21,7 +21,7 @@ from node_process import get_json, running_node
 from tui.app import SwarmTUI
 from tui.client import NodeError
 from tui.topology import Topology
-from tui.widgets.bars import layer_cells
+from tui.widgets.bars import fetch_bar, layer_cells
 from tui.widgets.chat_pane import ChatPane
 from tui.widgets.event_log import EventLog
 
@@ -206,7 +206,7 @@ def test_runs_in_a_real_terminal_under_tmux(node):
     sock = f"swarm-tui-test-{uuid.uuid4().hex[:8]}"    # a private tmux server, not the user's
     _tmux(sock, "new-session", "-d", "-s", "t", "-x", "100", "-y", "30", cmd + " --temperature 0 --max-tokens 8")
 
-    def wait_screen(cond, timeout=30.0) -> str:
+    def wait_screen(cond, timeout=60.0) -> str:   # a loaded 2-core machine takes long to start textual
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             screen = _tmux(sock, "capture-pane", "-p", "-t", "t")
@@ -236,6 +236,29 @@ def test_runs_in_a_real_terminal_under_tmux(node):
         assert not _alive(sock), "q did not quit the app:\n" + _tmux(sock, "capture-pane", "-p", "-t", "t")
     finally:
         subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True)
+
+
+def test_a_node_getting_its_weights_shows_a_progress_bar():
+    from rich.console import Console
+
+    from tui.widgets.node_table import NodeTable
+
+    fetch = {"state": "fetching", "done_bytes": 110 << 20, "total_bytes": 258 << 20, "received_bytes": 110 << 20,
+             "needed_bytes": 258 << 20, "rate_bps": 31 << 20}
+    raw = {"model": {"n_layers": 30}, "plan": {"stages": [{"node_id": "a", "start": 0, "end": 30}]},
+           "nodes": [{"id": "a", "name": "holder", "state": "serving", "layers": [0, 30]},
+                     {"id": "b", "name": "newcomer", "state": "fetching", "fetch": fetch},
+                     {"id": "c", "name": "full-disk", "state": "no_disk", "fetch": {**fetch, "state": "no_disk"}}]}
+    table = NodeTable()
+    table.topology = Topology.parse(raw)
+    console = Console(width=100, record=True)
+    console.print(table._table())
+    screen = console.export_text()
+    newcomer = screen[screen.index("newcomer"):]
+    assert "43% 110M/258M" in newcomer and "█" in newcomer.splitlines()[1], screen   # 80 columns: no rate
+    assert "not enough disk" in screen[screen.index("full-disk"):], screen
+    assert "%" not in screen[:screen.index("newcomer")], screen   # the holder shows its layers, not a fetch
+    assert str(fetch_bar(110 << 20, 258 << 20, 31 << 20, "fetching", 40)).endswith(" 43% 110M/258M 31M/s")
 
 
 def test_the_header_warns_of_an_open_swarm_only():

@@ -124,3 +124,45 @@ async def test_tampered_bytes_are_refused_and_fetched_elsewhere(model_dir, tmp_p
     report = await fetch.run()
     assert store.missing(list(m.chunks)) == [] and report.per_holder == {"honest": victim.length}
     assert (tmp_path / "copy" / "model.safetensors").read_bytes() == (model_dir / "model.safetensors").read_bytes()
+
+
+async def test_a_manifest_that_does_not_match_the_fingerprint_is_a_state_then_an_honest_holder_is_used(
+        model_dir, tmp_path, caplog):
+    from types import SimpleNamespace
+
+    from swarm.weights.model_from_peers import model_files_from_peers
+    from swarm.weights.peer_weights import PeerWeights
+
+    honest = build_manifest(model_dir)
+    (model_dir / "config.json").write_text(json.dumps({"num_hidden_layers": 8, "changed": True}))
+    liar = await Holder("liar", ChunkStore.complete(model_dir, build_manifest(model_dir))).start()
+    holders = {"liar": liar}
+    # Both advertise the honest fingerprint; the liar's manifest hashes to another.
+    peers = [SimpleNamespace(node_id="liar", profile=SimpleNamespace(model_id="m", model_fingerprint=honest.fingerprint))]
+    discovery = SimpleNamespace(view=lambda: list(peers))
+    weights = PeerWeights(None, opener(holders), lambda: list(holders))
+    reports = []
+
+    async def report(line, state):
+        reports.append(state)
+
+    task = asyncio.create_task(model_files_from_peers("m", discovery, opener(holders), tmp_path / "models",
+                                                      weights, report))
+    for _ in range(100):
+        if weights.status.state == "mismatch":
+            break
+        await asyncio.sleep(0.05)
+    assert weights.status.state == "mismatch" and reports == ["mismatch"], (weights.status, reports)
+    assert "matches its fingerprint" in weights.status.error and not task.done()
+
+    good_dir = tmp_path / "good"
+    shutil.copytree(model_dir, good_dir)
+    (good_dir / "config.json").write_text(json.dumps({"num_hidden_layers": 8}))
+    holders["honest"] = await Holder("honest", ChunkStore.complete(good_dir, honest)).start()
+    peers.append(SimpleNamespace(node_id="honest", profile=SimpleNamespace(model_id="m",
+                                                                          model_fingerprint=honest.fingerprint)))
+    model_id, manifest = await asyncio.wait_for(task, 20)
+    assert (model_id, manifest.fingerprint) == ("m", honest.fingerprint)
+    assert sum("matches its fingerprint" in r.getMessage() for r in caplog.records) == 1   # said once, not per try
+    await liar.kill()
+    await holders["honest"].kill()

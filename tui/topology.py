@@ -45,6 +45,27 @@ class Stats:
 
 
 @dataclass
+class Fetch:
+    """A node getting its weights from peers (the node's `fetch` entry); state "" when it never fetched."""
+    state: str = ""            # looking | mismatch | fetching | stuck | no_disk | done
+    done_bytes: int = 0
+    total_bytes: int = 0
+    received_bytes: int = 0
+    needed_bytes: int = 0
+    rate_bps: float = 0.0
+
+    @classmethod
+    def parse(cls, raw: Any) -> "Fetch":
+        d = _d(raw)
+        return cls(_s(d.get("state")), _i(d.get("done_bytes"), 0), _i(d.get("total_bytes"), 0),
+                   _i(d.get("received_bytes"), 0), _i(d.get("needed_bytes"), 0), _f(d.get("rate_bps"), 0.0))
+
+    @property
+    def active(self) -> bool:
+        return self.state in ("looking", "mismatch", "fetching", "stuck", "no_disk")
+
+
+@dataclass
 class NodeInfo:
     id: str
     name: str = ""
@@ -60,6 +81,7 @@ class NodeInfo:
     layers: tuple[int, int] | None = None  # [start, end)
     is_self: bool = False
     stats: Stats = field(default_factory=Stats)
+    fetch: Fetch = field(default_factory=Fetch)
 
     @classmethod
     def parse(cls, raw: Any) -> "NodeInfo | None":
@@ -77,7 +99,8 @@ class NodeInfo:
                    backend=_s(d.get("backend"), "?"), memory_total=_i(d.get("memory_total")),
                    memory_available=_i(d.get("memory_available")), memory_used=_i(d.get("memory_used")),
                    speed=_f(d.get("speed")), state=_s(d.get("state"), "?"), layers=span,
-                   is_self=d.get("self") is True, stats=Stats.parse(d.get("stats")))
+                   is_self=d.get("self") is True, stats=Stats.parse(d.get("stats")),
+                   fetch=Fetch.parse(d.get("fetch")))
 
     @property
     def address(self) -> str:

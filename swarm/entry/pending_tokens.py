@@ -75,9 +75,9 @@ class PendingTokens:
             elif not fut.cancelled():
                 fut.exception()  # seen: asyncio would log a broken wait nobody got to as an error
 
-    def break_all(self, reason: str, keep_plan: str | None = None) -> None:
-        """Fail every wait that is not on `keep_plan` (a stage died or the plan changed)."""
+    def break_all(self, reason: str, keep_plans: frozenset[str] = frozenset()) -> None:
+        """Fail every wait that is not on one of `keep_plans` (a stage died or the plan changed)."""
         for waits in list(self._futures.values()):
             for plan_id, fut in waits.values():
-                if plan_id != keep_plan and not fut.done():
+                if plan_id not in keep_plans and not fut.done():
                     fut.set_exception(PipelineBroken(reason))

@@ -9,11 +9,12 @@ mlx-lm's own tools find it (HF_HUB_CACHE / HF_HOME). The hub is never contacted.
 
 from __future__ import annotations
 
-import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..weights.manifest import Manifest, cached_manifest
+from .cache_dir import default_cache_root
 from .errors import ModelFormatError, ModelNotFoundError
 from .gguf_convert import cached_conversion, default_model_gguf
 from .hub_cache import cached_repo, looks_like_repo_id
@@ -36,8 +37,13 @@ def layer_count(config: dict) -> int | None:
 class LocalModel:
     path: Path
     model_id: str  # the name clients pass as "model"
-    fingerprint: str  # equal only for the same architecture and weights
     config: dict
+    manifest: Manifest = field(repr=False, compare=False)  # every file, cut into hashed chunks
+
+    @property
+    def fingerprint(self) -> str:
+        """Equal only for the same bytes: it covers every chunk's hash (weights/manifest.py)."""
+        return self.manifest.fingerprint
 
     @property
     def n_layers(self) -> int:
@@ -48,24 +54,45 @@ class LocalModel:
         return int(self.config.get("max_position_embeddings") or 4096)
 
 
+def models_root(cache_root: Path | None) -> Path:
+    """Where converted and fetched models live (`--cache-dir`, else $SWARM_CACHE_DIR/models ...)."""
+    return Path(cache_root) if cache_root is not None else default_cache_root() / "models"
+
+
+def is_local_spec(spec: str) -> bool:
+    """Does `--model spec` name something on this machine (a path, or a repo in the HF cache)?
+    If not, it is a model id to fetch from peers that serve it."""
+    if Path(spec).expanduser().exists() or spec.startswith((".", "/", "~")):
+        return True
+    if looks_like_repo_id(spec):
+        try:
+            cached_repo(spec)
+            return True
+        except ModelNotFoundError:
+            return False
+    return False
+
+
 def resolve_model(spec: str | None, cache_root: Path | None = None, backend: str | None = None) -> LocalModel:
+    root = models_root(cache_root)
     if spec is None:
         path = cached_conversion(default_model_gguf(), cache_root, backend)
-        return _describe(path, DEFAULT_MODEL_ID)
+        return describe_model(path, DEFAULT_MODEL_ID, root)
     source = Path(spec).expanduser()
     if not source.exists() and looks_like_repo_id(spec):
-        return _describe(cached_repo(spec), spec)
+        return describe_model(cached_repo(spec), spec, root)
     if not source.exists():
         raise ModelNotFoundError(f"model not found: {spec} (give an mlx-lm model directory, a .gguf file "
                                  "or a Hugging Face repo id in the local cache)")
     if source.is_file():
         if source.suffix.lower() != ".gguf":
             raise ModelFormatError(f"{spec} is a file but not a .gguf model")
-        return _describe(cached_conversion(source, cache_root, backend), source.stem)
-    return _describe(source, source.resolve().name)
+        return describe_model(cached_conversion(source, cache_root, backend), source.stem, root)
+    return describe_model(source, source.resolve().name, root)
 
 
-def _describe(path: Path, model_id: str) -> LocalModel:
+def describe_model(path: Path, model_id: str, root: Path, manifest: Manifest | None = None) -> LocalModel:
+    """Check a model directory and describe it (its manifest hashed once, cached under `root`)."""
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ModelFormatError(f"{path} has no config.json; it is not an mlx-lm model directory")
@@ -80,7 +107,4 @@ def _describe(path: Path, model_id: str) -> LocalModel:
         raise ModelFormatError(f"{path} has no model*.safetensors weight files")
     if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")):
         raise ModelFormatError(f"{path} has no tokenizer files (tokenizer.json / tokenizer_config.json)")
-    digest = hashlib.sha256(config_file.read_bytes())
-    for w in weights:
-        digest.update(f"{w.name}:{w.stat().st_size}".encode())
-    return LocalModel(path, model_id, digest.hexdigest()[:16], config)
+    return LocalModel(path, model_id, config, manifest or cached_manifest(path, root / ".manifests"))

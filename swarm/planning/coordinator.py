@@ -6,6 +6,12 @@ layers are loaded; an entry node uses a plan only when every stage announces it.
 Agreement is waited for on a condition, notified whenever the view or our own
 layers change: nobody polls. Event loop only.
 
+A node that lacks weights for its new layers fetches them from its peers first
+(weights/peer_weights.py), still serving the plan it served, and announces
+`ready=<plan>` when it holds them. Nodes switch to a new plan only once its new
+members and its fetching members are ready, so the plan before keeps serving while
+layers travel; entries keep using it until the new one is agreed.
+
 A stage that does not serve our plan in time is left out of the next plans for a while
 (load_deadlines.py), so one bad record cannot stop the swarm; and a node announces only a
 plan it serves (idle nodes announce none).
@@ -14,6 +20,7 @@ plan it serves (idle nodes announce none).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -25,6 +32,8 @@ from ..entry.pending_tokens import PendingTokens
 from ..entry.pipeline import NoPipeline
 from ..events import EventBus
 from ..stage.stage_host import StageHost
+from ..weights.peer_weights import NotEnoughDisk, PeerWeights, parse_fetch
+from ..weights.transfer import FetchStuck
 from .load_deadlines import Announced, LoadDeadlines
 
 log = logging.getLogger(__name__)
@@ -32,21 +41,29 @@ log = logging.getLogger(__name__)
 # After a pipeline broke, prefer waiting this long for a new plan (the liveness check
 # declares a dead peer gone within 3 s) over replaying into the same broken plan.
 NEW_PLAN_GRACE_S = 3.5
+RETRY_FETCH_S = 5.0  # a fetch that could not finish (no holder, no disk) is tried again this often at most
+# Before fetching, the membership must have held still this long: nodes that start together join
+# a second apart, and a fetch for a plan the next join replaces is mostly wasted.
+SETTLE_S = 3.0
 
 
 class Coordinator:
     def __init__(self, node_id: str, spec: ModelSpec, fingerprint: str, discovery: Discovery, host: StageHost,
                  pending: PendingTokens, events: EventBus, *, strategy: str = "balanced",
-                 recovery_timeout: float = 30.0, deadlines: LoadDeadlines | None = None):
+                 recovery_timeout: float = 30.0, weights: PeerWeights | None = None,
+                 deadlines: LoadDeadlines | None = None):
         self.node_id, self.spec, self.fingerprint, self.discovery = node_id, spec, fingerprint, discovery
         self.host, self.pending, self.events = host, pending, events
         self.strategy, self.recovery_timeout = strategy, recovery_timeout
+        self.weights = weights  # None: this node never fetches (tests of planning alone)
         self.deadlines = deadlines or LoadDeadlines(node_id)
         self.plan: Plan | None = None
+        self.before: Plan | None = None  # the last plan seen whole: used while the newest is fetched for
         self.plan_error: str | None = None
         self._apply_task: asyncio.Task | None = None
         self._watch_task: asyncio.Task | None = None
         self._changed = asyncio.Condition()  # the view, the plan or our layers changed
+        self._membership_changed = time.monotonic()
 
     async def start(self) -> None:
         await self.replan()
@@ -63,6 +80,7 @@ class Coordinator:
 
     async def on_peer_event(self, event: PeerEvent) -> None:
         if event.kind in ("join", "leave"):
+            self._membership_changed = time.monotonic()
             self.events.emit(event.kind, {"node_id": event.node_id, "name": event.profile.name})
         if event.kind == "leave" and self.plan and event.node_id in {s.node_id for s in self.plan.stages}:
             self.pending.break_all(f"node {event.node_id} left")
@@ -90,9 +108,11 @@ class Coordinator:
             return
         log.info("plan %s -> %s: %s", _id(self.plan), _id(plan),
                  [(s.node_id, s.start, s.end) for s in plan.stages] if plan else error)
+        self._note_agreement()
         self.plan = plan
         self.deadlines.adopt(plan)
-        self.pending.break_all("the plan changed", keep_plan=_id(plan))
+        self.pending.break_all("the plan changed", keep_plans=frozenset(
+            p.plan_id for p in (plan, self.before) if p is not None))
         self.events.emit("plan", {"plan": plan.to_dict() if plan else None, "error": error})
         await self._notify()
         if self._apply_task is None or self._apply_task.done():
@@ -114,6 +134,14 @@ class Coordinator:
                 await self.discovery.update_profile(plan="", state="waiting")
             else:
                 layers = self.own_layers(plan)
+                if not await self._fetch_for(plan, layers):
+                    continue
+                # Fetched (or nothing to fetch): still "loading" this plan for the deadlines while the
+                # plan's other members fetch theirs.
+                await self.discovery.update_profile(ready=plan.plan_id, loading=plan.plan_id if layers else None)
+                await self._wait_until_ready(plan)
+                if plan is not self.plan:
+                    continue
                 held = self.host.stage.range if self.host.stage else None
                 if layers and (held is None or (held.start, held.end) != layers):
                     log.info("loading layers [%d, %d) for plan %s", *layers, plan.plan_id)
@@ -137,8 +165,70 @@ class Coordinator:
                     self.events.emit("plan_loaded", {"node_id": self.node_id, "plan_id": plan.plan_id})
                 return
 
+    async def _fetch_for(self, plan: Plan, layers: tuple[int, int] | None) -> bool:
+        """Have the weights our layers of `plan` need (still serving the plan before); False: the
+        plan moved on meanwhile, or the fetch failed and was waited out (go round again)."""
+        if layers is None or self.weights is None or not await self.weights.lacks(*layers):
+            return True
+        while (quiet := time.monotonic() - self._membership_changed) < SETTLE_S:
+            await asyncio.sleep(SETTLE_S - quiet)
+            if plan is not self.plan:
+                return False
+        fetch = asyncio.create_task(self.weights.ensure_stage(*layers), name="fetch-weights")
+        fetch.add_done_callback(lambda _: asyncio.ensure_future(self._notify()))  # wakes the wait below
+        try:
+            await self.discovery.update_profile(state="fetching", loading=plan.plan_id)
+            async with self._changed:  # a fetch for a plan that is no longer ours stops
+                await self._changed.wait_for(lambda: fetch.done() or plan is not self.plan)
+            if not fetch.done():
+                fetch.cancel()
+                log.info("plan %s replaced while fetching for it: fetching for the new one", plan.plan_id)
+                with contextlib.suppress(asyncio.CancelledError):
+                    await fetch
+                return False
+            fetch.result()
+            return plan is self.plan
+        except (FetchStuck, NotEnoughDisk) as e:
+            log.warning("cannot load layers [%d, %d) yet: %s; trying again when the swarm changes", *layers, e)
+            await self.discovery.update_profile(state="stuck" if isinstance(e, FetchStuck) else "no_disk")
+            async with self._changed:
+                try:
+                    await asyncio.wait_for(self._changed.wait(), RETRY_FETCH_S)
+                except asyncio.TimeoutError:
+                    pass
+            return False
+
+    async def _wait_until_ready(self, plan: Plan) -> None:
+        """Until the members of `plan` that may still be fetching have its weights (or the plan moves on).
+
+        Those are the nodes the plan before did not have (they joined) and the nodes saying they
+        fetch; the others hold their layers already (they served the plan before)."""
+        def pending() -> list[str]:
+            old = {s.node_id for s in self.before.stages} if self.before is not None else set()
+            profiles = {p.node_id: p.profile.extra for p in self.discovery.view(include_self=True)}
+            late = []
+            for s in plan.stages:
+                extra = profiles.get(s.node_id, {})
+                if extra.get("ready") == plan.plan_id or extra.get("plan") == plan.plan_id:
+                    continue
+                if s.node_id not in old or extra.get("state") == "fetching":
+                    late.append(s.node_id)
+            return late
+
+        said = None
+        async with self._changed:
+            while plan is self.plan and (late := pending()):
+                if late != said:
+                    log.info("plan %s: waiting for %s to hold their weights", plan.plan_id, ", ".join(late))
+                    said = late
+                await self._changed.wait()
+
     def _announced(self) -> dict[str, Announced]:
-        return {p.node_id: Announced(p.profile.extra.get("plan", ""), p.profile.extra.get("loading", ""))
+        def received(extra: dict) -> int:
+            fetch = parse_fetch(extra.get("fetch"))
+            return fetch["received_bytes"] if fetch else 0
+        return {p.node_id: Announced(p.profile.extra.get("plan", ""), p.profile.extra.get("loading", ""),
+                                     received(p.profile.extra))
                 for p in self.discovery.view()}
 
     async def _watch_loads(self) -> None:
@@ -181,6 +271,9 @@ class Coordinator:
         async with self._changed:
             while True:
                 plan, waited = self.plan, time.monotonic() - start
+                if plan is not None and self.waiting_for(plan) and self.before is not None \
+                        and not self.waiting_for(self.before):
+                    plan = self.before  # the newest is still being fetched for; the one before serves
                 if plan is not None and not self.waiting_for(plan):
                     if broken is None or broken.plan_id != plan.plan_id or waited > NEW_PLAN_GRACE_S:
                         return plan
@@ -194,7 +287,12 @@ class Coordinator:
                 except asyncio.TimeoutError:
                     pass
 
+    def _note_agreement(self) -> None:
+        if self.plan is not None and not self.waiting_for(self.plan):
+            self.before = self.plan
+
     async def _notify(self) -> None:
+        self._note_agreement()
         async with self._changed:
             self._changed.notify_all()
 

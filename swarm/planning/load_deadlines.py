@@ -6,7 +6,10 @@ stop every chat for good. So each stage of our plan has a deadline from the mome
 became ours, or from when it was first seen not serving it: LOADING_S while it announces that it
 is loading this very plan, SHORT_S otherwise (a node whose view differs from ours computes
 another plan, says so, and catches up within a few seconds: a crashed peer is noticed by all
-within 3 s). A stage past its deadline is left out of the plans for a while, doubling each
+within 3 s). Weights that travel take longer than any fixed deadline: while any stage of the
+plan receives weights from its peers (its `fetch` received bytes grow), the clocks of the stages
+loading this plan start again, so a swarm waits for a fetch that moves and not for one that
+stalls (LOADING_S without a byte). A stage past its deadline is left out of the plans for a while, doubling each
 time it happens again (FIRST_OUT_S up to MAX_OUT_S), then taken back in: a node that was only
 slow rejoins, a black hole costs one deadline per period. Serving a plan of ours clears its
 record. This node never leaves itself out.
@@ -42,7 +45,8 @@ class Announced:
     """What a node says about plans in its profile."""
 
     serving: str = ""  # the plan it serves ("" while loading, or when it holds no layers)
-    loading: str = ""  # the plan it is loading
+    loading: str = ""  # the plan it is loading (fetching weights for it, or waiting for others who do)
+    received: int = 0  # bytes of weights it received from peers so far (grows while it fetches)
 
 
 class LoadDeadlines:
@@ -54,18 +58,21 @@ class LoadDeadlines:
         self._plan: Plan | None = None
         self._waiting_since: dict[str, float] = {}  # stages of our plan not serving it, since when
         self._records: dict[str, _Record] = {}
+        self._received: dict[str, int] = {}  # what each stage of our plan had received when last seen
 
     def adopt(self, plan: Plan | None) -> None:
         """`plan` is ours from now: its stages' clocks start."""
         now = self.clock()
         self._plan = plan
         self._waiting_since = {s.node_id: now for s in plan.stages} if plan else {}
+        self._received = {}
 
     def overdue(self, announced: Mapping[str, Announced]) -> list[str]:
         """Stages of our plan past their deadline (and clears the record of those that serve it)."""
         plan, now = self._plan, self.clock()
         if plan is None:
             return []
+        self._restart_clocks_if_weights_move(plan, announced, now)
         late = []
         for stage in plan.stages:
             node = stage.node_id
@@ -80,6 +87,15 @@ class LoadDeadlines:
             if now - since >= self._wait(said, plan):
                 late.append(node)
         return late
+
+    def _restart_clocks_if_weights_move(self, plan: Plan, announced: Mapping[str, Announced], now: float) -> None:
+        received = {s.node_id: announced.get(s.node_id, Announced()).received for s in plan.stages}
+        moved = any(n > self._received.get(node, n) for node, n in received.items())
+        self._received = received
+        if moved:
+            for stage in plan.stages:
+                if announced.get(stage.node_id, Announced()).loading == plan.plan_id:
+                    self._waiting_since[stage.node_id] = now
 
     def _wait(self, said: Announced, plan: Plan) -> float:
         return self.loading_s if said.loading == plan.plan_id else self.short_s

@@ -20,18 +20,20 @@ from ..planning.coordinator import Coordinator
 from ..stage.stage_host import StageHost
 from ..stage.stage_service import StageService
 from ..transport.links import PeerLinks
+from ..weights.peer_weights import PeerWeights, parse_fetch
 from .peer_stats import PeerStats
 
 
 class NodeStatus:
     def __init__(self, model: LocalModel, backend: str, discovery: Discovery, coordinator: Coordinator,
                  host: StageHost, stage_service: StageService, links: PeerLinks, stats: RequestStats,
-                 hop_timing: HopTiming, peer_stats: PeerStats, *, api_key: bool = False,
+                 hop_timing: HopTiming, peer_stats: PeerStats, weights: PeerWeights, *, api_key: bool = False,
                  peers: dict | None = None):
         self.model, self.backend, self.discovery, self.coordinator = model, backend, discovery, coordinator
         self.peers_security = peers or {"peers": "open"}  # peer_security.describe
         self.host, self.stage_service, self.links = host, stage_service, links
         self.stats, self.hop_timing, self.peer_stats = stats, hop_timing, peer_stats
+        self.weights = weights
         self.api_key = api_key
 
     def can_serve(self) -> tuple[bool, str]:
@@ -57,7 +59,7 @@ class NodeStatus:
                 "decode_timing": self.hop_timing.to_dict(),
                 "decode_batching": {"max_batch": service.max_batch, "batched_passes": service.batched_passes,
                                     "batched_rows": service.batched_rows},
-                "peer_connections": self.links.snapshot()}
+                "peer_connections": self.links.snapshot(), "fetch": self.weights.status.to_dict()}
 
     def topology(self) -> dict:
         coordinator, discovery, model = self.coordinator, self.discovery, self.model
@@ -76,6 +78,7 @@ class NodeStatus:
                 "speed": p.speed, "state": p.extra.get("state", "joining"), "plan_id": p.extra.get("plan") or None,
                 "layers": layers_of.get(p.node_id), "self": own, "model_id": p.model_id,
                 "stats": stats or {},
+                "fetch": self.weights.status.to_dict() if own else parse_fetch(p.extra.get("fetch")),
             })
         order = {s.node_id: i for i, s in enumerate(plan.stages)} if plan else {}
         nodes.sort(key=lambda n: (order.get(n["id"], len(order)), n["name"], n["id"]))

@@ -184,7 +184,8 @@ def cached_manifest(model_dir: Path, cache_root: Path) -> Manifest:
     except (OSError, ManifestError):
         pass
     total = sum(s for _, s, _ in stats)
-    log.info("hashing %s (%.1f GB) once, for the swarm's model fingerprint", model_dir, total / 1e9)
+    log.log(logging.INFO if total > 1e9 else logging.DEBUG,  # ~1 s per 1.5 GB: worth a line when long
+            "hashing %s (%.1f GB) once, for the swarm's model fingerprint", model_dir, total / 1e9)
     manifest = build_manifest(model_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")

@@ -30,6 +30,12 @@ from .store import ChunkRejected, ChunkStore
 
 log = logging.getLogger(__name__)
 
+# The peer link purpose weights travel on (transport/handshake.dial_stream, listener.serve_purpose): behind
+# the same hello as the data path, so with a swarm secret only members fetch or serve, sealed.
+WEIGHTS_PURPOSE = "weights"
+# The largest frame a fetching node takes: a 16 MiB chunk, or the manifest of a model of some 10 TB.
+WEIGHTS_MAX_PAYLOAD = 64 << 20
+
 BATCH_BYTES = 64 * 1024 * 1024
 MAX_CHUNKS_PER_GET = 256
 NEW_HOLDERS_EVERY_S = 1.0
@@ -183,14 +189,19 @@ class WeightFetch:
                         await self._changed.wait_for(lambda: self.queue.done or self.queue.has_work_for(holder))
                     continue
                 await link.send({"t": "w_get", "chunks": [c.index for c in batch]})
-                for chunk in list(batch):
-                    frame = await link.receive()
-                    if frame.header["t"] != "w_chunk" or frame.header.get("i") != chunk.index:
-                        raise ProtocolError(f"expected chunk {chunk.index}, got {frame.header}")
-                    accepted = await self._store(chunk, frame.payload, holder)
-                    self.queue.arrived(chunk, holder, accepted)
-                    batch.remove(chunk)
-                    self.on_progress(self.progress)
+                # One chunk is checked and written (writer thread) while the next one arrives.
+                storing: tuple[Chunk, asyncio.Future] | None = None
+                try:
+                    for chunk in list(batch):
+                        frame = await link.receive()
+                        if frame.header["t"] != "w_chunk" or frame.header.get("i") != chunk.index:
+                            raise ProtocolError(f"expected chunk {chunk.index}, got {frame.header}")
+                        if storing is not None:
+                            await self._stored(*storing, holder, batch)
+                        storing = chunk, self._store(chunk, frame.payload, holder)
+                finally:
+                    if storing is not None:
+                        await self._stored(*storing, holder, batch)
                 await self._notify()
         except (OSError, ProtocolError, asyncio.TimeoutError) as e:
             log.warning("fetching weights from %s failed: %s; %d chunks go to other holders", holder, e, len(batch))
@@ -205,12 +216,22 @@ class WeightFetch:
         async with self._changed:
             self._changed.notify_all()
 
-    async def _store(self, chunk: Chunk, data: bytes, holder: str) -> bool:
-        loop = asyncio.get_running_loop()
+    def _store(self, chunk: Chunk, data: bytes, holder: str) -> asyncio.Future:
+        return asyncio.get_running_loop().run_in_executor(self._writer, self._check_and_write, chunk, data, holder)
+
+    def _check_and_write(self, chunk: Chunk, data: bytes, holder: str) -> bool:
+        """Writer thread: True when the chunk matched the manifest and is on disk."""
         try:
-            await loop.run_in_executor(self._writer, self.store.write, chunk, data)
+            self.store.write(chunk, data)
         except ChunkRejected as e:
             log.warning("holder %s served bad bytes: %s; fetching it elsewhere", holder, e)
             return False
-        self.per_holder[holder] = self.per_holder.get(holder, 0) + chunk.length
         return True
+
+    async def _stored(self, chunk: Chunk, written: asyncio.Future, holder: str, batch: list[Chunk]) -> None:
+        accepted = await written
+        if accepted:
+            self.per_holder[holder] = self.per_holder.get(holder, 0) + chunk.length
+        self.queue.arrived(chunk, holder, accepted)
+        batch.remove(chunk)
+        self.on_progress(self.progress)

@@ -1,4 +1,4 @@
-"""Text bars: a layer range over [0, n_layers) and a memory gauge, scaled to a width."""
+"""Text bars: a layer range over [0, n_layers), a memory gauge and a fetch's progress, scaled to a width."""
 
 from __future__ import annotations
 
@@ -51,3 +51,18 @@ def memory_bar(used: int | None, available: int | None, total: int | None, width
         w = max(w, 1)
     o = min(width - w, max(0, round(max(busy - weights, 0) * width / total)))
     return Text.assemble(("█" * w, "cyan"), ("▒" * o, "grey50"), (EMPTY * (width - w - o), "dim"))
+
+
+def fetch_bar(done: int, total: int, rate_bps: float, state: str, width: int) -> Text:
+    """`████····  42% 110M/258M 31M/s`: a node getting its weights from peers; the words say a stall."""
+    words = {"looking": "looking for a peer that holds the model", "stuck": "stuck: no peer gives what is missing",
+             "no_disk": "not enough disk for its layers", "mismatch": "no peer's manifest matches the model"}
+    if state in words:
+        return Text(words[state], "bold red" if state != "looking" else "yellow")
+    pct = done / total if total > 0 else 0.0
+    tails = [f" {pct * 100:3.0f}% {human_bytes(done)}/{human_bytes(total)} {human_bytes(int(rate_bps))}/s",
+             f" {pct * 100:3.0f}% {human_bytes(done)}/{human_bytes(total)}", f" {pct * 100:3.0f}%"]
+    tail = next((t for t in tails if width - len(t) >= 3), tails[-1])   # narrow: the rate goes first
+    cells = max(0, width - len(tail))
+    full = min(cells, int(pct * cells))
+    return Text.assemble(("█" * full, "yellow"), (EMPTY * (cells - full), "dim"), (tail, ""))[:width]

@@ -3,7 +3,8 @@
 Each node takes two lines so everything fits in 80 columns:
     1  mac-studio        cpu  0.5G/24G  4.2ms/L   7.1 t/s  [0, 11)  11 layers
     ↓  10.0.0.2:8800     █▒▒·······     serving   1 req    ████████···········
-The layer bar spans the remaining width and is drawn over [0, n_layers).
+The layer bar spans the remaining width and is drawn over [0, n_layers); a node getting its
+weights from peers shows the fetch's progress there instead (bytes done of its stage, rate).
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from rich.text import Text
 from textual.widgets import Static
 
 from ..topology import NodeInfo, Topology
-from .bars import human_bytes, layer_bar, memory_bar
+from .bars import fetch_bar, human_bytes, layer_bar, memory_bar
 
 STATE_STYLE = {"serving": "green", "loading": "yellow", "joining": "yellow", "idle": "blue",
-               "gone": "red", "unreachable": "bold red"}
+               "gone": "red", "unreachable": "bold red", "fetching": "yellow", "looking": "yellow",
+               "stuck": "bold red", "no_disk": "bold red", "mismatch": "bold red"}
 FIXED = {"#": 2, "node": 16, "memory": 14, "speed": 11, "live": 8}
 PADDING = 2 * len(FIXED)   # one space each side of every column but the table's edges
 
@@ -65,6 +67,11 @@ class NodeTable(Static):
                                      FIXED["memory"])),
                 _two(_speed(node), self._state(node)), _two(live, reqs), layers]
 
+    @staticmethod
+    def _fetch(node: NodeInfo, width: int) -> Text | None:
+        f = node.fetch
+        return fetch_bar(f.done_bytes, f.total_bytes, f.rate_bps, f.state, width) if f.active else None
+
     def _table(self) -> Table | Text:
         t = self.topology
         if t is None:
@@ -84,10 +91,12 @@ class NodeTable(Static):
             start, end = span if span else (0, 0)
             count = f" {end - start} layers" if bar_w >= 20 else f" {end - start}L"
             head = Text(f"[{start},{end})", "bold").append(count, "dim")
-            table.add_row(*self._cells(node, link, _two(head, layer_bar(start, end, t.n_layers, bar_w))))
+            # A stage still getting (new) layers from peers shows that instead of where they sit.
+            bar = self._fetch(node, bar_w) or layer_bar(start, end, t.n_layers, bar_w)
+            table.add_row(*self._cells(node, link, _two(head, bar)))
         for node, reason in t.others():
             link = _two(Text("·", "dim"), Text(" "))
-            why = _two(Text("idle", "blue"), Text(reason or "", "dim italic"))
+            why = _two(Text("idle", "blue"), self._fetch(node, bar_w) or Text(reason or "", "dim italic"))
             table.add_row(*self._cells(node, link, why))
         if not pipe and not t.others():
             return Text("no nodes reported", "dim")

@@ -1,0 +1,105 @@
+"""A node that does not hold its model learns it from the peers that serve it (event loop).
+
+It waits until some peer in its view names the model (`--model ID`), or any model
+at all (`--join`), takes the fingerprint most such peers name, gets the manifest
+from one of them (accepted only if it hashes to that fingerprint), and fetches the
+small files every node needs: configs, tokenizer, the weight files' headers. That
+is enough to plan with: the node then measures its speed on the model's own layer
+shapes and takes part in planning; each stage's tensors come later, when a plan
+gives it layers (peer_weights.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Awaitable, Callable
+
+from discovery import Discovery
+
+from ..transport.errors import ProtocolError
+from .manifest import Manifest, ManifestError
+from .peer_weights import NotEnoughDisk, PeerWeights, fetched_model_dir
+from .store import ChunkStore
+from .transfer import FetchStuck, OpenLink, fetch_manifest
+
+log = logging.getLogger(__name__)
+
+LOOK_EVERY_S = 1.0
+RETRY_S = 5.0
+
+Report = Callable[[str, str], Awaitable[None]]  # (what the node waits for, in one line; its state)
+
+
+def holders_of(discovery: Discovery, model_id: str | None) -> dict[tuple[str, str], list[str]]:
+    """(model id, fingerprint) -> peers that serve it, among the peers in the view."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for peer in discovery.view():
+        p = peer.profile
+        if p.model_fingerprint and (model_id is None or p.model_id == model_id):
+            found.setdefault((p.model_id, p.model_fingerprint), []).append(peer.node_id)
+    return found
+
+
+async def model_files_from_peers(model_id: str | None, discovery: Discovery, open_link: OpenLink,
+                                 models_root: Path, weights: PeerWeights, report: Report) -> tuple[str, Manifest]:
+    """(model id, manifest) once the model's small files are on disk; `weights.store` is set."""
+    said = None
+    while True:
+        found = holders_of(discovery, model_id)
+        if not found:
+            why = (f"no peer holds {model_id!r}: waiting for one" if model_id else
+                   "no peer serves a model yet: waiting for one to join")
+            if why != said:
+                log.warning("%s (peers in view: %d)", why, len(discovery.view()))
+                said = why
+                weights.status.state, weights.status.error = "looking", why
+                await report(why, "looking")
+            await asyncio.sleep(LOOK_EVERY_S)
+            continue
+        (chosen_id, fingerprint), holders = max(found.items(), key=lambda kv: (len(kv[1]), kv[0]))
+        if len(found) > 1:
+            log.warning("peers serve %d versions of %s; taking %s, which %d of them serve", len(found),
+                        model_id or "the swarm's model", fingerprint, len(holders))
+        manifest, error = await _manifest_from_any(holders, fingerprint, open_link)
+        if manifest is None:
+            mismatch = isinstance(error, ManifestError)
+            why = (f"no peer gives a manifest of {chosen_id} that matches its fingerprint {fingerprint} "
+                   f"({error}): waiting for one that does" if mismatch else
+                   f"no peer holding {chosen_id} answers ({error}): trying again")
+            if why != said:
+                log.warning("%s", why)
+                said = why
+                weights.status.state, weights.status.error = ("mismatch" if mismatch else "looking"), why
+                await report(why, weights.status.state)
+            await asyncio.sleep(LOOK_EVERY_S)
+            continue
+        weights.store = ChunkStore.partial(fetched_model_dir(models_root, chosen_id, fingerprint), manifest)
+        await report(f"fetching the configuration and tokenizer of {chosen_id}", "fetching")
+        try:
+            await weights.fetch(manifest.support_chunks(), f"the configuration and tokenizer of {chosen_id}")
+        except (NotEnoughDisk, FetchStuck) as e:
+            log.warning("cannot fetch the model's small files yet: %s; trying again in %.0f s", e, RETRY_S)
+            await report(str(e), "no_disk" if isinstance(e, NotEnoughDisk) else "stuck")
+            await asyncio.sleep(RETRY_S)
+            continue
+        return chosen_id, manifest
+
+
+async def _manifest_from_any(holders: list[str], fingerprint: str,
+                             open_link: OpenLink) -> tuple[Manifest | None, Exception | None]:
+    """The first manifest a holder gives that hashes to `fingerprint`, else the last reason none did."""
+    error: Exception | None = None
+    for holder in holders:
+        link = None
+        try:
+            link = await open_link(holder)
+            return await fetch_manifest(link, fingerprint), None
+        except (OSError, ProtocolError, ManifestError, asyncio.TimeoutError) as e:
+            log.debug("no manifest of %s from %s: %s", fingerprint, holder, e)
+            error = e if not isinstance(error, ManifestError) else error  # a mismatch is the news
+        finally:
+            if link is not None:
+                await link.close()
+    return None, error
