@@ -2,23 +2,37 @@
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import contextlib
-import logging
+import os
 import signal
 import sys
-from pathlib import Path
 
-from discovery.memory import parse_size
+AS_PROGRAM = __name__ == "__main__" or sys.argv[0].endswith("swarm-node")  # not imported by a test
+if AS_PROGRAM:
+    # Ctrl-C while the modules below load: leave quietly (main() takes over once it runs).
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(130))
 
-from .engine.blas import maybe_reexec_with_blas
-from .node_config import (DEFAULT_API_PORT, DEFAULT_BATCH_DECODE, DEFAULT_MAX_ACTIVE, DEFAULT_MAX_QUEUE,
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import logging  # noqa: E402
+import math  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from discovery.memory import parse_size  # noqa: E402
+
+from .engine.blas import maybe_reexec_with_blas  # noqa: E402
+from .node_config import (DEFAULT_API_PORT, DEFAULT_BATCH_DECODE, DEFAULT_MAX_ACTIVE, DEFAULT_MAX_QUEUE,  # noqa: E402
                           DEFAULT_PEER_PORT, NodeConfig, default_state_dir)
+from .node_ports import PortError, check_port  # noqa: E402
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        """One line, naming the flag (argparse's usage block buries it)."""
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="swarm-node",
         description="Run a swarm node: find peers, hold a share of the model's layers, serve an "
                     "OpenAI-compatible chat API.")
@@ -29,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--join", action="store_true",
                    help="serve whatever model the swarm serves, fetching this node's layers from its peers")
     p.add_argument("--api-host", default="0.0.0.0", help="address the HTTP API listens on (default: %(default)s)")
-    p.add_argument("--api-port", type=int, default=DEFAULT_API_PORT, help="HTTP API port (default: %(default)s)")
-    p.add_argument("--peer-port", type=int, default=DEFAULT_PEER_PORT,
+    p.add_argument("--api-port", type=_port, default=DEFAULT_API_PORT, help="HTTP API port (default: %(default)s)")
+    p.add_argument("--peer-port", type=_port, default=DEFAULT_PEER_PORT,
                    help="TCP port for activations and liveness between nodes (default: %(default)s)")
     p.add_argument("--state-dir", type=Path, default=default_state_dir(),
                    help="where the node keeps its id and measurements (default: %(default)s)")
@@ -46,6 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "weights (default: %(default)s, keep them packed)")
     p.add_argument("--max-tokens-default", type=int, default=512,
                    help="tokens generated when a request gives no max_tokens (default: %(default)s)")
+    p.add_argument("--temperature", type=_temperature, default=None, metavar="T",
+                   help="sampling temperature for requests that give none (default: the model's "
+                        "generation_config.json, else 0: greedy)")
+    p.add_argument("--top-p", type=_top_p, default=None, metavar="P",
+                   help="top-p for requests that give none (default: generation_config.json, else 1)")
+    p.add_argument("--top-k", type=_top_k, default=None, metavar="K",
+                   help="top-k for requests that give none (default: generation_config.json, else 0: off)")
     p.add_argument("--swarm", default="default",
                    help="swarm name: nodes only join peers with the same name (default: %(default)s)")
     p.add_argument("--secret", default=None, metavar="SECRET",
@@ -100,6 +121,12 @@ def _host_port(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 1 to 65535 (0: any free one), got {text!r}")
+    return int(text)
+
+
 def _batch(text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= 64:
         raise argparse.ArgumentTypeError(f"expected a whole number from 1 to 64, got {text!r}")
@@ -121,6 +148,33 @@ def _seconds(text: str) -> float:
         value = 0.0
     if not 0 < value <= 3600:
         raise argparse.ArgumentTypeError(f"expected seconds (0-3600), got {text!r}")
+    return value
+
+
+def _temperature(text: str) -> float:
+    return _number_in(text, 0.0, 2.0, "a temperature from 0 (greedy) to 2")
+
+
+def _top_p(text: str) -> float:
+    value = _number_in(text, 0.0, 1.0, "a top-p in (0, 1]")
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"expected a top-p in (0, 1], got {text!r}")
+    return value
+
+
+def _top_k(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0 (0: off), got {text!r}")
+    return int(text)
+
+
+def _number_in(text: str, lo: float, hi: float, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not lo <= value <= hi:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return value
 
 
@@ -148,21 +202,13 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
                       peer_port=args.peer_port, state_dir=args.state_dir, cache_dir=args.cache_dir,
                       node_id=args.node_id, name=args.name, dtype=args.dtype,
                       dequantize=args.dequantize == "yes",
-                      default_max_tokens=args.max_tokens_default, swarm=args.swarm, secret=args.secret,
+                      default_max_tokens=args.max_tokens_default, temperature=args.temperature,
+                      top_p=args.top_p, top_k=args.top_k, swarm=args.swarm, secret=args.secret,
                       interfaces=args.interfaces, peers=args.peers, mdns=not args.no_mdns,
                       memory_limit=args.memory_limit, speed=args.speed, strategy=args.strategy,
                       recovery_timeout=args.recovery_timeout, peer_host=args.peer_host,
                       batch_decode=args.batch_decode, max_active=args.max_active, max_queue=args.max_queue,
                       api_key=args.api_key, http_timeout=args.http_timeout)
-
-
-async def _serve(node) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await node.run(stop)
-    logging.getLogger(__name__).info("shut down")
 
 
 def new_secret(state_dir: Path) -> int:
@@ -187,42 +233,74 @@ connect to nodes without it: restart every node of the swarm with it.""")
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        code = _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C before the node started (converting, loading, importing)
+        print("swarm-node: interrupted", file=sys.stderr)
+        code = 130
+    if AS_PROGRAM:
+        # Everything is stopped and closed by now. The interpreter's own teardown would still free
+        # MLX's native state, and after a request cut off mid-step that aborted the process now and
+        # then ("terminate called without an active exception", exit 134): leave without it.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt, caught below and in main
     args = build_parser().parse_args(argv)
     if args.new_secret:
         return new_secret(args.state_dir)
+    try:  # before anything slow: a taken port is one line now, not after the model has loaded
+        check_port("api", args.api_host, args.api_port)
+        check_port("peer", args.peer_host, args.peer_port)
+    except PortError as e:
+        print(f"swarm-node: error: {e}", file=sys.stderr)
+        return 2
     # Before MLX is imported: on Linux CPUs, re-exec once with an optimized BLAS preloaded.
     maybe_reexec_with_blas(sys.argv[1:] if argv is None else list(argv))
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .models.errors import ModelError
     from .node import DuplicateNodeId, Node
+    from .node_lifecycle import Interrupted, serve
 
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         node = Node(config_from_args(args))
     except ValueError as e:  # e.g. an empty api-key file
         print(f"swarm-node: error: {e}", file=sys.stderr)
         return 2
     try:
-        node.prepare_secret()
-    except ValueError as e:
-        print(f"swarm-node: error: {e}", file=sys.stderr)
-        return 2
-    try:
-        node.prepare_model()
-    except ModelError as e:
-        print(f"swarm-node: error: {e}", file=sys.stderr)
-        return 2
-    except (OSError, ValueError) as e:
-        print(f"swarm-node: error: cannot load the model: {e}", file=sys.stderr)
-        return 2
-    try:
-        asyncio.run(_serve(node))
-    except OSError as e:  # e.g. the API port is taken
-        print(f"swarm-node: error: {e}", file=sys.stderr)
-        return 1
-    except DuplicateNodeId as e:
-        print(f"swarm-node: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+        try:
+            node.prepare_secret()
+        except ValueError as e:
+            print(f"swarm-node: error: {e}", file=sys.stderr)
+            return 2
+        try:
+            node.prepare_model()
+        except ModelError as e:
+            print(f"swarm-node: error: {e}", file=sys.stderr)
+            return 2
+        except (OSError, ValueError) as e:
+            print(f"swarm-node: error: cannot load the model: {e}", file=sys.stderr)
+            return 2
+        try:
+            asyncio.run(serve(node))
+        except (PortError, DuplicateNodeId) as e:  # a port taken since check_port; an id that cannot change
+            print(f"swarm-node: error: {e}", file=sys.stderr)
+            return 2
+        except OSError as e:
+            print(f"swarm-node: error: {e}", file=sys.stderr)
+            return 1
+        except Interrupted:
+            print("swarm-node: interrupted", file=sys.stderr)
+            return 130
+        return 0
+    finally:
+        if node.worker is not None:
+            node.worker.close()  # a live MLX thread at exit aborts the process (exit 134)
 
 
 if __name__ == "__main__":

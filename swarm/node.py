@@ -31,7 +31,9 @@ from partitioner import ModelSpec
 from .api.admission import Admission
 from .api.app import make_app
 from .api.connection_cap import CappedAppRunner
+from .api.request_gate import RequestGate
 from .engine.blas import blas_in_use
+from .engine.constraints import GrammarVocab
 from .engine.model_bytes import ModelBytes, measure_model_bytes
 from .engine.shard import check_splittable
 from .engine.speed_probe import cached_speed, measure_speed
@@ -39,14 +41,17 @@ from .engine.worker import MlxWorker
 from .entry.hop_timing import HopTiming
 from .entry.own_requests import OwnRequests
 from .entry.pending_tokens import PendingTokens
+from .entry.pipeline import NoPipeline
 from .entry.run_ahead import RunAhead
 from .entry.service import InferenceService
 from .entry.stats import RequestStats
 from .entry.swarm_pipeline import SwarmPipelines
 from .api.bootstrap_app import make_bootstrap_app
+from .models.generation_defaults import generation_defaults
 from .models.resolve import LocalModel, describe_model, is_local_spec, models_root, resolve_model
 from . import peer_security
 from .node_config import NodeConfig
+from .node_ports import port_error
 from .node_secrets import Secret, api_key, swarm_secret
 from .planning.coordinator import Coordinator
 from .stage.sender_rules import SenderRules
@@ -118,6 +123,10 @@ class Node:
         self.dequantize = config.dequantize
         self.api_key = api_key(config.api_key, config.state_dir)  # ValueError: an empty key file
         self.worker: MlxWorker | None = None  # the MLX thread of one run, from its first measurement to its last frame
+        # The API's door: closed on Ctrl-C while taken requests finish. One for every run (a restart under
+        # a new id must not reopen a door the user closed).
+        self.gate = RequestGate()
+        self.serving = asyncio.Event()  # set while a run has started every part (node_lifecycle.py waits on it)
         self._stops: list = []  # what to stop, in reverse order of starting
         self._start_over = asyncio.Event()  # set when this run's id turned out to be another node's
         self._fatal: str | None = None
@@ -143,6 +152,7 @@ class Node:
     def _check_model(self) -> None:
         check_splittable(self.model.path)
         self.tokenizer = load_tokenizer(self.model.path, eos_token_ids=self.model.config.get("eos_token_id"))
+        log.info("model %s: %d layers, from %s", self.model.model_id, self.model.n_layers, self.model.path)
 
     async def _measure(self, model: LocalModel) -> tuple[ModelBytes, float]:
         """The model's sizes as this node loads it, and this node's speed on two of its layers (cached).
@@ -159,26 +169,30 @@ class Node:
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set; start over under a new id when ours is another node's.
 
-        Raises DuplicateNodeId when the id came from --node-id (which a new id cannot change)."""
+        `stop` set while a start is under way stops the start (what it started is stopped).
+        Raises what a start raised (e.g. node_ports.PortError), or DuplicateNodeId when the id
+        came from --node-id (which a new id cannot change)."""
         while True:
             self._start_over = asyncio.Event()
             stopping = asyncio.ensure_future(stop.wait())
+            restarting = asyncio.ensure_future(self._start_over.wait())
+            # Starting may wait long (a node that fetches its model waits for a peer that holds it):
+            # a stop then ends it too.
+            starting = asyncio.ensure_future(self.start())
             try:
-                # Starting may wait long (a node that fetches its model waits for a peer that holds it):
-                # a stop then ends it too.
-                starting = asyncio.ensure_future(self.start())
                 await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-                if not starting.done():
-                    starting.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await starting
-                    return
-                starting.result()  # a failure to start is raised here
-                restarting = asyncio.ensure_future(self._start_over.wait())
-                await asyncio.wait({stopping, restarting}, return_when=asyncio.FIRST_COMPLETED)
-                restarting.cancel()
+                if starting.done():
+                    starting.result()  # a start that failed raises here
+                    self.serving.set()
+                    await asyncio.wait({stopping, restarting}, return_when=asyncio.FIRST_COMPLETED)
             finally:
+                self.serving.clear()
                 stopping.cancel()
+                restarting.cancel()
+                if not starting.done():  # a start stopped halfway: the stop below stops what it started
+                    starting.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await starting
                 await self.stop()
             if self._fatal:
                 raise DuplicateNodeId(self._fatal)
@@ -220,6 +234,9 @@ class Node:
 
         # What this node is: its model's sizes, its speed, its profile (and so its id). A node that
         # fetches its model names only the model it looks for until it has the model's small files.
+        if model is not None:
+            log.info("measuring the model's layers%s",
+                     "" if cfg.speed else " and this machine's speed (cached after once)")
         sizes, speed = await self._measure(model) if model is not None else (None, 0.0)
         profile = build_local_profile(
             state_dir=cfg.state_dir, swarm=cfg.swarm, name=cfg.name, api_port=cfg.api_port,
@@ -260,7 +277,7 @@ class Node:
         elif model is not None:  # fetched before this start (the node starts over under a new id)
             weights.store = ChunkStore.partial(model.path, model.manifest)
         else:
-            await self._start(listener.start, listener.stop)
+            await self._start(lambda: _bound("peer", cfg.peer_host, cfg.peer_port, listener.start), listener.stop)
             await self._start(discovery.start, discovery.stop)
             model, sizes, speed = await self._model_from_peers(discovery, weights)
             await discovery.update_profile(model_id=model.model_id, model_fingerprint=model.fingerprint,
@@ -269,8 +286,9 @@ class Node:
         # The entry side's bookkeeping, and the stage side that serves every peer message, each
         # message checked first against who may send it (stage/sender_rules.py).
         pending, run_ahead, hop_timing, own = PendingTokens(), RunAhead(node_id), HopTiming(), OwnRequests()
+        vocab = GrammarVocab(self.tokenizer)  # grammars: checked by the entry, applied by the last stage
         host = StageHost(model.path, self.dtype, worker, dequantize=self.dequantize, context=model.context_length,
-                         layer_caches=sizes.caches)
+                         layer_caches=sizes.caches, vocab=vocab)
         rules = SenderRules(node_id, host.known_plan, lambda peer: discovery.endpoint_of(peer) is not None, own,
                             vocab_size(model.config))
         stage_service = StageService(host, lane, worker, pending, run_ahead, asyncio.get_running_loop(), rules,
@@ -288,7 +306,9 @@ class Node:
         pipelines = SwarmPipelines(coordinator.agreed_plan, node_id, stage_service, pending, cfg.token_timeout,
                                    hop_timing, run_ahead, own)
         service = InferenceService(self.tokenizer, model.context_length, pipelines, stats, cfg.default_max_tokens,
-                                   cfg.recovery_timeout)
+                                   cfg.recovery_timeout, vocab)
+        defaults = generation_defaults(model.path, cfg.temperature, cfg.top_p, cfg.top_k)
+        log.info("requests that leave sampling out get %s", defaults.describe())
 
         # What the node tells: /health, /v1/topology, and the HTTP API over it all.
         key = self.api_key
@@ -297,21 +317,25 @@ class Node:
                             hop_timing, peer_stats, weights, api_key=bool(key),
                             peers=peer_security.describe(self.secret))
         admission = Admission(cfg.max_active, cfg.max_queue)
-        app = make_app(service, status, events, model.model_id, admission, api_key=key.value,
+        app = make_app(service, status, events, model.model_id, admission, defaults, self.gate, api_key=key.value,
                        body_timeout=cfg.http_timeout)
         # keepalive_timeout closes a connection idle between requests, and one that never completes
-        # its headers (aiohttp's default keeps both for an hour); shutdown_timeout bounds a stop.
+        # its headers (aiohttp's default keeps both for an hour). handler_cancellation: a client that
+        # goes away cancels its handler, streaming or not, and leaving the handler frees the request on
+        # every stage. Taken requests are drained before a stop (node_lifecycle.py), so a stop waits
+        # for nothing long; a restart under a new id cuts off what it finds within shutdown_timeout.
         runner = CappedAppRunner(app, per_address=cfg.http_connections_per_address, access_log=None,
-                                 keepalive_timeout=cfg.http_timeout, shutdown_timeout=5.0)
+                                 keepalive_timeout=cfg.http_timeout, handler_cancellation=True,
+                                 shutdown_timeout=1.0)
 
         # Start, in the same order.
         stage_service.start()
         self._stops.append(stage_service.stop)
         if not self._started(listener.stop):
-            await self._start(listener.start, listener.stop)
+            await self._start(lambda: _bound("peer", cfg.peer_host, cfg.peer_port, listener.start), listener.stop)
         await runner.setup()
-        await web.TCPSite(runner, cfg.api_host, cfg.api_port).start()
         self._stops.append(runner.cleanup)
+        await _bound("api", cfg.api_host, cfg.api_port, web.TCPSite(runner, cfg.api_host, cfg.api_port).start)
         if not self._started(discovery.stop):
             await self._start(discovery.start, discovery.stop)
         peer_stats.start()
@@ -329,6 +353,11 @@ class Node:
         consumer = asyncio.create_task(_consume_peer_events(peer_events, stage_service, coordinator),
                                        name="peer-events")
         self._stops.append(lambda: _cancel(consumer))
+        host = cfg.api_host if cfg.api_host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+        host = f"[{host}]" if ":" in host else host
+        url = f"http://{host}:{runner.addresses[0][1]}/v1"
+        ready = asyncio.create_task(_say_ready(coordinator, url), name="say-ready")
+        self._stops.append(lambda: _cancel(ready))
 
     async def _start(self, start, stop) -> None:
         await start()
@@ -350,8 +379,8 @@ class Node:
         runner = web.AppRunner(make_bootstrap_app(lambda: {**waiting, "fetch": weights.status.to_dict()},
                                                   discovery, cfg.model, self.api_key.value), access_log=None)
         await runner.setup()
-        await web.TCPSite(runner, cfg.api_host, cfg.api_port).start()
         try:
+            await _bound("api", cfg.api_host, cfg.api_port, web.TCPSite(runner, cfg.api_host, cfg.api_port).start)
             root = models_root(cfg.cache_dir)
             model_id, manifest = await model_files_from_peers(None if cfg.join else cfg.model, discovery,
                                                               weights.open_link, root, weights, report)
@@ -408,6 +437,25 @@ async def _consume_peer_events(events: asyncio.Queue[PeerEvent], stage_service: 
             await coordinator.on_peer_event(event)
         except Exception:
             log.exception("handling %s of %s failed", event.kind, event.node_id)
+
+
+async def _say_ready(coordinator: Coordinator, url: str) -> None:
+    """One line once the first whole pipeline serves: where to send requests."""
+    while True:
+        try:
+            await coordinator.agreed_plan()
+        except NoPipeline:
+            continue  # the coordinator logs why (e.g. the swarm cannot hold the model)
+        log.info("ready: %s", url)
+        return
+
+
+async def _bound(kind: str, host: str, port: int, listen) -> None:
+    """Listen (`listen()`); a port taken since cli's check_port is the same one line naming the flag."""
+    try:
+        await listen()
+    except OSError as e:
+        raise port_error(kind, host, port, e) from None
 
 
 async def _cancel(task: asyncio.Task) -> None:

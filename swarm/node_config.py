@@ -36,6 +36,10 @@ class NodeConfig:
     dtype: str = "auto"  # weights dtype: auto = float32 on CPU, as stored on Metal
     dequantize: bool = False  # quantized layers loaded as `dtype` floats (faster CPU prefill, more memory)
     default_max_tokens: int = 512
+    # sampling for fields a request leaves out; None: the model's generation_config.json, else greedy
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
     # swarm membership
     swarm: str = "default"
     secret: str | None = None  # --secret; None: $SWARM_SECRET, else the state dir's `secret` file, else open

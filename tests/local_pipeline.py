@@ -15,14 +15,15 @@ class LocalPipeline:
         self.stages = stages
         self.worker = worker
 
-    def _run(self, request_id: str, tokens: list[int], start_pos: int, sampling):
+    def _run(self, request_id: str, tokens: list[int], start_pos: int, sampling, rules):
         x = mx.array([tokens], dtype=mx.int32)
         for stage in self.stages:
-            x = stage.forward(request_id, x, start_pos, sampling)
+            x = stage.forward(request_id, x, start_pos, sampling, rules=rules if start_pos == 0 else None,
+                              ids=tokens if rules is not None else None)
         return x if sampling is not None else None
 
-    async def forward(self, request_id, tokens, start_pos, sampling, continue_unless=None):
-        return await self.worker.run(self._run, request_id, tokens, start_pos, sampling)
+    async def forward(self, request_id, tokens, start_pos, sampling, continue_unless=None, rules=None):
+        return await self.worker.run(self._run, request_id, tokens, start_pos, sampling, rules)
 
     async def release(self, request_id: str) -> None:
         def _release():

@@ -25,7 +25,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model_zoo_configs import DROP, FAMILIES as _CONFIGS, Shape, base  # noqa: E402
@@ -38,6 +38,46 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
+# Qwen 2.5's chat template (it renders tools): mlx-lm picks its json_tools parser for it
+# (tokenizer_utils._infer_tool_parser), and <tool_call> / </tool_call> are tokens, as in Qwen's vocabulary.
+TOOLS_CHAT_TEMPLATE = "\n".join([
+    "{%- if tools %}",
+    "{{- '<|im_start|>system\\n' }}",
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}",
+    "{%- else %}{{- 'You are a helpful assistant.' }}{%- endif %}",
+    "{{- '\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n' }}",
+    "{{- 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}",
+    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}",
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within ' }}",
+    "{{- '<tool_call></tool_call> XML tags:\\n<tool_call>\\n' }}",
+    "{{- '{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}",
+    "{%- else %}",
+    "{%- if messages[0]['role'] == 'system' %}",
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}",
+    "{%- endif %}",
+    "{%- endif %}",
+    "{%- for message in messages %}",
+    "{%- if (message.role == 'user') or (message.role == 'system' and not loop.first) or "
+    "(message.role == 'assistant' and not message.tool_calls) %}",
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}",
+    "{%- elif message.role == 'assistant' %}",
+    "{{- '<|im_start|>' + message.role }}",
+    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}",
+    "{%- for tool_call in message.tool_calls %}",
+    "{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}",
+    "{{- '\\n<tool_call>\\n{\"name\": \"' }}{{- tool_call.name }}{{- '\", \"arguments\": ' }}",
+    "{{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}",
+    "{%- endfor %}",
+    "{{- '<|im_end|>\\n' }}",
+    "{%- elif message.role == 'tool' %}",
+    "{%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != 'tool') %}{{- '<|im_start|>user' }}{%- endif %}",
+    "{{- '\\n<tool_response>\\n' }}{{- message.content }}{{- '\\n</tool_response>' }}",
+    "{%- if loop.last or (messages[loop.index0 + 1].role != 'tool') %}{{- '<|im_end|>\\n' }}{%- endif %}",
+    "{%- endif %}",
+    "{%- endfor %}",
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}",
+])
+TOOL_TOKENS = ["<tool_call>", "</tool_call>"]
 _CORPUS = """\
 The quick brown fox jumps over the lazy dog. A swarm of small machines can share
 one large model: each peer holds a few layers and passes activations to the next.
@@ -133,15 +173,21 @@ def build_random_model(
     seed: int = 0,
     tie_embeddings: bool = True,
     quantize: str | None = None,
+    tools_template: bool = False,
 ) -> Path:
     """Write an mlx-lm model directory loadable with mlx_lm.utils.load.
 
     `quantize`: "4bit" / "8bit" (affine, group 32), or "mixed" (mlx-lm's per-layer
     format: 8-bit first and last layers and attention value projections, 4-bit the rest).
+    `tools_template`: a chat template that renders tools (TOOLS_CHAT_TEMPLATE) and the
+    tool-call markers as tokens of their own.
     """
     from mlx_lm.utils import quantize_model, save_config, save_model
 
     tokenizer = build_tokenizer()
+    if tools_template:
+        tokenizer = Tokenizer.from_str(tokenizer.to_str())  # a copy: build_tokenizer's is shared
+        tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
     vocab = vocab or tokenizer.get_vocab_size()
     if vocab < tokenizer.get_vocab_size():
         raise ValueError(f"vocab {vocab} is smaller than the tokenizer's {tokenizer.get_vocab_size()}")
@@ -155,7 +201,7 @@ def build_random_model(
     out_dir.mkdir(parents=True, exist_ok=True)
     save_model(out_dir, model)
     save_config(config, out_dir / "config.json")
-    _write_tokenizer(tokenizer, out_dir)
+    _write_tokenizer(tokenizer, out_dir, TOOLS_CHAT_TEMPLATE if tools_template else CHAT_TEMPLATE)
     return out_dir
 
 
@@ -172,7 +218,7 @@ def _quantization(kind: str, n_layers: int) -> tuple:
     return 32, 4, "affine", False, predicate
 
 
-def _write_tokenizer(tokenizer: Tokenizer, out_dir: Path) -> None:
+def _write_tokenizer(tokenizer: Tokenizer, out_dir: Path, chat_template: str = CHAT_TEMPLATE) -> None:
     tokenizer.save(str(out_dir / "tokenizer.json"))
     specials = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>",
                 "pad_token": "<|endoftext|>", "unk_token": "<|endoftext|>"}
@@ -183,7 +229,7 @@ def _write_tokenizer(tokenizer: Tokenizer, out_dir: Path) -> None:
         "add_prefix_space": False,
         "clean_up_tokenization_spaces": False,  # keeps decode(encode(s)) == s
         "model_max_length": 4096,
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": chat_template,
     }
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
     (out_dir / "special_tokens_map.json").write_text(json.dumps(specials, indent=2))

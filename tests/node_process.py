@@ -45,8 +45,8 @@ class NodeProcess:
                 self.proc.wait()
 
 
-@contextmanager
-def running_node(tmp_path: Path, *extra: str, env: dict | None = None):
+def start_node(tmp_path: Path, *extra: str, env: dict | None = None) -> NodeProcess:
+    """A node started, not waited for (see running_node); the caller stops it."""
     api_port, peer_port = free_port(), free_port()
     log = tmp_path / f"node-{api_port}.log"
     # A lone node on loopback: no mDNS, which would multicast on the machine's real interfaces.
@@ -55,7 +55,12 @@ def running_node(tmp_path: Path, *extra: str, env: dict | None = None):
             "--state-dir", str(tmp_path / f"state-{api_port}"), *extra]
     with open(log, "w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-    node = NodeProcess(proc, api_port, peer_port, log)
+    return NodeProcess(proc, api_port, peer_port, log)
+
+
+@contextmanager
+def running_node(tmp_path: Path, *extra: str, env: dict | None = None):
+    node = start_node(tmp_path, *extra, env=env)
     try:
         node.wait_ready()
         yield node

@@ -6,6 +6,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model, load_tokenizer
 
@@ -27,3 +28,33 @@ def reference_chat(model_dir, messages: list[dict], max_tokens: int) -> tuple[st
             break
     text_tokens = tokens[:-1] if tokens and tokens[-1] in tok.eos_token_ids else tokens
     return tok.decode(text_tokens), len(tokens)
+
+
+def reference_tokens(model_dir, prompt: list[int], n: int) -> list[tuple[int, np.ndarray]]:
+    """Greedy (token, log-softmax of the logits it was drawn from) pairs, as mlx-lm's generate_step gives."""
+    model, _ = _load(str(model_dir))
+    return [(int(t), np.array(lp.astype(mx.float32)))
+            for (t, lp), _ in zip(generate_step(mx.array(prompt), model, max_tokens=n), range(n))]
+
+
+def reference_prompt_logprobs(model_dir, prompt: list[int]) -> np.ndarray:
+    """log-softmax of the whole model's logits at every prompt position: row q scores token q + 1."""
+    model, _ = _load(str(model_dir))
+    logits = model(mx.array(prompt)[None])[0].astype(mx.float32)
+    return np.array(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+
+
+def reference_with_penalties(model_dir, prompt: list[int], n: int, bias: dict, presence: float,
+                             frequency: float) -> list[int]:
+    """OpenAI's definition written out: logit + bias - presence * [count > 0] - frequency * count,
+    counting generated tokens only; greedy, the whole model run afresh at every step."""
+    model, _ = _load(str(model_dir))
+    tokens: list[int] = []
+    for _ in range(n):
+        logits = np.array(model(mx.array(prompt + tokens)[None])[0, -1].astype(mx.float32))
+        counts = np.bincount(tokens, minlength=logits.shape[0]).astype(np.float32)
+        for t, b in bias.items():
+            logits[t] += b
+        logits -= presence * (counts > 0) + frequency * counts
+        tokens.append(int(np.argmax(logits)))
+    return tokens

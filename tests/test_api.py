@@ -100,7 +100,7 @@ BAD_BODIES = [
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "top_p": "a"}).encode(), 400, "top_p"),
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "stop": 5}).encode(), 400, "stop"),
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}).encode(), 400, "stream"),
-    (json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 3}).encode(), 400, "n"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 17}).encode(), 400, "n"),
     (json.dumps({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}).encode(), 404, "model"),
 ]
 
@@ -147,3 +147,8 @@ def test_default_model_answers_through_the_api(tmp_path, default_model):
         r = client.chat.completions.create(model="SmolLM2-135M-Instruct", max_tokens=12, temperature=0,
                                            messages=[{"role": "user", "content": "What is the capital of France?"}])
         assert "Paris" in r.choices[0].message.content
+        # The README's first example, as it is: no sampling fields, so the node's greedy default.
+        status, reply = post_raw(node, "/v1/chat/completions", json.dumps(
+            {"messages": [{"role": "user", "content": "What is the capital of France?"}]}).encode())
+        assert status == 200 and "Paris" in reply["choices"][0]["message"]["content"], reply
+        assert reply["choices"][0]["finish_reason"] == "stop" and reply["usage"]["completion_tokens"] < 30, reply

@@ -88,3 +88,10 @@ def test_help_explains_the_flags():
     r = subprocess.run([sys.executable, "-m", "swarm.cli", "--help"], capture_output=True, text=True)
     for flag in ["--model", "--api-host", "--api-port", "--peer-port", "--state-dir", "--node-id", "--log-level"]:
         assert flag in r.stdout
+
+
+@pytest.mark.parametrize("flag,value", [("--temperature", "3"), ("--temperature", "warm"), ("--top-p", "0"),
+                                        ("--top-k", "-1")])
+def test_bad_sampling_defaults_are_refused_by_flag(tmp_path, flag, value):
+    r = run_node(flag, value, "--no-mdns", tmp_path=tmp_path)
+    assert r.returncode == 2 and flag in r.stderr and "Traceback" not in r.stderr, r.stderr

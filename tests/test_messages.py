@@ -6,7 +6,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from swarm.engine.decoding_rules import DecodingRules
 from swarm.engine.sampling import SamplingParams
+from swarm.engine.token_logprobs import TokenLogprobs
 from swarm.transport.arrays import encode_array
 from swarm.transport.errors import ProtocolError
 from swarm.transport.frames import Frame, FrameParser, encode_frame
@@ -23,6 +25,21 @@ def on_the_wire(message) -> Frame:
 
 def tokens_in() -> Forward:
     return Forward.of_tokens("r1", "plan1", 0, "entry", SAMPLING, [1, 2, 3])
+
+
+RULES = DecodingRules(prompt_len=3, grammar='{"grammars": []}', logit_bias=((5, -100.0), (9, 2.5)),
+                      presence_penalty=0.5, frequency_penalty=-0.25, repetition_penalty=1.1, logprobs=4,
+                      echo_logprobs=True)
+
+
+def with_rules() -> Forward:
+    return Forward.of_tokens("r1", "plan1", 0, "entry", SAMPLING, [1, 2, 3], RULES, with_ids=True)
+
+
+def token_with_logprobs() -> Token:
+    rows = TokenLogprobs(np.array([[7, 7, 3], [8, 1, 8]], np.int32), np.array([[-0.5, -0.5, -2], [-3, -1, -3]],
+                                                                               np.float32))
+    return Token("r1", "plan1", 4, 8, 1500, rows)
 
 
 def hidden_in() -> Forward:
@@ -97,6 +114,22 @@ BAD = [
     (Release("r1"), {"rid": None}, "rid"),
     (Hello(1, "n", "s"), {"v": "1"}, "'v'"),
     (Hello(1, "n", "s"), {"node_id": ""}, "node_id"),
+    (with_rules(), {"ids": b"\0" * 8}, "ids"),  # 3 positions: 12 bytes
+    (with_rules(), {"ids": [1, 2, 3]}, "ids"),
+    (with_rules(), {"pos": 4}, "position 0"),  # the rules start a request's caches
+    (with_rules(), {"ids": ...}, "ids"),  # rules, but no ids
+    (with_rules(), {"rules": {"pl": -1}}, "'pl'"),
+    (with_rules(), {"rules": {"pl": 3, "g": ""}}, "'g'"),
+    (with_rules(), {"rules": {"pl": 3, "lb": [[1, float("inf")]]}}, "'lb'"),
+    (with_rules(), {"rules": {"pl": 3, "lb": [[-1, 1]]}}, "'lb'"),
+    (with_rules(), {"rules": {"pl": 3, "pp": "x"}}, "'pp'"),
+    (with_rules(), {"rules": {"pl": 3, "rp": 0}}, "'rp'"),
+    (with_rules(), {"rules": {"pl": 3, "lp": 21}}, "'lp'"),
+    (with_rules(), {"rules": {"pl": 3, "elp": 1}}, "'elp'"),
+    (with_rules(), {"rules": [3]}, "map"),
+    (token_with_logprobs(), {"lp": [2, 2]}, "'lp'"),  # 2 x 3 in the payload
+    (token_with_logprobs(), {"lp": [2, 22]}, "'lp'"),
+    (token_with_logprobs(), {"lp": "2x3"}, "'lp'"),
 ]
 
 
@@ -120,6 +153,21 @@ def test_unknown_types_are_refused_by_name() -> None:
 def test_an_error_message_too_long_for_a_frame_is_shortened() -> None:
     got = decode(on_the_wire(Error("r1", "p", "protocol", "x" * 100_000)))
     assert got == Error("r1", "p", "protocol", "x" * 4093 + "...")
+
+
+def test_rules_ids_and_logprobs_round_trip() -> None:
+    got = decode(on_the_wire(with_rules()))
+    assert got.rules == RULES and np.frombuffer(got.ids, "<i4").tolist() == [1, 2, 3]
+    onward = got.onward(3, encode_array(mx.ones((1, 3, 8))), 5)
+    assert decode(on_the_wire(onward)).rules == RULES and decode(on_the_wire(onward)).token_ids() == [1, 2, 3]
+    step = decode(on_the_wire(Forward.of_tokens("r1", "plan1", 9, "entry", SAMPLING, [4], with_ids=True)))
+    assert step.rules is None and step.token_ids() == [4]
+    plain_header, _ = tokens_in().to_frame()
+    assert "ids" not in plain_header and "rules" not in plain_header, "a plain request carries nothing more"
+    token = decode(on_the_wire(token_with_logprobs()))
+    assert token[:5] == token_with_logprobs()[:5]
+    assert token.logprobs.ids.tolist() == [[7, 7, 3], [8, 1, 8]]
+    assert token.logprobs.logprobs.tolist() == [[-0.5, -0.5, -2], [-3, -1, -3]]
 
 
 def test_token_ids_travel_as_int32() -> None:

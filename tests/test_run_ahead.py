@@ -36,6 +36,10 @@ def test_only_the_armed_token_starts_the_next_step_once() -> None:
     ahead.mlx_next_step(Token("r1", "planA", 10, 5))
     assert ahead.started("r1", "planA", 10, [5]) >= started
     assert ahead.started("r1", "planA", 10, [5]) is None  # taken once
+    assert f.ids is None, "a plain request's step carries no token ids"
+    ahead.arm("r1", "planA", 11, GREEDY, frozenset(), "stage0", with_ids=True)
+    ruled = ahead.mlx_next_step(Token("r1", "planA", 11, 6)).forward
+    assert ruled.token_ids() == [6] and ruled.rules is None, "a request with rules: its ids, not its rules again"
 
 
 def test_a_stop_token_or_a_forgotten_request_starts_nothing() -> None:

@@ -15,7 +15,7 @@ import urllib.request
 import uuid
 
 import pytest
-from model_fixtures import tiny_models  # noqa: F401  (fixture)
+from model_fixtures import default_model, tiny_models  # noqa: F401  (fixtures)
 from node_process import get_json, running_node
 
 from tui.app import SwarmTUI
@@ -100,6 +100,20 @@ async def test_chat_streams_the_same_answer_as_a_plain_request(node):
                 assert app.topology.name_of(nid) in pane.path_text
         await pilot.pause(0.2)
         assert pane.answer.strip().split()[0] in app.screen_text()
+
+
+async def test_chat_with_the_defaults_answers_the_default_model_shortly(tmp_path, default_model):  # noqa: F811
+    """No temperature from the dashboard: the node's greedy default gives a short right answer."""
+    with running_node(tmp_path) as node:
+        app = SwarmTUI([node.url])
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.topology is not None, what="a topology")
+            await pilot.press("c")
+            await pilot.press(*"What is the capital of France?")
+            await pilot.press("enter")
+            pane = app.query_one(ChatPane)
+            await wait_for(pilot, lambda: pane.prompt and not pane.busy, timeout=120, what="the answer")
+            assert not pane.error and "Paris" in pane.answer and len(pane.answer) < 200, pane.answer
 
 
 async def test_killed_node_shows_disconnected(tmp_path, tiny_models):  # noqa: F811

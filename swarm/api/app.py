@@ -15,11 +15,13 @@ from aiohttp import web
 
 from ..entry.service import InferenceService
 from ..events import EventBus
+from ..models.generation_defaults import GenerationDefaults
 from ..status.node_status import NodeStatus
 from .admission import Admission
 from .auth import api_key_middleware, bearer_matches
 from .completions import CompletionRoutes
-from .errors import error_middleware
+from .errors import ApiError, error_middleware
+from .request_gate import RequestGate
 from .request_parsing import BODY_TIMEOUT, BODY_TIMEOUT_S
 from .topology_routes import TopologyRoutes
 
@@ -27,18 +29,25 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
 
 
 def make_app(service: InferenceService, status: NodeStatus, events: EventBus, model_id: str,
-             admission: Admission, *, api_key: str | None = None,
-             body_timeout: float = BODY_TIMEOUT_S) -> web.Application:
+             admission: Admission, defaults: GenerationDefaults | None = None, gate: RequestGate | None = None,
+             *, api_key: str | None = None, body_timeout: float = BODY_TIMEOUT_S) -> web.Application:
     """The API sees the inference service (chat) and the status (health, topology), not the node."""
-    app = web.Application(middlewares=[api_key_middleware(api_key), error_middleware],
-                          client_max_size=MAX_BODY_BYTES)
+    # The key first (a request without it learns nothing, not even that the node is stopping), then
+    # errors in OpenAI's shape, then the gate (a 503 once the node stops taking requests).
+    middlewares = [api_key_middleware(api_key), error_middleware] + ([gate.middleware] if gate else [])
+    app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
     app[BODY_TIMEOUT] = body_timeout
-    CompletionRoutes(service, model_id, admission).add_to(app)
-    started = int(time.time())
+    CompletionRoutes(service, model_id, admission, defaults).add_to(app)
+    model = {"id": model_id, "object": "model", "created": int(time.time()), "owned_by": "swarm"}
 
     async def models(_request):
-        return web.json_response({"object": "list", "data": [
-            {"id": model_id, "object": "model", "created": started, "owned_by": "swarm"}]})
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def one_model(request):
+        if request.match_info["model_id"] != model_id:
+            raise ApiError(404, f"model {request.match_info['model_id']!r} is not served here; this swarm serves "
+                                f"{model_id!r}", "invalid_request_error", param="model", code="model_not_found")
+        return web.json_response(model)
 
     async def health(request):
         authorized = bearer_matches(request, api_key)
@@ -49,6 +58,7 @@ def make_app(service: InferenceService, status: NodeStatus, events: EventBus, mo
                                  status=200 if status.can_serve()[0] else 503)
 
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/models/{model_id:.+}", one_model)  # ids like ORG/NAME hold a slash
     app.router.add_get("/health", health)
     TopologyRoutes(status, events).add_to(app)
     return app

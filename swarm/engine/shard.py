@@ -143,8 +143,10 @@ class Shard(nn.Module):
         self._entry = _Edge(inject=not layers.is_first, stop=not layers.is_last and first is last,
                             last_position=layers.is_last and first is last)
         hook(first, self._entry)
+        self._exit = self._entry
         if last is not first:
-            hook(last, _Edge(inject=False, stop=not layers.is_last, last_position=layers.is_last))
+            self._exit = _Edge(inject=False, stop=not layers.is_last, last_position=layers.is_last)
+            hook(last, self._exit)
         self._cache_slots = plan.slots_of(layers.start, layers.end)
         self.unrolled = UnrolledDecode.for_shard(self)
 
@@ -177,26 +179,31 @@ class Shard(nn.Module):
     def make_caches(self) -> ShardCaches:
         return ShardCaches(make_prompt_cache(self.model), self._cache_slots)
 
-    def __call__(self, x: mx.array, caches: ShardCaches) -> mx.array:
+    def __call__(self, x: mx.array, caches: ShardCaches, every_row: bool = False) -> mx.array:
         """x is token ids (B, L) on the first shard, hidden states (B, L, D) after.
 
-        Returns hidden states, or on the last shard the logits of the final position.
+        Returns hidden states, or on the last shard the logits of the final position
+        (`every_row`: of every position, (L, vocab), for prompt logprobs).
         """
         if self.range.is_first:
             ids = x
         else:
             self._entry.pending = x
             ids = mx.zeros(x.shape[:2], mx.int32)  # what the stand-in embedding looks at
+        self._exit.last_position = self.range.is_last and not every_row
         try:
             out = self.model(ids, cache=caches)
         except StopAfterLayer as stop:
             out = stop.hidden
         finally:
             missed, self._entry.pending = self._entry.pending, None
+            self._exit.last_position = self.range.is_last
         if missed is not None:
             raise RuntimeError(f"{self.family}: the model's forward never reached layer {self.range.start}")
         caches.advance(x.shape[1])
-        return out[0, -1] if self.range.is_last else out
+        if not self.range.is_last:
+            return out
+        return out[0] if every_row else out[0, -1]
 
     def input_limits(self, context: int) -> InputLimits:
         """What this shard may be fed (engine/input_limits.py), for a model of `context` positions."""

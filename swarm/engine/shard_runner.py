@@ -16,9 +16,13 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from .cache_budget import CacheBudget, CacheFull, CacheLimits
+from .constraints import GrammarVocab
+from .decoding_rules import DecodingRules
+from .request_sampler import HistoryMismatch, RequestSampler
 from .sampling import SamplingParams, sample
 from .shard import Shard
 from .shard_caches import ShardCaches
+from .token_logprobs import SampledToken
 
 
 class CacheMismatch(Exception):
@@ -31,6 +35,7 @@ class _RequestState:
     offset: int = 0  # positions this request's caches hold
     counted: int = 0  # positions the budget counts for it (a step's, from before it runs)
     last_used: float = field(default_factory=time.monotonic)
+    sampler: RequestSampler | None = None  # the last stage's, for a request with decoding rules
 
 
 Key = tuple[str, str]  # (entry node id, request id)
@@ -39,8 +44,10 @@ Key = tuple[str, str]  # (entry node id, request id)
 class ShardRunner:
     """Synchronous: call only from the node's MLX worker thread."""
 
-    def __init__(self, shard: Shard, limits: CacheLimits | None = None, context: int | None = None):
+    def __init__(self, shard: Shard, limits: CacheLimits | None = None, context: int | None = None,
+                 vocab: GrammarVocab | None = None):
         self.shard = shard
+        self.vocab = vocab  # for grammars (constraints.py); None: requests with one are refused
         self.budget = CacheBudget(limits)
         self.context = context or 2**31 - 1
         self.input_limits = shard.input_limits(self.context)
@@ -50,12 +57,16 @@ class ShardRunner:
     def range(self):
         return self.shard.range
 
-    def forward(self, request_id: str, x: mx.array, start_pos: int,
-                sampling: SamplingParams | None = None, entry: str = "") -> mx.array | int:
+    def forward(self, request_id: str, x: mx.array, start_pos: int, sampling: SamplingParams | None = None,
+                entry: str = "", rules: DecodingRules | None = None,
+                ids: list[int] | None = None) -> mx.array | int | SampledToken:
         """Run positions [start_pos, start_pos + L) of `entry`'s request through this shard.
 
-        start_pos 0 always starts the request afresh (a replay after churn does that).
-        On the last stage with `sampling`, returns the sampled token for the next position.
+        start_pos 0 always starts the request afresh (a replay after churn does that), with
+        the request's decoding `rules` if it has any; every later forward of such a request
+        brings the token `ids` of its positions (see request_sampler.py).
+        On the last stage with `sampling`, returns the sampled token for the next position
+        (a SampledToken when the rules ask for logprobs).
         Raises CacheMismatch when the caches do not hold start_pos, CacheFull past a cap.
         """
         key, length = (entry, request_id), x.shape[1]
@@ -67,21 +78,44 @@ class ShardRunner:
             if state is not None:
                 self._drop(key)
             state = self._start(key, length)
+            if rules is not None and self.range.is_last:
+                try:
+                    state.sampler = RequestSampler(rules, self.vocab)
+                except Exception as e:  # never expected: the entry checked the rules
+                    self._drop(key)
+                    raise CacheMismatch(f"request {request_id}: its decoding rules cannot apply here: {e}") from e
         elif state is None or state.offset != start_pos:
             held = state.offset if state else 0
             raise CacheMismatch(f"request {request_id}: cache holds {held} positions, frame starts at {start_pos}")
         else:
             state.last_used = time.monotonic()  # (before _grow, which may free idle requests)
             self._grow(key, state, length)
+        sampler = state.sampler
+        prepared = None
         try:
-            out = self.shard(x, state.caches)
-            mx.eval(out, state.caches.arrays())
+            if sampler is not None:
+                sampler.observe(start_pos, ids)
+            every_row = sampler is not None and sampler.wants_every_row(start_pos)
+            out = self.shard(x, state.caches, every_row) if every_row else self.shard(x, state.caches)
+            if sampler is not None and sampling is not None and self.range.is_last:
+                prepared = sampler.prepare(out[-1] if every_row else out)  # joins the forward's evaluation
+                mx.eval(out, prepared.arrays(), state.caches.arrays())
+            else:
+                mx.eval(out, state.caches.arrays())
+        except HistoryMismatch as e:
+            self._drop(key)
+            raise CacheMismatch(f"request {request_id}: {e}") from None
         except Exception:
             self._drop(key)  # its caches may hold part of the step
             raise
         state.offset += length
+        if every_row:
+            sampler.take_prompt_rows(out, start_pos)
+            out = out[-1]
         if not self.range.is_last or sampling is None:
             return out
+        if prepared is not None:
+            return sampler.draw(prepared, sampling, start_pos + length)
         return sample(out, sampling, start_pos + length)
 
     def _start(self, key: Key, length: int) -> _RequestState:
@@ -111,24 +145,31 @@ class ShardRunner:
         if state is not None:
             self.budget.remove(key[0], state.counted)
 
-    def decode_batch(self, items: list[tuple[str, mx.array, int, SamplingParams | None]],
-                     entries: list[str] | None = None) -> list:
+    def decode_batch(self, items: list[tuple], entries: list[str] | None = None) -> list:
         """One decode position for several requests in one pass (see Shard.decode_batch).
 
-        items: (request id, input of one position, its position, sampling); `entries`: each one's
-        entry. Returns per item what forward would, or the CacheMismatch (CacheFull) that request
-        hit (the others go on).
+        items: (request id, input of one position, its position, sampling[, its token ids, for a
+        request with decoding rules]); `entries`: each one's entry. Returns per item what forward
+        would, or the CacheMismatch (CacheFull) that request hit (the others go on). Each row is
+        sampled with its own request's state.
         """
         entries = entries or [""] * len(items)
         results: list = [None] * len(items)
         rows, states, keys = [], [], []
-        for i, (rid, x, pos, _) in enumerate(items):
+        for i, (rid, x, pos, *_) in enumerate(items):
             key = (entries[i], rid)
             state = self._requests.get(key)
             if state is None or state.offset != pos or pos == 0 or x.shape[1] != 1 or pos + 1 > self.context:
                 held = state.offset if state else 0
                 results[i] = CacheMismatch(f"request {rid}: cache holds {held} positions, frame starts at {pos}")
                 continue
+            if state.sampler is not None:
+                try:
+                    state.sampler.observe(pos, items[i][4] if len(items[i]) > 4 else None)
+                except HistoryMismatch as e:
+                    self._drop(key)
+                    results[i] = CacheMismatch(f"request {rid}: {e}")
+                    continue
             state.last_used = time.monotonic()
             try:
                 self._grow(key, state, 1)
@@ -143,7 +184,9 @@ class ShardRunner:
         try:
             out = self.shard.decode_batch(mx.concatenate([items[i][1] for i in rows], axis=0),
                                           [st.caches for st in states])
-            mx.eval(out, [st.caches.arrays() for st in states])
+            prepared = [st.sampler.prepare(out[j]) if self.range.is_last and st.sampler is not None
+                        and items[i][3] is not None else None for j, (i, st) in enumerate(zip(rows, states))]
+            mx.eval(out, [p.arrays() for p in prepared if p is not None], [st.caches.arrays() for st in states])
         except Exception:
             for key in keys:
                 self._drop(key)
@@ -151,11 +194,12 @@ class ShardRunner:
         for st in states:
             st.offset += 1
         for j, i in enumerate(rows):
-            _, _, pos, sampling = items[i]
+            _, _, pos, sampling, *_ = items[i]
             if not self.range.is_last:
                 results[i] = out[j:j + 1]
             elif sampling is not None:
-                results[i] = sample(out[j], sampling, pos + 1)
+                results[i] = (states[j].sampler.draw(prepared[j], sampling, pos + 1) if prepared[j] is not None
+                              else sample(out[j], sampling, pos + 1))
         return results
 
     def release(self, request_id: str, entry: str = "") -> bool:

@@ -4,6 +4,11 @@ The entry node keeps the whole token history of a request. If the pipeline break
 mid-request (a stage died), it waits for a whole pipeline again and replays the
 history to rebuild the KV caches, then continues where it stopped: tokens already
 sent to the client are never drawn or sent twice.
+
+A request with decoding rules (a grammar, penalties, logprobs) sends them with the
+first forward of every attempt, and its token ids with every forward: the new last
+stage rebuilds its sampler from the replayed history (engine/request_sampler.py), so
+the output equals an undisturbed run's.
 """
 
 from __future__ import annotations
@@ -11,11 +16,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import AsyncIterator, Awaitable, Callable
 
+from ..engine.decoding_rules import DecodingRules
 from ..engine.input_limits import MAX_CHUNK
 from ..engine.sampling import SamplingParams
+from ..engine.token_logprobs import SampledToken, TokenLogprobs
 from .pipeline import NoPipeline, Pipeline, PipelineBroken
 
 log = logging.getLogger(__name__)
@@ -24,6 +31,8 @@ log = logging.getLogger(__name__)
 # token alone), so that greedy output matches it token for token. A stage takes no
 # bigger chunk (engine/input_limits.py).
 PREFILL_STEP = MAX_CHUNK
+# Prompt logprobs (echo) need the logits of every prompt position: (chunk, vocab) floats at a time.
+ECHO_PREFILL_STEP = 64
 
 
 @dataclass
@@ -36,6 +45,16 @@ class GenerationJob:
     generated: list[int] = field(default_factory=list)
     cached: int = 0  # positions the current pipeline's KV caches hold
     route: dict | None = None  # the plan and nodes that produced the last token
+    rules: DecodingRules | None = None  # what the last stage's sampler applies (prompt_len set here)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one row per generated token, if asked
+    prompt_logprobs: TokenLogprobs | None = None  # rows of prompt tokens 1.. (echo), once they came
+
+    def rules_now(self) -> DecodingRules | None:
+        """The rules for the next attempt: prompt logprobs are asked for until they came."""
+        rules = self.rules
+        if rules is not None and rules.echo_logprobs and self.prompt_logprobs is not None:
+            rules = replace(rules, echo_logprobs=False)
+        return rules
 
 
 # Returns the pipeline to use now (given the one that just broke, if any);
@@ -76,15 +95,24 @@ async def generate_tokens(job: GenerationJob, get_pipeline: PipelineSource,
 
 async def _next_token(job: GenerationJob, pipeline: Pipeline) -> int:
     history = job.prompt + job.generated
+    rules = job.rules_now()
+    step = ECHO_PREFILL_STEP if rules is not None and rules.echo_logprobs else PREFILL_STEP
     # Everything but the last known token goes through as prefill (no sampling).
     while len(history) - 1 - job.cached > 0:
-        n = min(PREFILL_STEP, len(history) - 1 - job.cached)
-        await pipeline.forward(job.request_id, history[job.cached:job.cached + n], job.cached, None)
+        n = min(step, len(history) - 1 - job.cached)
+        await pipeline.forward(job.request_id, history[job.cached:job.cached + n], job.cached, None, rules=rules)
         job.cached += n
     more = len(job.generated) + 1 < job.max_tokens  # after this token, another step is wanted ...
     token = await pipeline.forward(job.request_id, history[-1:], job.cached, job.sampling,
-                                   continue_unless=job.eos_ids if more else None)  # ... unless it is EOS
+                                   continue_unless=job.eos_ids if more else None,  # ... unless it is EOS
+                                   rules=rules)
     job.cached += 1
+    if isinstance(token, SampledToken):
+        rows = token.logprobs
+        if rules.echo_logprobs:
+            job.prompt_logprobs = TokenLogprobs(rows.ids[:-1], rows.logprobs[:-1])
+        job.logprobs.append(TokenLogprobs(rows.ids[-1:], rows.logprobs[-1:]))
+        token = token.token
     return int(token)
 
 

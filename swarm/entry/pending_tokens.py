@@ -53,8 +53,11 @@ class PendingTokens:
 
     async def wait(self, rid: str, fut: asyncio.Future, timeout: float) -> TokenArrival:
         try:
-            return await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError:
+            # Not wait_for: on Python 3.11 it loses a cancel that lands as the token arrives, and
+            # then a request whose client has gone generates on to max_tokens.
+            async with asyncio.timeout(timeout):
+                return await fut
+        except TimeoutError:
             raise PipelineBroken(f"no token within {timeout:.0f}s") from None
         finally:
             waits = self._futures.get(rid, {})

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from ..engine.decoding_rules import DecodingRules
 from ..engine.sampling import SamplingParams
+from ..engine.token_logprobs import SampledToken
 
 
 class PipelineBroken(Exception):
@@ -21,8 +23,11 @@ class NoPipeline(Exception):
 
 
 class Pipeline(Protocol):
-    async def forward(self, request_id: str, tokens: list[int], start_pos: int,
-                      sampling: SamplingParams | None, continue_unless: frozenset[int] | None = None) -> int | None:
-        """continue_unless: a hint that the caller will want the next step unless the token is in it."""
+    async def forward(self, request_id: str, tokens: list[int], start_pos: int, sampling: SamplingParams | None,
+                      continue_unless: frozenset[int] | None = None,
+                      rules: DecodingRules | None = None) -> int | SampledToken | None:
+        """continue_unless: a hint that the caller will want the next step unless the token is in it.
+        rules: the request's decoding rules, if any (they start with position 0; every step of such
+        a request carries its token ids to the last stage). A SampledToken when they ask for logprobs."""
 
     async def release(self, request_id: str) -> None: ...

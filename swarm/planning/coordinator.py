@@ -103,6 +103,10 @@ class Coordinator:
             plan, error = make_plan(self.spec, self.members(), self.strategy), None
         except InsufficientMemoryError as e:
             plan, error = None, f"the swarm cannot hold the model: {e}"
+        if error and error != self.plan_error:  # said once per new shortfall, not only in /health
+            log.warning("%s; waiting for more nodes or memory", error)
+        elif self.plan_error and not error:
+            log.info("the swarm can hold the model again")
         self.plan_error = error
         if _id(plan) == _id(self.plan):
             return
@@ -142,6 +146,9 @@ class Coordinator:
                 await self._wait_until_ready(plan)
                 if plan is not self.plan:
                     continue
+                held = self.host.stage.range if self.host.stage else None
+                if layers and (held is None or (held.start, held.end) != layers):
+                    log.info("loading layers [%d, %d) for plan %s", *layers, plan.plan_id)
                 await self.discovery.update_profile(plan="", state="loading" if layers else "idle",
                                                     loading=plan.plan_id if layers else None)
                 try:

@@ -21,6 +21,7 @@ import mlx.core as mx
 from partitioner import Plan
 
 from ..engine.cache_budget import CacheLimits
+from ..engine.constraints import GrammarVocab
 from ..engine.model_bytes import LayerCache
 from ..engine.shard import load_shard
 from ..engine.shard_runner import ShardRunner
@@ -33,10 +34,12 @@ KNOWN_PLANS = 8
 
 class StageHost:
     def __init__(self, model_dir, dtype: mx.Dtype | None, worker: MlxWorker, dequantize: bool = False, *,
-                 context: int | None = None, layer_caches: Sequence[LayerCache] = ()):
+                 context: int | None = None, layer_caches: Sequence[LayerCache] = (),
+                 vocab: GrammarVocab | None = None):
         """`context`: the model's positions; `layer_caches`: each layer's cache bytes (engine/model_bytes.py),
         from which the caps on what requests may hold here are set (engine/cache_budget.py)."""
         self.model_dir, self.dtype, self.worker = model_dir, dtype, worker
+        self.vocab = vocab  # grammars for the requests we sample (when we hold the last layers)
         self.dequantize = dequantize  # quantized layers loaded as `dtype` floats
         self.context, self.layer_caches = context, tuple(layer_caches)
         self.stage: ShardRunner | None = None
@@ -78,7 +81,7 @@ class StageHost:
             shard = await self.worker.run(load_shard, self.model_dir, layers[0], layers[1], self.dtype, old,
                                           self.dequantize)
             del old
-            self.stage = ShardRunner(shard, self._limits(*layers), self.context)
+            self.stage = ShardRunner(shard, self._limits(*layers), self.context, self.vocab)
             log.info("now holding layers [%d, %d): %.1f MB", *layers, shard.weight_bytes() / 1e6)
         self.plan = plan
 

@@ -42,6 +42,7 @@ from collections import deque
 
 from ..engine.cache_budget import CacheFull
 from ..engine.shard_runner import CacheMismatch, ShardRunner
+from ..engine.token_logprobs import SampledToken
 from ..engine.worker import MlxWorker
 from ..entry.pending_tokens import PendingTokens
 from ..entry.run_ahead import RunAhead
@@ -246,7 +247,9 @@ class StageService:
         compute_us = forward.compute_us + round(took_s * 1e6)
         if stage.range.is_last:
             if forward.sampling is not None:
-                token = Token(forward.rid, forward.plan_id, forward.pos + forward.length, out, compute_us)
+                at = forward.pos + forward.length
+                token = (Token(forward.rid, forward.plan_id, at, out.token, compute_us, out.logprobs)
+                         if isinstance(out, SampledToken) else Token(forward.rid, forward.plan_id, at, out, compute_us))
                 try:
                     self.lane.mlx_send(forward.entry, token)
                 except PeerUnreachable as e:
@@ -259,7 +262,7 @@ class StageService:
 def _result(stage: ShardRunner, out):
     """What to deliver for a forward result: a token, None, the request's failure, or the encoded
     activations (dtype, shape, a view of the bytes: arrays.encode_array)."""
-    if isinstance(out, (int, Exception)) or out is None:
+    if isinstance(out, (int, SampledToken, Exception)) or out is None:
         return out
     if stage.range.is_last:
         return None  # a prefill chunk on the last stage: nothing to send on
@@ -271,7 +274,8 @@ def _compute(stage: ShardRunner, forward: Forward):
     calls compute). A request's own failure (lost cache, bad array) is returned, not raised."""
     t0 = time.perf_counter()
     try:
-        out = stage.forward(forward.rid, forward.array(), forward.pos, forward.sampling, forward.entry)
+        out = stage.forward(forward.rid, forward.array(), forward.pos, forward.sampling, forward.entry,
+                            forward.rules, forward.token_ids() if stage.range.is_last else None)
     except (CacheMismatch, CacheFull, ProtocolError) as e:
         out = e
     return _result(stage, out), time.perf_counter() - t0
@@ -283,7 +287,8 @@ def _compute_batch(stage: ShardRunner, accepted: list[Forward]):
     items, results = [], {}
     for i, forward in enumerate(accepted):
         try:
-            items.append((i, (forward.rid, forward.array(), forward.pos, forward.sampling)))
+            items.append((i, (forward.rid, forward.array(), forward.pos, forward.sampling,
+                              forward.token_ids() if stage.range.is_last else None)))
         except ProtocolError as e:
             results[i] = e
     entries = [accepted[i].entry for i, _ in items]

@@ -31,7 +31,9 @@ from typing import Any, NamedTuple, Union
 import mlx.core as mx
 import numpy as np
 
+from ..engine.decoding_rules import DecodingRules
 from ..engine.sampling import SamplingParams
+from ..engine.token_logprobs import TokenLogprobs
 from .arrays import WIRE_DTYPES, decode_array
 from .errors import ProtocolError
 from .frames import Frame
@@ -88,6 +90,18 @@ def sampling_from_wire(value: Any) -> SamplingParams | None:
     return SamplingParams(float(t), float(p), k, seed)
 
 
+def rules_from_wire(value: Any) -> DecodingRules:
+    """A request's decoding rules (engine/decoding_rules.py); ProtocolError if malformed."""
+    try:
+        return DecodingRules.from_wire(value)
+    except ValueError as e:
+        raise ProtocolError(f"'fwd' message: {e}") from None
+
+
+MAX_LOGPROB_ROWS = MAX_POSITION
+MAX_LOGPROB_COLS = 21  # the token and up to 20 alternatives
+
+
 # -- the data path ---------------------------------------------------------------------
 class Forward(NamedTuple):
     """Positions [pos, pos + length) of one request, into the stage whose layers start at `start`.
@@ -95,6 +109,10 @@ class Forward(NamedTuple):
     Into stage 0 (start 0) the payload is int32 token ids of shape [1, length]; into a
     later stage, hidden states of shape [1, length, hidden]. With `sampling`, the last
     stage samples the token at pos + length and sends it to `entry`.
+
+    A request with decoding rules (engine/decoding_rules.py) carries them on its forward
+    at position 0, and on every forward the int32 token `ids` of its positions, which the
+    last stage's sampler follows. Plain requests carry neither.
     """
 
     T = "fwd"
@@ -108,19 +126,26 @@ class Forward(NamedTuple):
     shape: tuple[int, ...]
     payload: bytes | memoryview
     compute_us: int = 0  # what the stages so far spent computing this step (entry/hop_timing.py)
+    rules: DecodingRules | None = None
+    ids: bytes | None = None  # int32 token ids of positions [pos, pos + length), for a request with rules
 
     @classmethod
     def of_tokens(cls, rid: str, plan_id: str, pos: int, entry: str, sampling: SamplingParams | None,
-                  tokens: list[int]) -> Forward:
-        ids = np.asarray([tokens], dtype=np.int32)
-        return cls(rid, plan_id, pos, 0, entry, sampling, "int32", ids.shape, ids.tobytes())
+                  tokens: list[int], rules: DecodingRules | None = None, with_ids: bool = False) -> Forward:
+        data = np.asarray([tokens], dtype="<i4").tobytes()
+        return cls(rid, plan_id, pos, 0, entry, sampling, "int32", (1, len(tokens)), data, 0, rules,
+                   data if with_ids else None)
 
     def onward(self, start: int, hidden: tuple[str, list[int], memoryview], compute_us: int) -> Forward:
         """The same step into the next stage, carrying this stage's output as `arrays.encode_array` gave it
         (the memoryview keeps the array alive until sent)."""
         dtype, shape, data = hidden
         return Forward(self.rid, self.plan_id, self.pos, start, self.entry, self.sampling, dtype, tuple(shape),
-                       data, compute_us)
+                       data, compute_us, self.rules, self.ids)
+
+    def token_ids(self) -> list[int] | None:
+        """The token ids a request with rules carries (None for a plain request)."""
+        return None if self.ids is None else np.frombuffer(self.ids, dtype="<i4").tolist()
 
     @property
     def length(self) -> int:
@@ -136,9 +161,14 @@ class Forward(NamedTuple):
 
     def to_frame(self) -> tuple[dict, bytes | memoryview]:
         sampling = self.sampling
-        return ({"t": "fwd", "rid": self.rid, "plan": self.plan_id, "pos": self.pos, "start": self.start,
-                 "entry": self.entry, "sampling": None if sampling is None else sampling.to_dict(),
-                 "cu": self.compute_us, "dtype": self.dtype, "shape": list(self.shape)}, self.payload)
+        header = {"t": "fwd", "rid": self.rid, "plan": self.plan_id, "pos": self.pos, "start": self.start,
+                  "entry": self.entry, "sampling": None if sampling is None else sampling.to_dict(),
+                  "cu": self.compute_us, "dtype": self.dtype, "shape": list(self.shape)}
+        if self.ids is not None:
+            header["ids"] = bytes(self.ids)
+            if self.rules is not None:
+                header["rules"] = self.rules.to_wire()
+        return header, self.payload
 
     @classmethod
     def from_frame(cls, frame: Frame) -> Forward:
@@ -153,9 +183,20 @@ class Forward(NamedTuple):
                 and (dtype == "int32" if start == 0 else (dtype in _HIDDEN_DTYPES and type(shape[2]) is int
                                                           and shape[2] >= 1))
                 and len(payload) == shape[1] * (1 if start == 0 else shape[2]) * WIRE_DTYPES[dtype]):
-            return cls(rid, plan, pos, start, entry, sampling_from_wire(h.get("sampling")), dtype, tuple(shape),
-                       payload, cu)
+            forward = cls(rid, plan, pos, start, entry, sampling_from_wire(h.get("sampling")), dtype, tuple(shape),
+                          payload, cu)
+            if h.get("ids") is None and h.get("rules") is None:
+                return forward  # a plain request (the hot path)
+            return forward._with_rules(h)
         raise cls._what_is_wrong(h, payload)
+
+    def _with_rules(self, h: dict) -> Forward:
+        ids, rules = h.get("ids"), h.get("rules")
+        if type(ids) is not bytes or len(ids) != 4 * self.length:
+            raise ProtocolError(f"'fwd' message: 'ids' must be {self.length} int32 token ids, got {_brief(ids)}")
+        if rules is not None and self.pos != 0:
+            raise ProtocolError(f"'fwd' message: 'rules' travel only at position 0, got position {self.pos}")
+        return self._replace(rules=None if rules is None else rules_from_wire(rules), ids=ids)
 
     @staticmethod
     def _what_is_wrong(h: dict, payload: bytes) -> ProtocolError:
@@ -184,7 +225,11 @@ class Forward(NamedTuple):
 
 
 class Token(NamedTuple):
-    """The last stage's sampled token for position `at`, back to the request's entry."""
+    """The last stage's sampled token for position `at`, back to the request's entry.
+
+    With `logprobs` (a request that asked for them), their rows travel as the payload:
+    int32 ids then float32 logprobs, (rows, cols) each, the shape in the header.
+    """
 
     T = "tok"
     rid: str
@@ -192,10 +237,15 @@ class Token(NamedTuple):
     at: int
     token: int
     compute_us: int = 0
+    logprobs: TokenLogprobs | None = None
 
     def to_frame(self) -> tuple[dict, bytes]:
-        return {"t": "tok", "rid": self.rid, "plan": self.plan_id, "at": self.at, "token": self.token,
-                "cu": self.compute_us}, b""
+        header = {"t": "tok", "rid": self.rid, "plan": self.plan_id, "at": self.at, "token": self.token,
+                  "cu": self.compute_us}
+        if self.logprobs is None:
+            return header, b""
+        header["lp"] = list(self.logprobs.ids.shape)
+        return header, self.logprobs.to_bytes()
 
     @classmethod
     def from_frame(cls, frame: Frame) -> Token:
@@ -203,9 +253,19 @@ class Token(NamedTuple):
         rid, plan, at, token, cu = h.get("rid"), h.get("plan"), h.get("at"), h.get("token"), h.get("cu")
         if (_id(rid) and _id(plan) and type(at) is int and type(token) is int and type(cu) is int
                 and 1 <= at <= MAX_POSITION and 0 <= token <= MAX_TOKEN_ID and 0 <= cu <= MAX_COMPUTE_US):
-            return cls(rid, plan, at, token, cu)
-        return cls(_text(h, "rid"), _text(h, "plan"), _int(h, "at", 1, MAX_POSITION),
-                   _int(h, "token", 0, MAX_TOKEN_ID), _int(h, "cu", 0, MAX_COMPUTE_US))
+            token_msg = cls(rid, plan, at, token, cu)
+        else:
+            token_msg = cls(_text(h, "rid"), _text(h, "plan"), _int(h, "at", 1, MAX_POSITION),
+                            _int(h, "token", 0, MAX_TOKEN_ID), _int(h, "cu", 0, MAX_COMPUTE_US))
+        shape = h.get("lp")
+        if shape is None:
+            return token_msg
+        if not (type(shape) is list and len(shape) == 2 and all(type(d) is int for d in shape)
+                and 1 <= shape[0] <= MAX_LOGPROB_ROWS and 1 <= shape[1] <= MAX_LOGPROB_COLS
+                and len(frame.payload) == shape[0] * shape[1] * 8):
+            raise ProtocolError(f"'tok' message: 'lp' must be [rows, 1-{MAX_LOGPROB_COLS} columns] matching "
+                                f"a payload of 8 bytes per cell, got {_brief(shape)} and {len(frame.payload)} bytes")
+        return token_msg._replace(logprobs=TokenLogprobs.from_bytes(frame.payload, *shape))
 
 
 class Error(NamedTuple):
