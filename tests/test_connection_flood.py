@@ -70,8 +70,10 @@ def test_two_thousand_hellos_leave_an_open_node_serving_with_bounded_descriptors
         print(f"\n2,000 hellos at an open node: {counts}; descriptors {before} before, at most {peak[0]} during, "
               f"{after} after; chats during the flood: {[s for s, _ in replies]}")
         assert node.proc.poll() is None
-        # At most 32 held per address, plus what asyncio accepts in a round before they are closed (100 a round).
-        assert peak[0] <= before + 300, f"descriptors grew from {before} to {peak[0]}"
+        # At most 32 held per address, plus what asyncio accepts in a round before they are closed (100 a
+        # round; a loaded machine closes them late: 383 seen in a full run under load). Unbounded, the node
+        # would hold all 2,000 and hit its limit of 1,024.
+        assert peak[0] <= before + 512, f"descriptors grew from {before} to {peak[0]}"
         assert after <= before + 5, f"descriptors {before} before, {after} after"
         assert replies and all(s == 200 and r["choices"][0]["message"]["content"] == expected for s, r in replies)
         status, health = get_json(node.url + "/health")

@@ -246,10 +246,18 @@ async def test_fake_requests_cannot_hold_more_kv_than_a_cap(swarm, stranger):
     refused = 0
     for i in range(6):  # 6 requests of 4,000 positions: nearly 6 whole contexts (4,096) for one peer
         rid = f"kv-{i}"
-        await stranger.send_all(first.node_id, [Forward.of_tokens(rid, plan_id, 0, stranger.node_id, None, [7] * 2048),
-                                                Forward.of_tokens(rid, plan_id, 2048, stranger.node_id, GREEDY,
-                                                                  [7] * 1952)])
-        _, answer = await wait_answer(stranger, rid)
+        frames = [Forward.of_tokens(rid, plan_id, 0, stranger.node_id, None, [7] * 2048),
+                  Forward.of_tokens(rid, plan_id, 2048, stranger.node_id, GREEDY, [7] * 1952)]
+        for attempt in range(2):
+            # The stranger's link may have sat idle past the node's idle timeout during earlier tests on a
+            # loaded machine: frames sent as the node retires it are lost (the link is redialled after).
+            await stranger.send_all(first.node_id, frames)
+            try:
+                _, answer = await wait_answer(stranger, rid, timeout=45.0)
+                break
+            except AssertionError:
+                if attempt:
+                    raise
         refused += isinstance(answer, Error) and answer.kind == "cache" and "KV cache" in answer.message
     health = {n.node_id: get_json(n.url + "/health")[1] for n in swarm.nodes}
     print("(cached requests, KV bytes):", {k: (h["cached_requests"], h["cached_kv_bytes"]) for k, h in health.items()})
