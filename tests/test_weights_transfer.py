@@ -5,15 +5,17 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import time
 
 import mlx.core as mx
 import pytest
 
 from swarm.transport.stream_link import StreamFrameLink
+from swarm.transport.thread_link import ThreadFrameLink, run_on_own_thread
 from swarm.weights import manifest as manifest_module
 from swarm.weights.manifest import build_manifest
 from swarm.weights.store import ChunkStore
-from swarm.weights.transfer import FetchStuck, WeightFetch, fetch_manifest, serve_weights
+from swarm.weights.transfer import FetchStuck, WeightFetch, fetch_manifest, serve_weights_on_thread
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -34,7 +36,7 @@ class Holder:
 
     def __init__(self, name: str, store: ChunkStore, slow: float = 0.0):
         self.name, self.store, self.slow = name, store, slow
-        self.links: list[StreamFrameLink] = []
+        self.links: list[ThreadFrameLink] = []
 
     async def start(self):
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -43,25 +45,27 @@ class Holder:
 
     async def _serve(self, reader, writer):
         link = StreamFrameLink("fetcher", reader, writer)
-        self.links.append(link)
+        bulk = await link.detach(30.0)  # as serve_weights does, keeping the link to kill it
+        self.links.append(bulk)
         if self.slow:
-            link_send = link.send
+            send_file = bulk.send_file
 
-            async def slow_send(header, payload=b""):
-                await asyncio.sleep(self.slow)
-                await link_send(header, payload)
-            link.send = slow_send
+            def slow_send_file(*args):
+                time.sleep(self.slow)
+                send_file(*args)
+            bulk.send_file = slow_send_file
         try:
-            await serve_weights(link, self.store)
+            await run_on_own_thread(bulk, serve_weights_on_thread, bulk, self.store)
         except Exception:
             pass
         finally:
+            bulk.close()
             await link.close()
 
     async def kill(self):
         self.server.close()
         for link in self.links:
-            link._writer.transport.abort()
+            link.abort()
 
 
 def opener(holders: dict[str, Holder]):
