@@ -5,7 +5,10 @@ same files at the same sizes, created sparse, each fetched chunk written at its
 own offset after its hash checked out. mlx loads safetensors lazily, so a shard
 reads only its own tensors and never touches the holes. Which chunks are held is
 recorded beside the files (`.swarm-held`), so a restart serves and loads what
-is on disk and fetches only the rest.
+is on disk and fetches only the rest. The record names only chunks that were
+synced to disk before it was written; syncing runs on a thread of its own
+(`save_in_background`), so a fetch does not wait for the disk (it loads and
+serves from the page cache meanwhile).
 
 A directory the user gave (their own model, the Hugging Face cache) is a store
 holding everything, read only.
@@ -16,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from pathlib import Path
 
 from .manifest import Chunk, Manifest, chunk_hash
@@ -35,6 +39,10 @@ class ChunkStore:
         self.root, self.manifest, self.writable = Path(root), manifest, writable
         self._held = held
         self._unsaved = 0
+        self._saving = threading.Lock()  # one save at a time (they share the temporary file)
+        self._queue_lock = threading.Lock()
+        self._queued: threading.Thread | None = None  # a background save not started yet: later ones join it
+        self._last_saver: threading.Thread | None = None
 
     @classmethod
     def complete(cls, model_dir: Path, manifest: Manifest) -> "ChunkStore":
@@ -95,19 +103,47 @@ class ChunkStore:
         self._held.add(chunk.index)
         self._unsaved += 1
         if self._unsaved >= _SAVE_EVERY:
-            self.save()
+            self.save_in_background()
+
+    def save_in_background(self) -> None:
+        """`save` on a thread of its own: the caller goes on writing. At most one waits behind the one
+        running. Not a daemon: a node that exits first waits for it, so its restart finds the record."""
+        with self._queue_lock:
+            self._unsaved = 0
+            if self._queued is not None:
+                return
+            self._queued = self._last_saver = threading.Thread(target=self._save_queued, name="weights-sync")
+            self._queued.start()
+
+    def wait_saved(self) -> None:
+        """Until the background saves asked for so far are done."""
+        if self._last_saver is not None:
+            self._last_saver.join()
+
+    def _save_queued(self) -> None:
+        with self._saving:
+            with self._queue_lock:
+                self._queued = None  # writes from here on need another save
+            self._save_locked()
 
     def save(self) -> None:
         """Record the held chunks (after their bytes are on disk)."""
+        with self._saving:
+            self._save_locked()
+
+    def _save_locked(self) -> None:
         if not self.writable:
             return
+        held = sorted(self._held)  # before the sync: these are on disk once it returns
+        self._sync()
+        tmp = self.root / f"{HELD_FILE}.tmp"
+        tmp.write_text(json.dumps({"fingerprint": self.manifest.fingerprint, "chunks": held}))
+        tmp.replace(self.root / HELD_FILE)
+
+    def _sync(self) -> None:
         for f in self.manifest.files:
             fd = os.open(self.root / f.path, os.O_RDONLY)
             try:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        tmp = self.root / f"{HELD_FILE}.tmp"
-        tmp.write_text(json.dumps({"fingerprint": self.manifest.fingerprint, "chunks": sorted(self._held)}))
-        tmp.replace(self.root / HELD_FILE)
-        self._unsaved = 0

@@ -198,7 +198,7 @@ class WeightFetch:
                         await asyncio.wait_for(self._changed.wait(), NEW_HOLDERS_EVERY_S)
                     except asyncio.TimeoutError:
                         pass
-            await asyncio.get_running_loop().run_in_executor(self._writer, self.store.save)  # fsyncs: off the loop
+            self.store.save_in_background()  # the bytes are verified and written; the disk catches up meanwhile
             return FetchReport(self.progress, time.monotonic() - started, dict(self.per_holder))
         finally:
             for task in self._workers.values():
@@ -242,10 +242,11 @@ class WeightFetch:
                                  buffers: list[bytearray], loop: asyncio.AbstractEventLoop) -> None:
         """Ask for `batch` and take its chunks as they come: each one is checked and written by the writer
         thread while the next one arrives in the other buffer. What is done is told to the loop per chunk."""
-        link.send({"t": "w_get", "chunks": [c.index for c in batch]})
+        asked = list(batch)  # `batch` shrinks on the loop as chunks arrive
+        link.send({"t": "w_get", "chunks": [c.index for c in asked]})
         storing: tuple[Chunk, Future] | None = None
         try:
-            for k, chunk in enumerate(batch):
+            for k, chunk in enumerate(asked):
                 header, n = link.receive_header()
                 if header["t"] != "w_chunk" or header.get("i") != chunk.index:
                     raise ProtocolError(f"expected chunk {chunk.index}, got {header}")
