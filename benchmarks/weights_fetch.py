@@ -9,7 +9,9 @@ with AES-GCM). The fetcher dials each as a node does (handshake.dial_stream) and
 every chunk, hashing each before it is written, into a fresh sparse copy. The baseline
 is the leanest copy there is: the same files sent raw over one TCP connection
 (sendfile) and written to disk, nothing checked. The three run one after the other in
-each round. Prints one row per round and the median ratios (goal: at least 0.5x).
+each round, in reverse order every other round (so none always runs first), and the
+1-minute load is printed before and after. Prints one row per round and the median
+ratios (goal: at least 0.5x).
 """
 
 from __future__ import annotations
@@ -114,18 +116,20 @@ def main() -> None:
     open_holder, open_port = _start(_holder, str(args.model), False)
     sealed_holder, sealed_port = _start(_holder, str(args.model), True)
     sender, raw_port = _start(_raw_sender, str(args.model))
-    print(f"{args.model}: {total / 1e6:.0f} MB in {len(manifest.chunks)} chunks")
+    print(f"{args.model}: {total / 1e6:.0f} MB in {len(manifest.chunks)} chunks; load {os.getloadavg()[0]:.1f}")
     print("| round | plain TCP copy MB/s | fetch, open swarm MB/s | ratio | fetch, secret (sealed) MB/s | ratio |\n"
           "|---:|---:|---:|---:|---:|---:|")
     open_ratios, sealed_ratios = [], []
     try:
+        runs = {"raw": lambda out: raw_copy(raw_port, total, out),
+                "open": lambda out: asyncio.run(fetch(open_port, manifest, out, False)),
+                "sealed": lambda out: asyncio.run(fetch(sealed_port, manifest, out, True))}
         for i in range(args.rounds):
-            with tempfile.TemporaryDirectory() as tmp:
-                raw_s = raw_copy(raw_port, total, Path(tmp))
-            with tempfile.TemporaryDirectory() as tmp:
-                open_s = asyncio.run(fetch(open_port, manifest, Path(tmp), False))
-            with tempfile.TemporaryDirectory() as tmp:
-                sealed_s = asyncio.run(fetch(sealed_port, manifest, Path(tmp), True))
+            seconds = {}
+            for name in (list(runs) if i % 2 == 0 else list(reversed(runs))):
+                with tempfile.TemporaryDirectory() as tmp:
+                    seconds[name] = runs[name](Path(tmp))
+            raw_s, open_s, sealed_s = seconds["raw"], seconds["open"], seconds["sealed"]
             open_ratios.append(raw_s / open_s)
             sealed_ratios.append(raw_s / sealed_s)
             print(f"| {i + 1} | {total / raw_s / 1e6:.0f} | {total / open_s / 1e6:.0f} | {open_ratios[-1]:.2f}x "
@@ -134,7 +138,7 @@ def main() -> None:
         for proc in (open_holder, sealed_holder, sender):
             proc.terminate()
     print(f"median ratio to a plain TCP copy: open {statistics.median(open_ratios):.2f}x, "
-          f"sealed {statistics.median(sealed_ratios):.2f}x (goal >= 0.5x)")
+          f"sealed {statistics.median(sealed_ratios):.2f}x (goal >= 0.5x); load {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from .manifest import Chunk, Manifest, chunk_hash
@@ -34,13 +35,21 @@ class ChunkRejected(ValueError):
     """Bytes that do not hash to the manifest's value for their chunk: never written, never loaded."""
 
 
+@dataclass(frozen=True)
+class VerifiedChunk:
+    """Bytes that hashed to their chunk's manifest value (only `ChunkStore.verify` makes one)."""
+
+    chunk: Chunk
+    data: bytes | memoryview
+
+
 class ChunkStore:
     def __init__(self, root: Path, manifest: Manifest, held: set[int], writable: bool) -> None:
         self.root, self.manifest, self.writable = Path(root), manifest, writable
         self._held = held
         self._unsaved = 0
         self._saving = threading.Lock()  # one save at a time (they share the temporary file)
-        self._queue_lock = threading.Lock()
+        self._bookkeeping = threading.Lock()  # the held set and the save queue, written from several threads
         self._queued: threading.Thread | None = None  # a background save not started yet: later ones join it
         self._last_saver: threading.Thread | None = None
 
@@ -91,24 +100,36 @@ class ChunkStore:
 
     def write(self, chunk: Chunk, data: bytes | memoryview) -> None:
         """Verify and store one chunk; ChunkRejected (nothing written) if it is not the manifest's bytes."""
-        if not self.writable:
-            raise PermissionError(f"{self.root} is a read-only model directory")
+        self.write_verified(self.verify(chunk, data))
+
+    @staticmethod
+    def verify(chunk: Chunk, data: bytes | memoryview) -> VerifiedChunk:
+        """ChunkRejected unless `data` are the manifest's bytes for `chunk` (any thread)."""
         if len(data) != chunk.length or chunk_hash(data) != chunk.sha256:
             raise ChunkRejected(f"chunk {chunk.index} ({chunk.tensor or chunk.file}): bytes do not match the manifest")
+        return VerifiedChunk(chunk, data)
+
+    def write_verified(self, verified: VerifiedChunk) -> None:
+        """Store a chunk `verify` passed (any thread; its bytes must not change before this returns)."""
+        if not self.writable:
+            raise PermissionError(f"{self.root} is a read-only model directory")
+        chunk = verified.chunk
         fd = os.open(self.root / chunk.file, os.O_WRONLY)
         try:
-            os.pwrite(fd, data, chunk.offset)
+            os.pwrite(fd, verified.data, chunk.offset)
         finally:
             os.close(fd)
-        self._held.add(chunk.index)
-        self._unsaved += 1
-        if self._unsaved >= _SAVE_EVERY:
+        with self._bookkeeping:
+            self._held.add(chunk.index)
+            self._unsaved += 1
+            save = self._unsaved >= _SAVE_EVERY
+        if save:
             self.save_in_background()
 
     def save_in_background(self) -> None:
         """`save` on a thread of its own: the caller goes on writing. At most one waits behind the one
         running. Not a daemon: a node that exits first waits for it, so its restart finds the record."""
-        with self._queue_lock:
+        with self._bookkeeping:
             self._unsaved = 0
             if self._queued is not None:
                 return
@@ -122,7 +143,7 @@ class ChunkStore:
 
     def _save_queued(self) -> None:
         with self._saving:
-            with self._queue_lock:
+            with self._bookkeeping:
                 self._queued = None  # writes from here on need another save
             self._save_locked()
 

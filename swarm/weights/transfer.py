@@ -15,8 +15,10 @@ is refused that chunk and its link is dropped.
 Once the link is up, both ends move the bytes on a thread of their own over the
 link's socket (transport/thread_link.py), not on the event loop, whose stream path
 cost 4/5 of the time (docs/performance.md): the holder sends each chunk with
-sendfile (sealed: one read and one seal), the fetcher receives it into one of two
-buffers and the writer thread hashes and writes it while the next one arrives.
+sendfile (sealed: one read and one seal). The fetcher's link thread receives each
+chunk into one of three buffers; the verifier thread hashes it while the next one
+arrives, and the link thread writes it once it checked out: three stages, each on
+a thread, so the hash (the largest cost) is the only one on its core.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from ..transport.frames import Frame
 from ..transport.thread_link import ThreadFrameLink, run_on_own_thread
 from .fetch_queue import FetchProgress, FetchQueue
 from .manifest import Chunk, Manifest, ManifestError
-from .store import ChunkRejected, ChunkStore
+from .store import ChunkRejected, ChunkStore, VerifiedChunk
 
 log = logging.getLogger(__name__)
 
@@ -165,12 +167,12 @@ class WeightFetch:
         self.store, self.open_link, self.holders = store, open_link, holders
         self.queue = FetchQueue(store.missing(chunks))
         self.stuck_after_s, self.stall_after_s = stuck_after_s, stall_after_s
-        # Two receive buffers per holder (one arriving, one being hashed and written): bounded memory.
+        # Three receive buffers per holder (arriving, being hashed, being written): bounded memory.
         self._buffer_bytes = max((c.length for c in chunks), default=0)
         self.on_progress = on_progress or (lambda p: None)
         self.per_holder: dict[str, int] = {}
         self._changed = asyncio.Condition()
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="weights-write")  # one writer: store is not thread-safe
+        self._verifier = ThreadPoolExecutor(1, thread_name_prefix="weights-verify")
         self._workers: dict[str, asyncio.Task] = {}
 
     @property
@@ -204,7 +206,7 @@ class WeightFetch:
             for task in self._workers.values():
                 task.cancel()
             await asyncio.gather(*self._workers.values(), return_exceptions=True)
-            self._writer.shutdown(wait=True)
+            self._verifier.shutdown(wait=True)
 
     async def _work(self, holder: str) -> None:
         link = bulk = None
@@ -217,7 +219,7 @@ class WeightFetch:
                 raise ProtocolError(f"expected w_have, got {frame.header['t']!r}")
             self.queue.add_holder(holder, _unbitmap(bytes(frame.payload), len(self.store.manifest.chunks)))
             await self._notify()
-            buffers = [bytearray(bulk.payload_room(self._buffer_bytes)) for _ in range(2)]
+            buffers = [bytearray(bulk.payload_room(self._buffer_bytes)) for _ in range(3)]
             while not self.queue.done:
                 batch = self.queue.take(holder, BATCH_BYTES)
                 if not batch:  # others hold the rest in flight: wait in case they give some back
@@ -240,11 +242,11 @@ class WeightFetch:
 
     def _receive_batch_on_thread(self, link: ThreadFrameLink, batch: list[Chunk], holder: str,
                                  buffers: list[bytearray], loop: asyncio.AbstractEventLoop) -> None:
-        """Ask for `batch` and take its chunks as they come: each one is checked and written by the writer
-        thread while the next one arrives in the other buffer. What is done is told to the loop per chunk."""
+        """Ask for `batch` and take its chunks as they come: while chunk k arrives in one buffer, the
+        verifier hashes k-1 (in the next) and then this thread writes it. Each chunk's end is told to the loop."""
         asked = list(batch)  # `batch` shrinks on the loop as chunks arrive
         link.send({"t": "w_get", "chunks": [c.index for c in asked]})
-        storing: tuple[Chunk, Future] | None = None
+        verifying: tuple[Chunk, Future] | None = None
         try:
             for k, chunk in enumerate(asked):
                 header, n = link.receive_header()
@@ -253,17 +255,27 @@ class WeightFetch:
                 if n != chunk.length:  # refused before its bytes are read: it is never asked of this holder again
                     loop.call_soon_threadsafe(self._arrived, chunk, holder, False, batch)
                     raise ProtocolError(f"{n} bytes for chunk {chunk.index}, which has {chunk.length}")
-                payload = link.receive_payload_into(buffers[k % 2])
-                if storing is not None:  # the other buffer is free once its chunk is written
-                    self._stored(*storing, holder, batch, loop)
-                storing = chunk, self._writer.submit(self._check_and_write, chunk, payload, holder)
+                payload = link.receive_payload_into(buffers[k % 3])  # k-2's buffer: written already
+                hashed = self._verifier.submit(self.store.verify, chunk, payload)
+                if verifying is not None:
+                    self._write_if_verified(*verifying, holder, batch, loop)
+                verifying = chunk, hashed
         finally:
-            if storing is not None:
-                self._stored(*storing, holder, batch, loop)
+            if verifying is not None:
+                self._write_if_verified(*verifying, holder, batch, loop)
 
-    def _stored(self, chunk: Chunk, written: Future, holder: str, batch: list[Chunk],
-                loop: asyncio.AbstractEventLoop) -> None:
-        loop.call_soon_threadsafe(self._arrived, chunk, holder, written.result(), batch)
+    def _write_if_verified(self, chunk: Chunk, hashed: Future, holder: str, batch: list[Chunk],
+                           loop: asyncio.AbstractEventLoop) -> None:
+        """Link thread: write the chunk if its hash checked out (bytes a holder altered are never written)."""
+        try:
+            verified: VerifiedChunk = hashed.result()
+        except ChunkRejected as e:
+            log.warning("holder %s served bad bytes: %s; fetching it elsewhere", holder, e)
+            accepted = False
+        else:
+            self.store.write_verified(verified)
+            accepted = True
+        loop.call_soon_threadsafe(self._arrived, chunk, holder, accepted, batch)
 
     def _arrived(self, chunk: Chunk, holder: str, accepted: bool, batch: list[Chunk]) -> None:
         """On the loop: the bookkeeping of one chunk that came (in order, before its batch's thread is done)."""
@@ -276,15 +288,6 @@ class WeightFetch:
     async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()
-
-    def _check_and_write(self, chunk: Chunk, data: bytes, holder: str) -> bool:
-        """Writer thread: True when the chunk matched the manifest and is on disk."""
-        try:
-            self.store.write(chunk, data)
-        except ChunkRejected as e:
-            log.warning("holder %s served bad bytes: %s; fetching it elsewhere", holder, e)
-            return False
-        return True
 
 
 def _ask(link: ThreadFrameLink, header: dict) -> Frame:
