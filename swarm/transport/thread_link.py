@@ -157,7 +157,7 @@ class ThreadFrameLink:
             self._pending = self._pending[got:]
         while got < len(view):
             try:
-                n = self.sock.recv_into(view[got:])
+                n = self.sock.recv_into(view[got:], 0, socket.MSG_WAITALL)  # one wakeup for a whole chunk
             except BlockingIOError:
                 raise TimeoutError(f"nothing from {self.peer} for {self.timeout:g} s") from None
             if not n:
