@@ -145,7 +145,10 @@ class ChunkStore:
         with self._saving:
             with self._bookkeeping:
                 self._queued = None  # writes from here on need another save
-            self._save_locked()
+            try:
+                self._save_locked()
+            except OSError as e:  # the chunks stay held; a restart fetches again what is not on record
+                log.warning("could not record the chunks held in %s: %s", self.root, e)
 
     def save(self) -> None:
         """Record the held chunks (after their bytes are on disk)."""
@@ -155,7 +158,8 @@ class ChunkStore:
     def _save_locked(self) -> None:
         if not self.writable:
             return
-        held = sorted(self._held)  # before the sync: these are on disk once it returns
+        with self._bookkeeping:
+            held = sorted(self._held)  # before the sync: these are on disk once it returns
         self._sync()
         tmp = self.root / f"{HELD_FILE}.tmp"
         tmp.write_text(json.dumps({"fingerprint": self.manifest.fingerprint, "chunks": held}))

@@ -14,7 +14,7 @@ is refused that chunk and its link is dropped.
 
 Once the link is up, both ends move the bytes on a thread of their own over the
 link's socket (transport/thread_link.py), not on the event loop, whose stream path
-cost 4/5 of the time (docs/performance.md): the holder sends each chunk with
+copied each chunk four times more (docs/performance.md): the holder sends each chunk with
 sendfile (sealed: one read and one seal). The fetcher's link thread receives each
 chunk into one of three buffers; the verifier thread hashes it while the next one
 arrives, and the link thread writes it once it checked out: three stages, each on
