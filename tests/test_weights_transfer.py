@@ -40,6 +40,7 @@ class Holder:
         """`send_chunk(link, send_file, header, file, offset, length, buffer)`: how it sends a chunk (a liar's)."""
         self.name, self.store, self.slow, self.send_chunk = name, store, slow, send_chunk
         self.links: list[ThreadFrameLink] = []
+        self.serving: set[asyncio.Task] = set()
 
     async def start(self):
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -47,6 +48,7 @@ class Holder:
         return self
 
     async def _serve(self, reader, writer):
+        self.serving.add(asyncio.current_task())
         link = StreamFrameLink("fetcher", reader, writer)
         bulk = await link.detach(30.0)  # as serve_weights does, keeping the link to kill it
         self.links.append(bulk)
@@ -72,6 +74,7 @@ class Holder:
         self.server.close()
         for link in self.links:
             link.abort()
+        await asyncio.gather(*self.serving, return_exceptions=True)  # its threads are done
 
 
 def opener(holders: dict[str, Holder]):
@@ -191,7 +194,7 @@ def lying_about(victim, how: str):
         if how == "close":
             link.abort()
             raise ConnectionError("closed mid-chunk")
-        time.sleep(3)  # stalls well past the fetcher's stall_after_s
+        time.sleep(1.5)  # stalls well past the fetcher's stall_after_s
         raise ConnectionError("stalled mid-chunk")
     return send_chunk
 

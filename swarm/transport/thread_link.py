@@ -183,6 +183,9 @@ async def run_on_own_thread(link: ThreadFrameLink, work: Callable[..., T], *args
     Cancelled: the link is aborted, which ends `work`, and this returns once the thread has."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future = loop.create_future()
+    # Its error reaches the awaiting task through the shield; when that task was cancelled first, nobody
+    # asks: mark it taken, or its garbage collection logs "exception was never retrieved" with a traceback.
+    done.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     def settle(outcome, error):
         if not done.done():

@@ -52,6 +52,9 @@ class ChunkStore:
         self._bookkeeping = threading.Lock()  # the held set and the save queue, written from several threads
         self._queued: threading.Thread | None = None  # a background save not started yet: later ones join it
         self._last_saver: threading.Thread | None = None
+        # Kept open while chunks arrive: an open/pwrite/close per 16 MiB chunk cost 1-3 CPU s per GB
+        # now and then on ext4 here, against a steady 0.3 with one descriptor per file (measured).
+        self._write_fds: dict[str, int] = {}
 
     @classmethod
     def complete(cls, model_dir: Path, manifest: Manifest) -> "ChunkStore":
@@ -114,17 +117,24 @@ class ChunkStore:
         if not self.writable:
             raise PermissionError(f"{self.root} is a read-only model directory")
         chunk = verified.chunk
-        fd = os.open(self.root / chunk.file, os.O_WRONLY)
-        try:
-            os.pwrite(fd, verified.data, chunk.offset)
-        finally:
-            os.close(fd)
+        with self._bookkeeping:
+            fd = self._write_fds.get(chunk.file)
+            if fd is None:
+                fd = self._write_fds[chunk.file] = os.open(self.root / chunk.file, os.O_WRONLY)
+        os.pwrite(fd, verified.data, chunk.offset)
         with self._bookkeeping:
             self._held.add(chunk.index)
             self._unsaved += 1
             save = self._unsaved >= _SAVE_EVERY
         if save:
             self.save_in_background()
+
+    def close_files(self) -> None:
+        """Close the files writes kept open (a later write opens them again)."""
+        with self._bookkeeping:
+            fds, self._write_fds = list(self._write_fds.values()), {}
+        for fd in fds:
+            os.close(fd)
 
     def save_in_background(self) -> None:
         """`save` on a thread of its own: the caller goes on writing. At most one waits behind the one

@@ -207,6 +207,7 @@ class WeightFetch:
                 task.cancel()
             await asyncio.gather(*self._workers.values(), return_exceptions=True)
             self._verifier.shutdown(wait=True)
+            self.store.close_files()  # no link thread writes any more
 
     async def _work(self, holder: str) -> None:
         link = bulk = None
