@@ -156,10 +156,9 @@ def main() -> None:
             proc.terminate()
     print(f"median ratio to a plain TCP copy: open {statistics.median(open_ratios):.2f}x, "
           f"sealed {statistics.median(sealed_ratios):.2f}x (goal >= 0.5x); load {os.getloadavg()[0]:.1f}")
-    print("median CPU seconds per GB, both ends: " + ", ".join(
-        f"{name} {statistics.median(v):.2f}" for name, v in cpu_per_gb.items()) +
-        f" (the copy's over the fetch's: open {statistics.median(cpu_per_gb['raw']) / statistics.median(cpu_per_gb['open']):.2f}x, "
-        f"sealed {statistics.median(cpu_per_gb['raw']) / statistics.median(cpu_per_gb['sealed']):.2f}x)")
+    cpu = {name: statistics.median(v) for name, v in cpu_per_gb.items()}
+    print("median CPU seconds per GB, both ends: " + ", ".join(f"{name} {v:.2f}" for name, v in cpu.items()) +
+          f" (the copy's over the fetch's: open {cpu['raw'] / cpu['open']:.2f}x, sealed {cpu['raw'] / cpu['sealed']:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -204,8 +204,8 @@ async def test_a_holder_that_sends_a_wrong_length_or_breaks_off_mid_chunk_is_rep
                                                                                       caplog):
     m = build_manifest(model_dir)
     victim = m.tensor_chunks(["model.layers.5.w"])[0]
-    holders = {"liar": await Holder("liar", ChunkStore.complete(model_dir, m), send_chunk=lying_about(victim, how)).start(),
-               "honest": await Holder("honest", ChunkStore.complete(model_dir, m)).start()}
+    liar = Holder("liar", ChunkStore.complete(model_dir, m), send_chunk=lying_about(victim, how))
+    holders = {"liar": await liar.start(), "honest": await Holder("honest", ChunkStore.complete(model_dir, m)).start()}
     store = ChunkStore.partial(tmp_path / "copy", m)
     around = ["liar"]  # alone until it broke off (so it is the one asked for the victim)
     fetch = WeightFetch(store, list(m.chunks), opener(holders), lambda: list(around), stall_after_s=0.5)

@@ -14,10 +14,10 @@ that said hello (and proved the secret, with one):
 
 `send` / `receive` / `close`; `detach` hands the socket to a worker thread for a bulk
 transfer (thread_link.py: the same frames, without the event loop's copies). `receive`
-raises ProtocolError (ConnectionClosed at a clean end), and on a sealed link a frame that was altered, replayed or reordered is a
-ProtocolError too. An answered link's `receive` gives up after `idle_timeout` with
-nothing (a stranger cannot hold one open for free); the listener closes the link when
-its handler returns.
+raises ProtocolError (ConnectionClosed at a clean end), and on a sealed link a frame
+that was altered, replayed or reordered is a ProtocolError too. An answered link's
+`receive` gives up after `idle_timeout` with nothing (a stranger cannot hold one open
+for free); the listener closes the link when its handler returns.
 """
 
 from __future__ import annotations
