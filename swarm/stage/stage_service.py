@@ -129,12 +129,15 @@ class StageService:
         if isinstance(message, Token) and (problem := self.rules.mlx_token_problem(message)):
             self.failures.mlx_line("request %s: %s", message.rid, problem)  # a buggy last stage: it replays
             message = Error(message.rid, message.plan_id, "protocol", problem)
-        if isinstance(message, Token):
-            step = self.run_ahead.mlx_next_step(message)
-            if step is not None:
-                started = step.started
-                self._mlx_send_or_fail(step.to, step.forward)
+        step, to_send = self.run_ahead.mlx_next_steps(message)
+        if step is not None:
+            started = step.started
+        self._mlx_send_steps(to_send)
         self.loop.call_soon_threadsafe(self.pending.resolve, message, started)
+
+    def _mlx_send_steps(self, steps: list) -> None:
+        for step in steps:
+            self._mlx_send_or_fail(step.to, step.forward)
 
     def _mlx_send_or_fail(self, node_id: str, forward: Forward) -> None:
         try:
