@@ -73,3 +73,54 @@ async def test_errors_and_forget_reach_every_wait_of_a_request() -> None:
     pending.forget("r2")
     await asyncio.sleep(0)
     assert c.cancelled()
+
+
+def _rids(steps) -> list[str]:
+    return [s.forward.rid for s in steps]
+
+
+def test_a_lone_request_never_waits() -> None:
+    ahead = RunAhead("entry")
+    ahead.arm("r1", "planA", 10, GREEDY, frozenset(), "stage0")
+    step, send = ahead.mlx_next_steps(Token("r1", "planA", 10, 5))
+    assert step is not None and _rids(send) == ["r1"]
+
+
+def test_a_first_decode_step_joins_the_cohort_in_flight() -> None:
+    ahead = RunAhead("entry")
+    ahead.arm("r1", "planA", 20, GREEDY, frozenset(), "stage0")
+    assert _rids(ahead.mlx_next_steps(Token("r1", "planA", 20, 5))[1]) == ["r1"]  # alone: at once
+    ahead.arm("r1", "planA", 21, GREEDY, frozenset(), "stage0")  # r1's step is out
+    ahead.arm("r2", "planA", 8, GREEDY, frozenset(), "stage0")  # r2's last prompt token is out
+    step, send = ahead.mlx_next_steps(Token("r2", "planA", 8, 6))
+    assert step is not None and send == [], "r2's first step waits for r1's cohort"
+    assert ahead.started("r2", "planA", 8, [6]) is not None, "the generation loop must not send it again"
+    step, send = ahead.mlx_next_steps(Token("r1", "planA", 21, 7))
+    assert _rids(send) == ["r2", "r1"], "they leave together, so the first stage batches them"
+    ahead.arm("r2", "planA", 9, GREEDY, frozenset(), "stage0")
+    ahead.arm("r1", "planA", 22, GREEDY, frozenset(), "stage0")
+    assert _rids(ahead.mlx_next_steps(Token("r2", "planA", 9, 1))[1]) == ["r2"], "once decoding, never held"
+
+
+def test_held_steps_leave_when_nothing_else_is_in_flight() -> None:
+    for end in ("error", "eos", "late", "forget"):
+        ahead = RunAhead("entry")
+        ahead.arm("r1", "planA", 20, GREEDY, frozenset({2}), "stage0")
+        ahead.mlx_next_steps(Token("r1", "planA", 20, 5))
+        ahead.arm("r1", "planA", 21, GREEDY, frozenset({2}), "stage0")
+        ahead.arm("r2", "planA", 8, GREEDY, frozenset(), "stage0")
+        assert ahead.mlx_next_steps(Token("r2", "planA", 8, 6))[1] == []
+        if end == "error":
+            send = ahead.mlx_next_steps(Error("r1", "planA", "cache", "lost"))[1]
+        elif end == "eos":
+            send = ahead.mlx_next_steps(Token("r1", "planA", 21, 2))[1]
+        else:  # r1's client left: its answer comes late, and is dropped
+            ahead.forget("r1")
+            send = ahead.mlx_next_steps(None)[1]
+        assert _rids(send) == ["r2"], end
+    ahead = RunAhead("entry")
+    ahead.arm("r1", "planA", 21, GREEDY, frozenset(), "stage0")
+    ahead.arm("r2", "planA", 8, GREEDY, frozenset(), "stage0")
+    assert ahead.mlx_next_steps(Token("r2", "planA", 8, 6))[1] == []
+    ahead.forget("r2")  # the held request's own client left: its step is dropped
+    assert _rids(ahead.mlx_next_steps(Token("r1", "planA", 21, 7))[1]) == ["r1"], "r2's step is gone"
