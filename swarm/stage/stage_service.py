@@ -60,6 +60,7 @@ refused_log = logging.getLogger("swarm.refused")
 
 IDLE_CACHE_S = 600.0  # caches of a request nobody touched this long are freed (its entry died)
 GC_EVERY_S = 60.0
+PROMPT_BATCH_POSITIONS = 2048  # padded positions of one prompt pass (its attention scores grow with the square)
 
 
 class StageService:
@@ -172,7 +173,8 @@ class StageService:
                 if isinstance(message, Release):
                     self._mlx_release(sender, message)
                 else:
-                    self._mlx_forward(self._with_queued_decode_steps(message))
+                    self._mlx_forward(self._with_queued_prompts(sender, message) if _is_new_prompt(message)
+                                      else self._with_queued_decode_steps(message))
             except Exception:
                 self.failures.mlx_line("failed to serve a %s message from %s", type(message).__name__, sender,
                                        exc_info=True)
@@ -213,6 +215,33 @@ class StageService:
             steps.append(queued.popleft()[1])
         return steps
 
+    def _with_queued_prompts(self, sender: str, first: Forward) -> list[Forward]:
+        """`first`, a new request's first prompt chunk, plus the first chunks of other new requests
+        queued behind it, up to max_batch and PROMPT_BATCH_POSITIONS padded positions.
+
+        Prompts may overtake other requests' messages (an entry queues each prompt's last token
+        right behind it), never a message of their own request: each request's order is kept.
+        """
+        steps = [first]
+        if self.max_batch < 2 or self.host.stage is None or not self.host.stage.shard.can_batch:
+            return steps
+        seen, width = {(first.entry, first.rid)}, first.length
+        kept: deque = deque()
+        while self._queue and len(steps) < self.max_batch:
+            item = self._queue.popleft()
+            by, nxt = item
+            key = (nxt.entry, nxt.rid) if isinstance(nxt, Forward) else (by, nxt.rid)
+            if (key not in seen and _is_new_prompt(nxt) and (nxt.dtype, nxt.shape[2:]) == (first.dtype, first.shape[2:])
+                    and max(width, nxt.length) * (len(steps) + 1) <= PROMPT_BATCH_POSITIONS):
+                width = max(width, nxt.length)
+                steps.append(nxt)
+            else:
+                kept.append(item)
+            seen.add(key)
+        kept.extend(self._queue)
+        self._queue = kept
+        return steps
+
     def _mlx_forward(self, steps: list[Forward]) -> None:
         stage, plan, index = self.host.stage, self.host.plan, self.host.stage_index()
         accepted = [f for f in steps if self._mlx_accept(f, stage, plan)]
@@ -223,7 +252,7 @@ class StageService:
                 out, took_s = _compute(stage, forward)
                 self._mlx_deliver(forward, out, took_s, stage, plan, index)
             return
-        outs = _compute_batch(stage, accepted)
+        outs = _compute_prompts(stage, accepted) if _is_new_prompt(accepted[0]) else _compute_batch(stage, accepted)
         self.batched_passes += 1
         self.batched_rows += len(accepted)
         for forward, (out, took_s) in zip(accepted, outs):
@@ -260,6 +289,29 @@ class StageService:
             return
         nxt = plan.stages[index + 1]
         self._mlx_send_or_fail(nxt.node_id, forward.onward(nxt.start, out, compute_us))
+
+
+def _is_new_prompt(message) -> bool:
+    """A new request's first prompt chunk, nothing sampled, no decoding rules: may share a padded pass."""
+    return (isinstance(message, Forward) and message.pos == 0 and message.length > 1 and message.sampling is None
+            and message.rules is None)
+
+
+def _compute_prompts(stage: ShardRunner, accepted: list[Forward]):
+    """_compute for several new requests' first prompt chunks in one padded pass."""
+    t0 = time.perf_counter()
+    items, results = [], {}
+    for i, forward in enumerate(accepted):
+        try:
+            items.append((i, (forward.rid, forward.array())))
+        except ProtocolError as e:
+            results[i] = e
+    outs = stage.prefill_batch([item for _, item in items], [accepted[i].entry for i, _ in items]) if items else []
+    for (i, _), out in zip(items, outs):
+        results[i] = out
+    encoded = [_result(stage, results[i]) for i in range(len(accepted))]
+    took = time.perf_counter() - t0
+    return [(out, took) for out in encoded]
 
 
 def _result(stage: ShardRunner, out):
