@@ -31,6 +31,9 @@ up to max_batch (`--batch-decode`, 8 by default): the weights are read once for 
 them, which is what bounds decode speed. A step with nothing queued beside it runs
 alone through the model's own forward, so a request alone stays exactly one machine's;
 batched rows may differ from a lone request's in the last bits (README, The engine).
+New requests' first prompt chunks queued together run as one left-padded pass the same way
+(ShardRunner.prefill_batch), taken from anywhere in the queue as long as nothing of their own
+request was queued before them.
 """
 
 from __future__ import annotations
