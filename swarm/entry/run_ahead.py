@@ -9,13 +9,6 @@ generation loop, when it gets there, finds the step under way and only waits for
 its token. Same messages, same positions, same sampling: the output cannot differ,
 only the wait shrinks.
 
-A request's first decode step joins the cohort already decoding (mlx_next_steps): while other
-requests' steps for the same first stage are in flight, it is held and leaves with the next of
-them that comes back, so the stages batch it with them (stage/stage_service.py) instead of
-running it as a cohort of its own. Cohorts formed as prompts were prefilled one by one otherwise
-stay apart for the whole stream (3.5 rows per pass at 8 streams on three nodes, for 8 on one).
-A request alone never waits: nothing else is in flight.
-
 Shared by the event loop and the MLX thread, hence the lock and the `mlx_` name.
 """
 
@@ -26,7 +19,7 @@ import time
 from dataclasses import dataclass
 
 from ..engine.sampling import SamplingParams
-from ..transport.messages import Error, Forward, Token
+from ..transport.messages import Forward, Token
 
 
 @dataclass(frozen=True)
@@ -60,8 +53,6 @@ class RunAhead:
         self._lock = threading.Lock()
         self._armed: dict[str, _Armed] = {}
         self._launched: dict[str, _Launched] = {}
-        self._decoding: set[str] = set()  # requests that had a step started here (not joining any more)
-        self._held: list[NextStep] = []  # first decode steps waiting to join the cohort in flight
 
     # -- event loop -------------------------------------------------------
     def arm(self, rid: str, plan_id: str, at: int, sampling: SamplingParams, stop_ids: frozenset[int],
@@ -81,53 +72,18 @@ class RunAhead:
         with self._lock:
             self._armed.pop(rid, None)
             self._launched.pop(rid, None)
-            self._decoding.discard(rid)
-            self._held = [h for h in self._held if h.forward.rid != rid]
 
     # -- MLX thread -------------------------------------------------------
-    def mlx_next_steps(self, answer: Token | Error | None) -> tuple[NextStep | None, list[NextStep]]:
-        """For an answer that just arrived: its own next step, if armed, and the steps to send now,
-        in order (its own may be held to join the cohort). None: an answer the entry dropped (late,
-        or from a sender that may not send it), which may leave held steps waiting on no one."""
-        with self._lock:
-            if isinstance(answer, Token):
-                step = self._next_step(answer)
-            else:
-                step = None
-            if isinstance(answer, Error):
-                armed = self._armed.get(answer.rid)
-                if armed is not None and armed.plan_id == answer.plan_id:
-                    del self._armed[answer.rid]  # no token will come for it
-            if step is not None:
-                joining = answer.rid not in self._decoding
-                self._decoding.add(answer.rid)
-                if joining and self._in_flight(step.to):
-                    self._held.append(step)
-                    return step, []
-            elif self._held and self._in_flight(self._held[0].to):
-                return None, []  # the cohort's steps are still out: their answers bring it
-            held, self._held = self._held, []
-        return step, held + ([step] if step is not None else [])
-
     def mlx_next_step(self, token: Token) -> NextStep | None:
         """For a token that just arrived: the armed next step, if any (it is taken: started once)."""
         with self._lock:
-            return self._next_step(token)
-
-    def _in_flight(self, first_stage: str) -> bool:
-        """Another request's step for `first_stage` is out, its token armed for (lock held)."""
-        return any(a.first_stage == first_stage for a in self._armed.values())
-
-    def _next_step(self, token: Token) -> NextStep | None:
-        """(lock held)"""
-        armed = self._armed.get(token.rid)
-        if armed is None or (token.plan_id, token.at) != (armed.plan_id, armed.at):
-            return None
-        del self._armed[token.rid]  # its token is in: no longer in flight
-        if token.token in armed.stop_ids:
-            return None
-        started = time.perf_counter()
-        self._launched[token.rid] = _Launched(armed.plan_id, armed.at, token.token, started)
+            armed = self._armed.get(token.rid)
+            if (armed is None or token.token in armed.stop_ids
+                    or (token.plan_id, token.at) != (armed.plan_id, armed.at)):
+                return None
+            del self._armed[token.rid]
+            started = time.perf_counter()
+            self._launched[token.rid] = _Launched(armed.plan_id, armed.at, token.token, started)
         forward = Forward.of_tokens(token.rid, armed.plan_id, armed.at, self.node_id, armed.sampling, [token.token],
                                     with_ids=armed.with_ids)
         return NextStep(armed.first_stage, forward, started)

@@ -9,7 +9,8 @@ last stage's tokens for its own requests). So there is one switch:
                       events, in arrival order, the result sent on by the lane
   Token, Error     -> for a request this node is the entry of: its client waits on
                       the event loop (pending tokens); a token whose next step was
-                      armed starts that step right here (entry/run_ahead.py)
+                      armed starts that step right here (entry/run_ahead.py), or holds
+                      a request's first one to join the steps out (entry/cohort_join.py)
 
 Who may send what is decided first, for every message (sender_rules.py): a frame from anyone
 else is dropped with one log line at a bounded rate (bounded_log.py), and nobody else hears of
@@ -47,6 +48,7 @@ from ..engine.cache_budget import CacheFull
 from ..engine.shard_runner import CacheMismatch, ShardRunner
 from ..engine.token_logprobs import SampledToken
 from ..engine.worker import MlxWorker
+from ..entry.cohort_join import CohortJoin
 from ..entry.pending_tokens import PendingTokens
 from ..entry.run_ahead import RunAhead
 from ..transport.arrays import encode_array
@@ -78,6 +80,7 @@ class StageService:
         self.batched_rows = 0
         # (sender, message) for our stage, in arrival order; MLX thread only
         self._queue: deque[tuple[str, Forward | Release]] = deque()
+        self.joins = CohortJoin(self.node_id)  # our requests' first decode steps join the cohort out; MLX thread
         self.carried = LinkRequests(self.node_id)  # whose entry to tell when a link breaks; MLX thread only
         self._last_gc = time.monotonic()
 
@@ -122,8 +125,10 @@ class StageService:
             why = self.rules.mlx_answer(sender, message)
             if why is None:
                 self._mlx_to_entry(message)
-            elif why is not LATE:
+                return
+            if why is not LATE:
                 self._mlx_refuse(sender, describe(message), why)
+            self._mlx_send_steps(self.joins.mlx_flush_if_alone())
         else:  # the lane passes nothing else: a bug if it did
             log.error("no handler for a %s from %s", type(message).__name__, sender)
 
@@ -133,9 +138,13 @@ class StageService:
         if isinstance(message, Token) and (problem := self.rules.mlx_token_problem(message)):
             self.failures.mlx_line("request %s: %s", message.rid, problem)  # a buggy last stage: it replays
             message = Error(message.rid, message.plan_id, "protocol", problem)
-        step, to_send = self.run_ahead.mlx_next_steps(message)
-        if step is not None:
-            started = step.started
+        if isinstance(message, Token):
+            step = self.run_ahead.mlx_next_step(message)
+            if step is not None:
+                started = step.started
+            to_send = self.joins.mlx_token(message.rid, message.at, step)
+        else:
+            to_send = self.joins.mlx_error(message.rid)
         self._mlx_send_steps(to_send)
         self.loop.call_soon_threadsafe(self.pending.resolve, message, started)
 
@@ -150,13 +159,16 @@ class StageService:
             self._mlx_fail(forward, "unreachable", str(e))
             return
         self.carried.note(node_id, forward)
+        self.joins.mlx_sent(node_id, forward)
 
     def _mlx_release_everywhere(self, rid: str, node_ids: list[str]) -> None:
+        waiting = self.joins.mlx_released(rid)  # (steps held for it to come back may go now)
         for node_id in node_ids:
             try:
                 self.lane.mlx_send(node_id, Release(rid))  # to us: queued behind our stage's frames
             except PeerUnreachable:
                 pass  # a dead stage freed its caches by dying
+        self._mlx_send_steps(waiting)
 
     def _mlx_fail(self, forward: Forward, kind: str, message: str) -> None:
         self._mlx_fail_request(forward.rid, forward.plan_id, forward.entry, kind, message)
