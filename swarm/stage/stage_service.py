@@ -78,6 +78,8 @@ class StageService:
         self.failures = BoundedLog(log, logging.INFO)  # requests this stage could not serve
         self.batched_passes = 0  # passes that ran more than one request's decode step
         self.batched_rows = 0
+        self.prompt_passes = 0  # passes that ran more than one request's first prompt chunk
+        self.prompt_rows = 0
         # (sender, message) for our stage, in arrival order; MLX thread only
         self._queue: deque[tuple[str, Forward | Release]] = deque()
         self.joins = CohortJoin(self.node_id)  # our requests' first decode steps join the cohort out; MLX thread
@@ -267,9 +269,14 @@ class StageService:
                 out, took_s = _compute(stage, forward)
                 self._mlx_deliver(forward, out, took_s, stage, plan, index)
             return
-        outs = _compute_prompts(stage, accepted) if _is_new_prompt(accepted[0]) else _compute_batch(stage, accepted)
-        self.batched_passes += 1
-        self.batched_rows += len(accepted)
+        if _is_new_prompt(accepted[0]):
+            outs = _compute_prompts(stage, accepted)
+            self.prompt_passes += 1
+            self.prompt_rows += len(accepted)
+        else:
+            outs = _compute_batch(stage, accepted)
+            self.batched_passes += 1
+            self.batched_rows += len(accepted)
         for forward, (out, took_s) in zip(accepted, outs):
             self._mlx_deliver(forward, out, took_s, stage, plan, index)
 
