@@ -151,8 +151,12 @@ class StageService:
         self.loop.call_soon_threadsafe(self.pending.resolve, message, started)
 
     def _mlx_send_steps(self, steps: list) -> None:
-        for step in steps:
-            self._mlx_send_or_fail(step.to, step.forward)
+        if len(steps) == 1:
+            self._mlx_send_or_fail(steps[0].to, steps[0].forward)
+            return
+        with self.lane.mlx_sending_together():  # they arrive side by side, to be batched
+            for step in steps:
+                self._mlx_send_or_fail(step.to, step.forward)
 
     def _mlx_send_or_fail(self, node_id: str, forward: Forward) -> None:
         try:
@@ -277,8 +281,9 @@ class StageService:
             outs = _compute_batch(stage, accepted)
             self.batched_passes += 1
             self.batched_rows += len(accepted)
-        for forward, (out, took_s) in zip(accepted, outs):
-            self._mlx_deliver(forward, out, took_s, stage, plan, index)
+        with self.lane.mlx_sending_together():
+            for forward, (out, took_s) in zip(accepted, outs):
+                self._mlx_deliver(forward, out, took_s, stage, plan, index)
 
     def _mlx_accept(self, forward: Forward, stage: ShardRunner | None, plan) -> bool:
         """Can our stage serve it? If not, its entry is told (the sender was one that may send it)."""
