@@ -85,13 +85,15 @@ class MlxLmAlone:
         return r, ids
 
 
-def _batching(cluster: LocalCluster) -> tuple[int, int]:
-    """Batched passes and the rows they ran, summed over every node's stage (a build without them: 0)."""
-    passes = rows = 0
+def _batching(cluster: LocalCluster) -> tuple[int, int, int, int]:
+    """Batched decode passes and their rows, then shared prompt passes and their rows, summed over
+    every node's stage (a build without them: 0)."""
+    keys = ("batched_passes", "batched_rows", "prompt_passes", "prompt_rows")
+    sums = [0] * len(keys)
     for node in cluster.nodes:
         b = get_json(node.url + "/health")[1].get("decode_batching", {})
-        passes, rows = passes + b.get("batched_passes", 0), rows + b.get("batched_rows", 0)
-    return passes, rows
+        sums = [n + b.get(k, 0) for n, k in zip(sums, keys)]
+    return tuple(sums)
 
 
 def measure_swarm(cluster: LocalCluster, prompt_text: str, prompt_tokens: int, max_tokens: int,
@@ -118,11 +120,16 @@ def measure_swarm(cluster: LocalCluster, prompt_text: str, prompt_tokens: int, m
         before = _batching(cluster)
         wall, runs_c = concurrent_completions(url, prompt_text, max_tokens, c)
         r.aggregate_tps[c] = sum(s.tokens for s in runs_c) / wall
-        passes, rows = (a - b for a, b in zip(_batching(cluster), before))
+        passes, rows, prompt_passes, prompt_rows = (a - b for a, b in zip(_batching(cluster), before))
+        first_tokens_in = max(s.ttft_s for s in runs_c)  # the prompts' phase: every stream has its first token
         r.raw[f"concurrent_{c}"] = {"tokens": [s.tokens for s in runs_c], "wall_s": wall,
-                                    "batched_passes": passes, "batched_rows": rows}
-        if passes:
-            r.note = "; ".join(x for x in (r.note, f"@{c}: {rows / passes:.1f} rows/batched pass") if x)
+                                    "batched_passes": passes, "batched_rows": rows, "prompt_passes": prompt_passes,
+                                    "prompt_rows": prompt_rows, "last_first_token_s": first_tokens_in}
+        parts = [f"{rows / passes:.1f} rows/batched pass"] if passes else []
+        if prompt_passes:
+            parts.append(f"{prompt_rows / prompt_passes:.1f} prompts/shared prompt pass")
+        parts.append(f"all first tokens in at {100 * first_tokens_in / wall:.0f}% of the wall")
+        r.note = "; ".join(x for x in (r.note, f"@{c}: " + ", ".join(parts)) if x)
         texts += [s.text for s in runs_c]
     r.same_tokens = _same(texts, reference)
     return r

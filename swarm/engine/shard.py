@@ -30,7 +30,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 from mlx_lm.utils import load_model
 
 from ..models.errors import ModelFormatError, UnsplittableModel
@@ -231,6 +231,39 @@ class Shard(nn.Module):
             return self.unrolled(x, caches)
         rows = [self(x[b:b + 1], c) for b, c in enumerate(caches)]
         return mx.stack(rows) if self.range.is_last else mx.concatenate(rows, axis=0)
+
+    def prefill_batch(self, x: mx.array, left_padding: list[int]) -> tuple[mx.array, list[ShardCaches]]:
+        """The first positions of B prompts as one left-padded pass (only when can_batch).
+
+        x: ids (B, L) or hidden states (B, L, D), row b's first left_padding[b] positions padding.
+        Runs the model's own forward on mlx-lm's BatchKVCache (its mask hides the padding), then
+        gives each row its own caches without the padding (`BatchKVCache.extract`). Returns the
+        hidden states (B, L, D) (the last shard: the last position's logits) and each row's caches.
+        """
+        batch = [BatchKVCache(left_padding) for _ in self._cache_slots]
+        slots = [batch[0]] * len(self.model.layers)  # every layer is a KVCache here (UnrolledDecode)
+        for b, i in zip(batch, self._cache_slots):
+            slots[i] = b
+        if self.range.is_first:
+            ids = x
+        else:
+            self._entry.pending = x
+            ids = mx.zeros(x.shape[:2], mx.int32)
+        try:
+            out = self.model(ids, cache=slots)
+        except StopAfterLayer as stop:
+            out = stop.hidden
+        finally:
+            missed, self._entry.pending = self._entry.pending, None
+        if missed is not None:
+            raise RuntimeError(f"{self.family}: the model's forward never reached layer {self.range.start}")
+        rows = []
+        for r in range(x.shape[0]):
+            caches = make_prompt_cache(self.model)
+            for b, i in zip(batch, self._cache_slots):
+                caches[i] = b.extract(r)
+            rows.append(ShardCaches(caches, self._cache_slots))
+        return (out[:, -1] if self.range.is_last else out), rows
 
     def weight_bytes(self) -> int:
         return sum(v.nbytes for _, v in tree_flatten(self.parameters()))

@@ -202,6 +202,50 @@ class ShardRunner:
                               else sample(out[j], sampling, pos + 1))
         return results
 
+    def prefill_batch(self, items: list[tuple], entries: list[str]) -> list:
+        """The first chunk of several new requests' prompts as one padded pass (Shard.prefill_batch).
+
+        items: (request id, its input (1, L[, D]) from position 0); no sampling, no decoding rules
+        (the caller's check). Returns per item what forward would (the hidden states, on the last
+        stage the last position's logits), or the CacheMismatch (CacheFull) that request hit.
+        """
+        results: list = [None] * len(items)
+        rows, keys = [], []
+        for i, (rid, x) in enumerate(items):
+            key = (entries[i], rid)
+            if x.shape[1] > self.context:
+                results[i] = CacheMismatch(f"request {rid}: positions [0, {x.shape[1]}) run past the context "
+                                           f"of {self.context}")
+                continue
+            if key in self._requests:
+                self._drop(key)
+            try:
+                self._start(key, x.shape[1])
+            except CacheFull as e:
+                results[i] = e
+                continue
+            rows.append(i)
+            keys.append(key)
+        if not rows:
+            return results
+        lengths = [items[i][1].shape[1] for i in rows]
+        width = max(lengths)
+        pads = [width - n for n in lengths]
+        x = mx.concatenate([mx.pad(items[i][1], [(0, 0), (p, 0)] + [(0, 0)] * (items[i][1].ndim - 2))
+                            for i, p in zip(rows, pads)], axis=0)
+        try:
+            out, caches = self.shard.prefill_batch(x, pads)
+            mx.eval(out, [c.arrays() for c in caches])
+        except Exception:
+            for key in keys:
+                self._drop(key)
+            raise
+        for j, (i, key) in enumerate(zip(rows, keys)):
+            state = self._requests[key]
+            state.caches, state.offset = caches[j], lengths[j]
+            results[i] = out[j] if self.range.is_last else out[j:j + 1, pads[j]:]
+        return results
+
     def release(self, request_id: str, entry: str = "") -> bool:
         """Free `entry`'s request (False: it holds none by that id)."""
         if (entry, request_id) not in self._requests:

@@ -9,7 +9,8 @@ last stage's tokens for its own requests). So there is one switch:
                       events, in arrival order, the result sent on by the lane
   Token, Error     -> for a request this node is the entry of: its client waits on
                       the event loop (pending tokens); a token whose next step was
-                      armed starts that step right here (entry/run_ahead.py)
+                      armed starts that step right here (entry/run_ahead.py), or holds
+                      a request's first one to join the steps out (entry/cohort_join.py)
 
 Who may send what is decided first, for every message (sender_rules.py): a frame from anyone
 else is dropped with one log line at a bounded rate (transport/log_limit.py), and nobody else hears of
@@ -31,6 +32,9 @@ up to max_batch (`--batch-decode`, 8 by default): the weights are read once for 
 them, which is what bounds decode speed. A step with nothing queued beside it runs
 alone through the model's own forward, so a request alone stays exactly one machine's;
 batched rows may differ from a lone request's in the last bits (README, The engine).
+New requests' first prompt chunks queued together run as one left-padded pass the same way
+(ShardRunner.prefill_batch), taken from anywhere in the queue as long as nothing of their own
+request was queued before them.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from ..engine.cache_budget import CacheFull
 from ..engine.shard_runner import CacheMismatch, ShardRunner
 from ..engine.token_logprobs import SampledToken
 from ..engine.worker import MlxWorker
+from ..entry.cohort_join import CohortJoin
 from ..entry.pending_tokens import PendingTokens
 from ..entry.run_ahead import RunAhead
 from ..transport.arrays import encode_array
@@ -60,6 +65,7 @@ refused_log = logging.getLogger("swarm.refused")
 
 IDLE_CACHE_S = 600.0  # caches of a request nobody touched this long are freed (its entry died)
 GC_EVERY_S = 60.0
+PROMPT_BATCH_POSITIONS = 2048  # padded positions of one prompt pass (its attention scores grow with the square)
 LOG_EVERY_S = 10.0  # a flood of bad frames or failing requests: one line per kind this often, with a count
 
 
@@ -73,8 +79,11 @@ class StageService:
         self.failures = LogLimiter(log, logging.INFO)  # requests this stage could not serve
         self.batched_passes = 0  # passes that ran more than one request's decode step
         self.batched_rows = 0
+        self.prompt_passes = 0  # passes that ran more than one request's first prompt chunk
+        self.prompt_rows = 0
         # (sender, message) for our stage, in arrival order; MLX thread only
         self._queue: deque[tuple[str, Forward | Release]] = deque()
+        self.joins = CohortJoin(self.node_id)  # our requests' first decode steps join the cohort out; MLX thread
         self.carried = LinkRequests(self.node_id)  # whose entry to tell when a link breaks; MLX thread only
         self._last_gc = time.monotonic()
 
@@ -119,8 +128,10 @@ class StageService:
             why = self.rules.mlx_answer(sender, message)
             if why is None:
                 self._mlx_to_entry(message)
-            elif why is not LATE:
+                return
+            if why is not LATE:
                 self._mlx_refuse(sender, describe(message), why)
+            self._mlx_send_steps(self.joins.mlx_flush_if_alone())
         else:  # the lane passes nothing else: a bug if it did
             log.error("no handler for a %s from %s", type(message).__name__, sender)
 
@@ -134,8 +145,19 @@ class StageService:
             step = self.run_ahead.mlx_next_step(message)
             if step is not None:
                 started = step.started
-                self._mlx_send_or_fail(step.to, step.forward)
+            to_send = self.joins.mlx_token(message.rid, message.at, step)
+        else:
+            to_send = self.joins.mlx_error(message.rid)
+        self._mlx_send_steps(to_send)
         self.loop.call_soon_threadsafe(self.pending.resolve, message, started)
+
+    def _mlx_send_steps(self, steps: list) -> None:
+        if len(steps) == 1:
+            self._mlx_send_or_fail(steps[0].to, steps[0].forward)
+            return
+        with self.lane.mlx_sending_together():  # they arrive side by side, to be batched
+            for step in steps:
+                self._mlx_send_or_fail(step.to, step.forward)
 
     def _mlx_send_or_fail(self, node_id: str, forward: Forward) -> None:
         try:
@@ -144,13 +166,16 @@ class StageService:
             self._mlx_fail(forward, "unreachable", str(e))
             return
         self.carried.note(node_id, forward)
+        self.joins.mlx_sent(node_id, forward)
 
     def _mlx_release_everywhere(self, rid: str, node_ids: list[str]) -> None:
+        waiting = self.joins.mlx_released(rid)  # (steps held for it to come back may go now)
         for node_id in node_ids:
             try:
                 self.lane.mlx_send(node_id, Release(rid))  # to us: queued behind our stage's frames
             except PeerUnreachable:
                 pass  # a dead stage freed its caches by dying
+        self._mlx_send_steps(waiting)
 
     def _mlx_fail(self, forward: Forward, kind: str, message: str) -> None:
         self._mlx_fail_request(forward.rid, forward.plan_id, forward.entry, kind, message)
@@ -171,7 +196,8 @@ class StageService:
                 if isinstance(message, Release):
                     self._mlx_release(sender, message)
                 else:
-                    self._mlx_forward(self._with_queued_decode_steps(message))
+                    self._mlx_forward(self._with_queued_prompts(sender, message) if _is_new_prompt(message)
+                                      else self._with_queued_decode_steps(message))
             except Exception:
                 self.failures.every(("bug", type(message).__name__), LOG_EVERY_S, "failed to serve a %s message "
                                     "from %s", type(message).__name__, sender, exc_info=True)
@@ -212,6 +238,33 @@ class StageService:
             steps.append(queued.popleft()[1])
         return steps
 
+    def _with_queued_prompts(self, sender: str, first: Forward) -> list[Forward]:
+        """`first`, a new request's first prompt chunk, plus the first chunks of other new requests
+        queued behind it, up to max_batch and PROMPT_BATCH_POSITIONS padded positions.
+
+        Prompts may overtake other requests' messages (an entry queues each prompt's last token
+        right behind it), never a message of their own request: each request's order is kept.
+        """
+        steps = [first]
+        if self.max_batch < 2 or self.host.stage is None or not self.host.stage.shard.can_batch:
+            return steps
+        seen, width = {(first.entry, first.rid)}, first.length
+        kept: deque = deque()
+        while self._queue and len(steps) < self.max_batch:
+            item = self._queue.popleft()
+            by, nxt = item
+            key = (nxt.entry, nxt.rid) if isinstance(nxt, Forward) else (by, nxt.rid)
+            if (key not in seen and _is_new_prompt(nxt) and (nxt.dtype, nxt.shape[2:]) == (first.dtype, first.shape[2:])
+                    and max(width, nxt.length) * (len(steps) + 1) <= PROMPT_BATCH_POSITIONS):
+                width = max(width, nxt.length)
+                steps.append(nxt)
+            else:
+                kept.append(item)
+            seen.add(key)
+        kept.extend(self._queue)
+        self._queue = kept
+        return steps
+
     def _mlx_forward(self, steps: list[Forward]) -> None:
         stage, plan, index = self.host.stage, self.host.plan, self.host.stage_index()
         accepted = [f for f in steps if self._mlx_accept(f, stage, plan)]
@@ -222,11 +275,17 @@ class StageService:
                 out, took_s = _compute(stage, forward)
                 self._mlx_deliver(forward, out, took_s, stage, plan, index)
             return
-        outs = _compute_batch(stage, accepted)
-        self.batched_passes += 1
-        self.batched_rows += len(accepted)
-        for forward, (out, took_s) in zip(accepted, outs):
-            self._mlx_deliver(forward, out, took_s, stage, plan, index)
+        if _is_new_prompt(accepted[0]):
+            outs = _compute_prompts(stage, accepted)
+            self.prompt_passes += 1
+            self.prompt_rows += len(accepted)
+        else:
+            outs = _compute_batch(stage, accepted)
+            self.batched_passes += 1
+            self.batched_rows += len(accepted)
+        with self.lane.mlx_sending_together():
+            for forward, (out, took_s) in zip(accepted, outs):
+                self._mlx_deliver(forward, out, took_s, stage, plan, index)
 
     def _mlx_accept(self, forward: Forward, stage: ShardRunner | None, plan) -> bool:
         """Can our stage serve it? If not, its entry is told (the sender was one that may send it)."""
@@ -259,6 +318,29 @@ class StageService:
             return
         nxt = plan.stages[index + 1]
         self._mlx_send_or_fail(nxt.node_id, forward.onward(nxt.start, out, compute_us))
+
+
+def _is_new_prompt(message) -> bool:
+    """A new request's first prompt chunk, nothing sampled, no decoding rules: may share a padded pass."""
+    return (isinstance(message, Forward) and message.pos == 0 and message.length > 1 and message.sampling is None
+            and message.rules is None)
+
+
+def _compute_prompts(stage: ShardRunner, accepted: list[Forward]):
+    """_compute for several new requests' first prompt chunks in one padded pass."""
+    t0 = time.perf_counter()
+    items, results = [], {}
+    for i, forward in enumerate(accepted):
+        try:
+            items.append((i, (forward.rid, forward.array())))
+        except ProtocolError as e:
+            results[i] = e
+    outs = stage.prefill_batch([item for _, item in items], [accepted[i].entry for i, _ in items]) if items else []
+    for (i, _), out in zip(items, outs):
+        results[i] = out
+    encoded = [_result(stage, results[i]) for i in range(len(accepted))]
+    took = time.perf_counter() - t0
+    return [(out, took) for out in encoded]
 
 
 def _result(stage: ShardRunner, out):

@@ -58,7 +58,8 @@ class NodeStatus:
                 "refused_frames": service.refusals.count, **self.stats.to_dict(),
                 "decode_timing": self.hop_timing.to_dict(),
                 "decode_batching": {"max_batch": service.max_batch, "batched_passes": service.batched_passes,
-                                    "batched_rows": service.batched_rows},
+                                    "batched_rows": service.batched_rows, "prompt_passes": service.prompt_passes,
+                                    "prompt_rows": service.prompt_rows},
                 "peer_connections": self.links.snapshot(), "fetch": self.weights.status.to_dict()}
 
     def topology(self) -> dict:

@@ -105,6 +105,14 @@ class PeerConnection:
                 raise TimeoutError(f"the peer took no data for {timeout:.0f} s")
             rest = rest[_send(self.sock, [rest]):]
 
+    def cork(self, on: bool) -> None:
+        """Hold small writes back to send them as one segment (TCP_CORK); uncorking sends them now."""
+        if self.sock.family in (socket.AF_INET, socket.AF_INET6) and hasattr(socket, "TCP_CORK"):
+            try:
+                self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1 if on else 0)
+            except OSError:
+                pass  # a closed socket: its writes fail on their own
+
     # -- state ------------------------------------------------------------------------------
     def peer_closed(self) -> bool:
         """Has the peer closed (EOF or reset) since we last read? Does not wait, consumes nothing.

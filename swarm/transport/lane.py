@@ -55,6 +55,7 @@ the stage service must not change:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import socket
@@ -98,6 +99,7 @@ class DataLane:
         self.connect_timeout, self.send_timeout = connect_timeout, send_timeout
         self._on_message: OnMessage | None = None
         self._watched: set[PeerConnection] = set()
+        self._corked: list[PeerConnection] | None = None  # links written inside mlx_sending_together
         self._closed = False
 
     def serve(self, on_message: OnMessage) -> None:
@@ -121,6 +123,9 @@ class DataLane:
             return
         header, payload = message.to_frame()
         conn = self._link(node_id)
+        if self._corked is not None and conn not in self._corked:
+            conn.cork(True)
+            self._corked.append(conn)
         try:
             conn.write_frame(header, payload, self.send_timeout)
         except OSError as exc:  # incl. the send timeout: a half-written frame leaves the link unusable
@@ -129,6 +134,22 @@ class DataLane:
             raise PeerUnreachable(node_id, problem) from exc
         if _TRACING:
             hop_trace.mark(hop_trace.STEP_START if self._starts_a_step(message) else "sent", header)
+
+    @contextlib.contextmanager
+    def mlx_sending_together(self):
+        """The frames sent inside leave as few segments as the kernel can make (TCP_CORK), so a peer
+        reads the rows of one batched pass in one go and queues them side by side for its own batch,
+        rather than waking on the first and computing it alone."""
+        if self._corked is not None:
+            yield
+            return
+        self._corked = []
+        try:
+            yield
+        finally:
+            corked, self._corked = self._corked, None
+            for conn in corked:
+                conn.cork(False)  # (sends what the kernel held back)
 
     def mlx_drop(self, node_id: str) -> None:
         """The peer left: close our connection to it."""
