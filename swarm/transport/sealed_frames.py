@@ -31,12 +31,19 @@ from .link_crypto import TAG_BYTES, FrameOpener, FrameSealer, LinkAuthError
 JOIN_MAX_PAYLOAD = 32 * 1024
 
 
-def seal_frame(sealer: FrameSealer, header: dict, payload: bytes | memoryview = b"") -> list[bytes]:
-    """The pieces of one sealed frame (a bad header is the caller's bug: ValueError)."""
+def seal_frame(sealer: FrameSealer, header: dict, payload: bytes | memoryview = b"", *,
+               reuse: bool = False) -> list[bytes | memoryview]:
+    """The pieces of one sealed frame (a bad header is the caller's bug: ValueError).
+
+    `reuse`: a small frame is sealed into the sealer's own buffers (FrameSealer.seal_into), so
+    the pieces are good until the next frame is sealed: for a writer that sends them at once
+    (connection.py, the hop), never for one that may queue them (asyncio's writelines)."""
     packed = pack_header(header)
     n = memoryview(payload).nbytes
     if n <= JOIN_MAX_PAYLOAD:
         prefix = PREFIX.pack(len(packed) + TAG_BYTES, n)
+        if reuse:
+            return [prefix, sealer.seal_into(prefix, packed, payload)]
         return [prefix, sealer.seal(prefix, packed + payload if n else packed)]
     prefix = PREFIX.pack(len(packed) + TAG_BYTES, n + TAG_BYTES)
     return [prefix, sealer.seal(prefix, packed), sealer.seal(prefix, payload)]
