@@ -100,8 +100,10 @@ def check_valid(kind: str, answer: dict) -> None:
         jsonschema.validate(json.loads(answer["content"]), PERSON)
 
 
-@pytest.mark.parametrize("kind,victim", [("tool_call", 2), ("json_schema", 2), ("json_schema", 1)],
-                         ids=["tool_call-last_stage", "json_schema-last_stage", "json_schema-middle_stage"])
+# Each kind once, and each place a constraint can break: the stage that samples (last) and one
+# before it (middle). A third case (json_schema, last) added a minute to the suite and nothing new.
+@pytest.mark.parametrize("kind,victim", [("tool_call", 2), ("json_schema", 1)],
+                         ids=["tool_call-last_stage", "json_schema-middle_stage"])
 def test_a_constrained_stream_goes_on_through_a_kill_9_unchanged(swarm, kind, victim):
     entry, doomed = swarm.nodes[0], swarm.nodes[victim]
     undisturbed = OpenAIStream(entry, ASKS[kind]).finish()

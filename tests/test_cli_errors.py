@@ -6,12 +6,13 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from node_process import free_port, get_json
 
 
-def run_node(*args: str, tmp_path) -> subprocess.CompletedProcess:
+def run_node(*args: str, tmp_path) -> subprocess.CompletedProcess:  # a later --state-dir wins
     return subprocess.run([sys.executable, "-m", "swarm.cli", "--api-port", "0", "--state-dir", str(tmp_path / "s"),
                            *args], capture_output=True, text=True, timeout=60)
 
@@ -34,8 +35,11 @@ def broken_dirs(tmp_path):
 
 
 def test_broken_models_exit_2_with_one_line(tmp_path):
-    for path in broken_dirs(tmp_path):
-        r = run_node("--model", str(path), tmp_path=tmp_path)
+    paths = broken_dirs(tmp_path)
+    with ThreadPoolExecutor(3) as pool:  # each start is mostly imports: three at a time halve the wait
+        runs = list(pool.map(lambda ip: run_node("--model", str(ip[1]), "--state-dir", str(tmp_path / f"s{ip[0]}"),
+                                                 tmp_path=tmp_path), enumerate(paths)))
+    for path, r in zip(paths, runs):
         assert r.returncode == 2, (path, r.stderr)
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("swarm-node: error:"), (path, r.stderr)

@@ -12,7 +12,7 @@ last stage's tokens for its own requests). So there is one switch:
                       armed starts that step right here (entry/run_ahead.py)
 
 Who may send what is decided first, for every message (sender_rules.py): a frame from anyone
-else is dropped with one log line at a bounded rate (bounded_log.py), and nobody else hears of
+else is dropped with one log line at a bounded rate (transport/log_limit.py), and nobody else hears of
 it, since the entry it names may be a victim. A frame from the right sender that this stage
 cannot serve (another plan, token ids outside the vocabulary, positions past the context, the
 wrong width, a cap on cached requests: engine/input_limits.py, engine/cache_budget.py) earns
@@ -49,8 +49,8 @@ from ..entry.run_ahead import RunAhead
 from ..transport.arrays import encode_array
 from ..transport.errors import PeerUnreachable, ProtocolError
 from ..transport.lane import DataLane
+from ..transport.log_limit import LogLimiter
 from ..transport.messages import Error, Forward, Message, Release, Token
-from .bounded_log import BoundedLog
 from .link_requests import LinkRequests
 from .sender_rules import LATE, SenderRules, describe
 from .stage_host import StageHost
@@ -60,6 +60,7 @@ refused_log = logging.getLogger("swarm.refused")
 
 IDLE_CACHE_S = 600.0  # caches of a request nobody touched this long are freed (its entry died)
 GC_EVERY_S = 60.0
+LOG_EVERY_S = 10.0  # a flood of bad frames or failing requests: one line per kind this often, with a count
 
 
 class StageService:
@@ -68,8 +69,8 @@ class StageService:
         self.host, self.lane, self.worker, self.pending = host, lane, worker, pending
         self.run_ahead, self.loop, self.rules, self.max_batch = run_ahead, loop, rules, max_batch
         self.node_id = lane.node_id
-        self.refusals = BoundedLog(refused_log)  # frames from senders that may not send them
-        self.failures = BoundedLog(log, logging.INFO)  # requests this stage could not serve
+        self.refusals = LogLimiter(refused_log)  # frames from senders that may not send them
+        self.failures = LogLimiter(log, logging.INFO)  # requests this stage could not serve
         self.batched_passes = 0  # passes that ran more than one request's decode step
         self.batched_rows = 0
         # (sender, message) for our stage, in arrival order; MLX thread only
@@ -127,7 +128,7 @@ class StageService:
         """A token or error for a request this node is the entry of: its client waits on the loop."""
         started = None
         if isinstance(message, Token) and (problem := self.rules.mlx_token_problem(message)):
-            self.failures.mlx_line("request %s: %s", message.rid, problem)  # a buggy last stage: it replays
+            self.failures.every("token", LOG_EVERY_S, "request %s: %s", message.rid, problem)  # a buggy last stage: it replays
             message = Error(message.rid, message.plan_id, "protocol", problem)
         if isinstance(message, Token):
             step = self.run_ahead.mlx_next_step(message)
@@ -155,7 +156,8 @@ class StageService:
         self._mlx_fail_request(forward.rid, forward.plan_id, forward.entry, kind, message)
 
     def _mlx_fail_request(self, rid: str, plan_id: str, entry: str, kind: str, message: str) -> None:
-        self.failures.mlx_line("request %s of %s: %s (%s)", rid, entry, kind, message)
+        self.failures.every(("failed", kind), LOG_EVERY_S, "request %s of %s: %s (%s)", rid, entry, kind,
+                            message)
         try:
             self.lane.mlx_send(entry, Error(rid, plan_id, kind, message))
         except PeerUnreachable:
@@ -171,8 +173,8 @@ class StageService:
                 else:
                     self._mlx_forward(self._with_queued_decode_steps(message))
             except Exception:
-                self.failures.mlx_line("failed to serve a %s message from %s", type(message).__name__, sender,
-                                       exc_info=True)
+                self.failures.every(("bug", type(message).__name__), LOG_EVERY_S, "failed to serve a %s message "
+                                    "from %s", type(message).__name__, sender, exc_info=True)
         now = time.monotonic()
         if now - self._last_gc > GC_EVERY_S and self.host.stage is not None:
             self._last_gc = now
@@ -189,7 +191,7 @@ class StageService:
                              f"only its entry ({', '.join(holders)}) may free it")
 
     def _mlx_refuse(self, sender: str, what: str, why: str) -> None:
-        self.refusals.mlx_line("refused %s from %s: %s", what, sender, why)
+        self.refusals.every(sender, LOG_EVERY_S, "refused %s from %s: %s", what, sender, why)
 
     def _with_queued_decode_steps(self, first: Forward) -> list[Forward]:
         """`first`, plus the decode steps queued right behind it, up to max_batch.

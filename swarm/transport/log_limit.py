@@ -23,6 +23,7 @@ class LogLimiter:
         self.log, self.level = logger, level
         self._lock = threading.Lock()
         self._seen: dict[Hashable, list] = {}  # key -> [last logged at, held back since]
+        self.count = 0  # every line asked for, logged or not (what a node reports as refused)
 
     def forget(self) -> None:
         """Start over, as a new process would (tests: one process runs many nodes)."""
@@ -32,6 +33,7 @@ class LogLimiter:
     def once(self, key: Hashable, msg: str, *args: Any) -> None:
         """At `level` the first time for `key`, at DEBUG after that."""
         with self._lock:
+            self.count += 1
             first = key not in self._seen and len(self._seen) < MAX_KEYS
             if first:
                 self._seen[key] = [time.monotonic(), 0]
@@ -41,6 +43,7 @@ class LogLimiter:
         """At `level` at most once per `seconds` for `key`, saying how many were held back."""
         now = time.monotonic()
         with self._lock:
+            self.count += 1
             seen = self._seen.get(key)
             if seen is not None and now - seen[0] < seconds:
                 seen[1] += 1
