@@ -9,7 +9,10 @@ with AES-GCM). The fetcher dials each as a node does (handshake.dial_stream) and
 every chunk, hashing each before it is written, into a fresh sparse copy. The baseline
 is the leanest copy there is: the same files sent raw over one TCP connection
 (sendfile) and written to disk, nothing checked. The three run one after the other in
-each round. Prints one row per round and the median ratios (goal: at least 0.5x).
+each round, in reverse order every other round (so none always runs first), and the
+1-minute load is printed before and after. Prints one row per round and the median
+ratios (goal: at least 0.5x), then the CPU seconds each path spent per GB moved (both
+ends: the sending process and this one), which load disturbs less than the rates.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import argparse
 import asyncio
 import multiprocessing
 import os
+import resource
 import socket
 import statistics
 import sys
@@ -73,6 +77,17 @@ def _start(target, model_dir: str, *args) -> tuple[multiprocessing.Process, int]
     return proc, recv.recv()
 
 
+def _cpu_seconds(pid: int) -> float:
+    """CPU time of process `pid` so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def raw_copy(port: int, total: int, out_dir: Path) -> float:
     t0 = time.perf_counter()
     buf = bytearray(4 * 1024 * 1024)
@@ -87,7 +102,7 @@ def raw_copy(port: int, total: int, out_dir: Path) -> float:
     return time.perf_counter() - t0
 
 
-async def fetch(port: int, manifest, out_dir: Path, secret: bool) -> float:
+async def fetch(port: int, manifest, out_dir: Path, secret: bool) -> tuple[float, ChunkStore]:
     auth = LinkAuth("fetcher", SWARM, stretch_secret(SECRET) if secret else None)
 
     async def open_link(_name):
@@ -96,7 +111,7 @@ async def fetch(port: int, manifest, out_dir: Path, secret: bool) -> float:
     store = ChunkStore.partial(out_dir / "fetched", manifest)
     t0 = time.perf_counter()
     await WeightFetch(store, list(manifest.chunks), open_link, lambda: ["holder"]).run()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, store  # its record is synced in the background (wait_saved)
 
 
 def main() -> None:
@@ -112,18 +127,26 @@ def main() -> None:
     open_holder, open_port = _start(_holder, str(args.model), False)
     sealed_holder, sealed_port = _start(_holder, str(args.model), True)
     sender, raw_port = _start(_raw_sender, str(args.model))
-    print(f"{args.model}: {total / 1e6:.0f} MB in {len(manifest.chunks)} chunks")
+    print(f"{args.model}: {total / 1e6:.0f} MB in {len(manifest.chunks)} chunks; load {os.getloadavg()[0]:.1f}")
     print("| round | plain TCP copy MB/s | fetch, open swarm MB/s | ratio | fetch, secret (sealed) MB/s | ratio |\n"
           "|---:|---:|---:|---:|---:|---:|")
     open_ratios, sealed_ratios = [], []
     try:
+        runs = {"raw": lambda out: (raw_copy(raw_port, total, out), None),
+                "open": lambda out: asyncio.run(fetch(open_port, manifest, out, False)),
+                "sealed": lambda out: asyncio.run(fetch(sealed_port, manifest, out, True))}
+        senders = {"raw": sender.pid, "open": open_holder.pid, "sealed": sealed_holder.pid}
+        cpu_per_gb: dict[str, list[float]] = {name: [] for name in runs}
         for i in range(args.rounds):
-            with tempfile.TemporaryDirectory() as tmp:
-                raw_s = raw_copy(raw_port, total, Path(tmp))
-            with tempfile.TemporaryDirectory() as tmp:
-                open_s = asyncio.run(fetch(open_port, manifest, Path(tmp), False))
-            with tempfile.TemporaryDirectory() as tmp:
-                sealed_s = asyncio.run(fetch(sealed_port, manifest, Path(tmp), True))
+            seconds = {}
+            for name in (list(runs) if i % 2 == 0 else list(reversed(runs))):
+                with tempfile.TemporaryDirectory() as tmp:
+                    cpu = _cpu_seconds(senders[name]) + _own_cpu_seconds()
+                    seconds[name], store = runs[name](Path(tmp))
+                    cpu_per_gb[name].append((_cpu_seconds(senders[name]) + _own_cpu_seconds() - cpu) / total * 1e9)
+                    if store is not None:  # the disk catches up, as it does after the copy (not counted in either)
+                        store.wait_saved()
+            raw_s, open_s, sealed_s = seconds["raw"], seconds["open"], seconds["sealed"]
             open_ratios.append(raw_s / open_s)
             sealed_ratios.append(raw_s / sealed_s)
             print(f"| {i + 1} | {total / raw_s / 1e6:.0f} | {total / open_s / 1e6:.0f} | {open_ratios[-1]:.2f}x "
@@ -132,7 +155,10 @@ def main() -> None:
         for proc in (open_holder, sealed_holder, sender):
             proc.terminate()
     print(f"median ratio to a plain TCP copy: open {statistics.median(open_ratios):.2f}x, "
-          f"sealed {statistics.median(sealed_ratios):.2f}x (goal >= 0.5x)")
+          f"sealed {statistics.median(sealed_ratios):.2f}x (goal >= 0.5x); load {os.getloadavg()[0]:.1f}")
+    cpu = {name: statistics.median(v) for name, v in cpu_per_gb.items()}
+    print("median CPU seconds per GB, both ends: " + ", ".join(f"{name} {v:.2f}" for name, v in cpu.items()) +
+          f" (the copy's over the fetch's: open {cpu['raw'] / cpu['open']:.2f}x, sealed {cpu['raw'] / cpu['sealed']:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
+import time
 
 import mlx.core as mx
 import pytest
 
+from swarm.transport.frames import PREFIX, pack_header
 from swarm.transport.stream_link import StreamFrameLink
+from swarm.transport.thread_link import ThreadFrameLink, run_on_own_thread
 from swarm.weights import manifest as manifest_module
 from swarm.weights.manifest import build_manifest
 from swarm.weights.store import ChunkStore
-from swarm.weights.transfer import FetchStuck, WeightFetch, fetch_manifest, serve_weights
+from swarm.weights.transfer import FetchStuck, WeightFetch, fetch_manifest, serve_weights_on_thread
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -32,9 +36,11 @@ def model_dir(tmp_path, monkeypatch):
 class Holder:
     """A peer port that serves a store's chunks; `kill()` drops it mid-transfer."""
 
-    def __init__(self, name: str, store: ChunkStore, slow: float = 0.0):
-        self.name, self.store, self.slow = name, store, slow
-        self.links: list[StreamFrameLink] = []
+    def __init__(self, name: str, store: ChunkStore, slow: float = 0.0, send_chunk=None):
+        """`send_chunk(link, send_file, header, file, offset, length, buffer)`: how it sends a chunk (a liar's)."""
+        self.name, self.store, self.slow, self.send_chunk = name, store, slow, send_chunk
+        self.links: list[ThreadFrameLink] = []
+        self.serving: set[asyncio.Task] = set()
 
     async def start(self):
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -42,26 +48,33 @@ class Holder:
         return self
 
     async def _serve(self, reader, writer):
+        self.serving.add(asyncio.current_task())
         link = StreamFrameLink("fetcher", reader, writer)
-        self.links.append(link)
+        bulk = await link.detach(30.0)  # as serve_weights does, keeping the link to kill it
+        self.links.append(bulk)
         if self.slow:
-            link_send = link.send
+            send_file = bulk.send_file
 
-            async def slow_send(header, payload=b""):
-                await asyncio.sleep(self.slow)
-                await link_send(header, payload)
-            link.send = slow_send
+            def slow_send_file(*args):
+                time.sleep(self.slow)
+                send_file(*args)
+            bulk.send_file = slow_send_file
+        if self.send_chunk:
+            send_file = bulk.send_file
+            bulk.send_file = lambda *args: self.send_chunk(bulk, send_file, *args)
         try:
-            await serve_weights(link, self.store)
+            await run_on_own_thread(bulk, serve_weights_on_thread, bulk, self.store)
         except Exception:
             pass
         finally:
+            bulk.close()
             await link.close()
 
     async def kill(self):
         self.server.close()
         for link in self.links:
-            link._writer.transport.abort()
+            link.abort()
+        await asyncio.gather(*self.serving, return_exceptions=True)  # its threads are done
 
 
 def opener(holders: dict[str, Holder]):
@@ -166,3 +179,64 @@ async def test_a_manifest_that_does_not_match_the_fingerprint_is_a_state_then_an
     assert sum("matches its fingerprint" in r.getMessage() for r in caplog.records) == 1   # said once, not per try
     await liar.kill()
     await holders["honest"].kill()
+
+
+def lying_about(victim, how: str):
+    """A holder's send_chunk that does `how` with chunk `victim` and sends every other chunk honestly."""
+    def send_chunk(link, send_file, header, file, offset, length, buffer):
+        if header["i"] != victim.index:
+            return send_file(header, file, offset, length, buffer)
+        if how in ("short", "long"):  # a well-formed frame of the wrong length: real bytes, one too few or many
+            return send_file(header, file, offset, length + (1 if how == "long" else -1), buffer)
+        # Half a chunk of a frame announcing all of it, then the link is cut or goes silent.
+        packed = pack_header(header)
+        link.sock.sendall(PREFIX.pack(len(packed), length) + packed + os.pread(file.fileno(), length // 2, offset))
+        if how == "close":
+            link.abort()
+            raise ConnectionError("closed mid-chunk")
+        time.sleep(1.5)  # stalls well past the fetcher's stall_after_s
+        raise ConnectionError("stalled mid-chunk")
+    return send_chunk
+
+
+@pytest.mark.parametrize("how", ["short", "long", "close", "stall"])
+async def test_a_holder_that_sends_a_wrong_length_or_breaks_off_mid_chunk_is_replaced(model_dir, tmp_path, how,
+                                                                                      caplog):
+    m = build_manifest(model_dir)
+    victim = m.tensor_chunks(["model.layers.5.w"])[0]
+    liar = Holder("liar", ChunkStore.complete(model_dir, m), send_chunk=lying_about(victim, how))
+    holders = {"liar": await liar.start(), "honest": await Holder("honest", ChunkStore.complete(model_dir, m)).start()}
+    store = ChunkStore.partial(tmp_path / "copy", m)
+    around = ["liar"]  # alone until it broke off (so it is the one asked for the victim)
+    fetch = WeightFetch(store, list(m.chunks), opener(holders), lambda: list(around), stall_after_s=0.5)
+    task = asyncio.create_task(fetch.run())
+    while not any("from liar failed" in r.getMessage() for r in caplog.records):
+        assert not task.done()
+        await asyncio.sleep(0.02)
+    around.append("honest")
+    report = await asyncio.wait_for(task, 30)
+    assert store.missing(list(m.chunks)) == []
+    assert (tmp_path / "copy" / "model.safetensors").read_bytes() == (model_dir / "model.safetensors").read_bytes()
+    assert report.per_holder.get("liar", 0) > 0, "the liar served the chunks it did not lie about"
+    if how in ("short", "long"):  # refused, and never asked of the liar again
+        assert report.progress.rejected == 1
+    for holder in holders.values():
+        await holder.kill()
+
+
+async def test_a_holder_that_goes_silent_mid_chunk_is_dropped_and_a_cancelled_fetch_ends(model_dir, tmp_path, caplog):
+    m = build_manifest(model_dir)
+    victim = m.tensor_chunks(["model.layers.2.w"])[0]
+    holders = {"liar": await Holder("liar", ChunkStore.complete(model_dir, m),
+                                    send_chunk=lying_about(victim, "stall")).start()}
+    store = ChunkStore.partial(tmp_path / "copy", m)
+    fetch = WeightFetch(store, list(m.chunks), opener(holders), lambda: list(holders), stall_after_s=0.3)
+    task = asyncio.create_task(fetch.run())
+    while sum("from liar failed: nothing from liar" in r.getMessage() for r in caplog.records) < 2:
+        assert not task.done()  # the stall is noticed, the link dropped, the holder asked again: no hang
+        await asyncio.sleep(0.05)
+    assert not store.has(victim)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 5)  # cancelling it ends its threads too
+    await holders["liar"].kill()

@@ -12,11 +12,12 @@ that said hello (and proved the secret, with one):
     listener.serve_purpose("weights", handler)                       # the answering side:
     async def handler(link: StreamFrameLink) -> None: ...            #   called with each link
 
-`send` / `receive` / `close`; `receive` raises ProtocolError (ConnectionClosed at a
-clean end), and on a sealed link a frame that was altered, replayed or reordered is a
-ProtocolError too. An answered link's `receive` gives up after `idle_timeout` with
-nothing (a stranger cannot hold one open for free); the listener closes the link when
-its handler returns.
+`send` / `receive` / `close`; `detach` hands the socket to a worker thread for a bulk
+transfer (thread_link.py: the same frames, without the event loop's copies). `receive`
+raises ProtocolError (ConnectionClosed at a clean end), and on a sealed link a frame
+that was altered, replayed or reordered is a ProtocolError too. An answered link's
+`receive` gives up after `idle_timeout` with nothing (a stranger cannot hold one open
+for free); the listener closes the link when its handler returns.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import contextlib
 from .errors import ProtocolError
 from .frames import DEFAULT_MAX_PAYLOAD_BYTES, Frame, encode_frame, read_frame
 from .sealed_frames import read_sealed_frame, seal_frame
+from .thread_link import ThreadFrameLink
 
 
 class StreamFrameLink:
@@ -57,6 +59,20 @@ class StreamFrameLink:
             return await asyncio.wait_for(read, self.idle_timeout)
         except asyncio.TimeoutError:
             raise ProtocolError(f"nothing from {self.peer} for {self.idle_timeout:.0f} s") from None
+
+    async def detach(self, timeout: float) -> ThreadFrameLink:
+        """The link as a ThreadFrameLink (owning a duplicate of the socket): from now on only that is
+        used; close this one too when done. `timeout`: the longest any read or write of it may wait."""
+        transport = self._writer.transport
+        transport.set_write_buffer_limits(0)  # all we sent is out before the thread writes behind it
+        await self._writer.drain()
+        transport.pause_reading()
+        # Frames the peer sent right behind the handshake may wait in the reader (no public accessor).
+        pending = bytes(self._reader._buffer)
+        self._reader._buffer.clear()
+        sock = self._writer.get_extra_info("socket").dup()
+        return ThreadFrameLink(self.peer, sock, self.max_payload, cipher=self._cipher, pending=pending,
+                               timeout=timeout)
 
     async def close(self) -> None:
         self._writer.close()

@@ -7,9 +7,18 @@ On one peer link (event loop; a bulk transfer must not hold up the MLX thread):
     fetcher -> holder   w_get {chunks: [i, ...]}   holder -> fetcher  w_chunk {i} + bytes, one per chunk asked
 
 A fetching node runs one worker per holder, each asking for its next batch
-(fetch_queue.py) while the previous one streams in; every chunk is hashed before
-it is written (store.py), so bytes a holder altered are refused and asked of
-another holder. A holder that dies mid-batch gives the batch back.
+(fetch_queue.py); every chunk is hashed before it is written (store.py), so bytes
+a holder altered are refused and asked of another holder. A holder that dies or
+stalls mid-batch gives the batch back; one that sends a chunk of the wrong length
+is refused that chunk and its link is dropped.
+
+Once the link is up, both ends move the bytes on a thread of their own over the
+link's socket (transport/thread_link.py), not on the event loop, whose stream path
+copied each chunk four times more (docs/performance.md): the holder sends each chunk with
+sendfile (sealed: one read and one seal). The fetcher's link thread receives each
+chunk into one of three buffers; the verifier thread hashes it while the next one
+arrives, and the link thread writes it once it checked out: three stages, each on
+a thread, so the hash (the largest cost) is the only one on its core.
 """
 
 from __future__ import annotations
@@ -18,15 +27,16 @@ import asyncio
 import logging
 import time
 import zlib
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Protocol
 
-from ..transport.errors import ProtocolError
+from ..transport.errors import ConnectionClosed, ProtocolError
 from ..transport.frames import Frame
+from ..transport.thread_link import ThreadFrameLink, run_on_own_thread
 from .fetch_queue import FetchProgress, FetchQueue
 from .manifest import Chunk, Manifest, ManifestError
-from .store import ChunkRejected, ChunkStore
+from .store import ChunkRejected, ChunkStore, VerifiedChunk
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +49,9 @@ WEIGHTS_MAX_PAYLOAD = 64 << 20
 BATCH_BYTES = 64 * 1024 * 1024
 MAX_CHUNKS_PER_GET = 256
 NEW_HOLDERS_EVERY_S = 1.0
+# The longest a holder may go silent mid-batch (fetcher) or a fetcher between requests or while a chunk
+# is sent to it (holder, when its listener sets no idle timeout) before the link is dropped.
+STALL_AFTER_S = 30.0
 
 
 class FrameLink(Protocol):
@@ -46,6 +59,7 @@ class FrameLink(Protocol):
 
     async def send(self, header: dict, payload: bytes | memoryview = b"") -> None: ...
     async def receive(self) -> Frame: ...
+    async def detach(self, timeout: float) -> ThreadFrameLink: ...
     async def close(self) -> None: ...
 
 
@@ -55,25 +69,45 @@ class FetchStuck(Exception):
 
 # -- holder side ----------------------------------------------------------
 async def serve_weights(link: FrameLink, store: ChunkStore) -> None:
-    """Answer one fetcher's requests until it closes the link."""
+    """Answer one fetcher's requests until it closes the link (on a thread of the link's own)."""
+    bulk = await link.detach(getattr(link, "idle_timeout", None) or STALL_AFTER_S)
+    try:
+        await run_on_own_thread(bulk, serve_weights_on_thread, bulk, store)
+    finally:
+        bulk.close()
+
+
+def serve_weights_on_thread(link: ThreadFrameLink, store: ChunkStore) -> None:
+    """The holder's side of one link, blocking: returns when the fetcher closes it."""
     manifest = store.manifest
-    while True:
-        frame = await link.receive()
-        kind = frame.header["t"]
-        if kind == "w_manifest":
-            await link.send({"t": "w_manifest", "fingerprint": manifest.fingerprint},
-                            zlib.compress(manifest.to_json().encode(), 1))
-        elif kind == "w_have":
-            await link.send({"t": "w_have", "n": len(manifest.chunks)}, _bitmap(store.held(), len(manifest.chunks)))
-        elif kind == "w_get":
-            for index in _chunk_list(frame.header.get("chunks"), len(manifest.chunks)):
-                chunk = manifest.chunks[index]
-                if not store.has(chunk):
-                    raise ProtocolError(f"asked for chunk {index}, which is not held here")
-                data = await asyncio.to_thread(store.read, chunk)
-                await link.send({"t": "w_chunk", "i": index}, data)
-        else:
-            raise ProtocolError(f"unexpected {kind!r} on a weights link")
+    files: dict[str, object] = {}
+    buffer = bytearray(0)  # a sealed link's chunk is read here, then sealed
+    try:
+        while True:
+            try:
+                frame = link.receive()
+            except ConnectionClosed:
+                return
+            kind = frame.header["t"]
+            if kind == "w_manifest":
+                link.send({"t": "w_manifest", "fingerprint": manifest.fingerprint},
+                          zlib.compress(manifest.to_json().encode(), 1))
+            elif kind == "w_have":
+                link.send({"t": "w_have", "n": len(manifest.chunks)}, _bitmap(store.held(), len(manifest.chunks)))
+            elif kind == "w_get":
+                for index in _chunk_list(frame.header.get("chunks"), len(manifest.chunks)):
+                    chunk = manifest.chunks[index]  # only what our manifest names, at its own range
+                    if not store.has(chunk):
+                        raise ProtocolError(f"asked for chunk {index}, which is not held here")
+                    if link.sealed and len(buffer) < chunk.length:
+                        buffer = bytearray(chunk.length)
+                    f = files.get(chunk.file) or files.setdefault(chunk.file, open(store.root / chunk.file, "rb"))
+                    link.send_file({"t": "w_chunk", "i": index}, f, chunk.offset, chunk.length, buffer)
+            else:
+                raise ProtocolError(f"unexpected {kind!r} on a weights link")
+    finally:
+        for f in files.values():
+            f.close()
 
 
 def _chunk_list(value, n: int) -> list[int]:
@@ -128,14 +162,17 @@ class WeightFetch:
 
     def __init__(self, store: ChunkStore, chunks: list[Chunk], open_link: OpenLink,
                  holders: Callable[[], list[str]], *, stuck_after_s: float = 30.0,
+                 stall_after_s: float = STALL_AFTER_S,
                  on_progress: Callable[[FetchProgress], None] | None = None) -> None:
         self.store, self.open_link, self.holders = store, open_link, holders
         self.queue = FetchQueue(store.missing(chunks))
-        self.stuck_after_s = stuck_after_s
+        self.stuck_after_s, self.stall_after_s = stuck_after_s, stall_after_s
+        # Three receive buffers per holder (arriving, being hashed, being written): bounded memory.
+        self._buffer_bytes = max((c.length for c in chunks), default=0)
         self.on_progress = on_progress or (lambda p: None)
         self.per_holder: dict[str, int] = {}
         self._changed = asyncio.Condition()
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="weights-write")  # one writer: store is not thread-safe
+        self._verifier = ThreadPoolExecutor(1, thread_name_prefix="weights-verify")
         self._workers: dict[str, asyncio.Task] = {}
 
     @property
@@ -163,75 +200,97 @@ class WeightFetch:
                         await asyncio.wait_for(self._changed.wait(), NEW_HOLDERS_EVERY_S)
                     except asyncio.TimeoutError:
                         pass
-            self.store.save()
+            self.store.save_in_background()  # the bytes are verified and written; the disk catches up meanwhile
             return FetchReport(self.progress, time.monotonic() - started, dict(self.per_holder))
         finally:
             for task in self._workers.values():
                 task.cancel()
             await asyncio.gather(*self._workers.values(), return_exceptions=True)
-            self._writer.shutdown(wait=True)
+            self._verifier.shutdown(wait=True)
+            self.store.close_files()  # no link thread writes any more
 
     async def _work(self, holder: str) -> None:
-        link = None
+        link = bulk = None
         batch: list[Chunk] = []
         try:
             link = await self.open_link(holder)
-            await link.send({"t": "w_have"})
-            frame = await link.receive()
+            bulk = await link.detach(self.stall_after_s)
+            frame = await run_on_own_thread(bulk, _ask, bulk, {"t": "w_have"})
             if frame.header["t"] != "w_have":
                 raise ProtocolError(f"expected w_have, got {frame.header['t']!r}")
             self.queue.add_holder(holder, _unbitmap(bytes(frame.payload), len(self.store.manifest.chunks)))
             await self._notify()
+            buffers = [bytearray(bulk.payload_room(self._buffer_bytes)) for _ in range(3)]
             while not self.queue.done:
                 batch = self.queue.take(holder, BATCH_BYTES)
                 if not batch:  # others hold the rest in flight: wait in case they give some back
                     async with self._changed:
                         await self._changed.wait_for(lambda: self.queue.done or self.queue.has_work_for(holder))
                     continue
-                await link.send({"t": "w_get", "chunks": [c.index for c in batch]})
-                # One chunk is checked and written (writer thread) while the next one arrives.
-                storing: tuple[Chunk, asyncio.Future] | None = None
-                try:
-                    for chunk in list(batch):
-                        frame = await link.receive()
-                        if frame.header["t"] != "w_chunk" or frame.header.get("i") != chunk.index:
-                            raise ProtocolError(f"expected chunk {chunk.index}, got {frame.header}")
-                        if storing is not None:
-                            await self._stored(*storing, holder, batch)
-                        storing = chunk, self._store(chunk, frame.payload, holder)
-                finally:
-                    if storing is not None:
-                        await self._stored(*storing, holder, batch)
+                await run_on_own_thread(bulk, self._receive_batch_on_thread, bulk, batch, holder, buffers,
+                                        asyncio.get_running_loop())
                 await self._notify()
         except (OSError, ProtocolError, asyncio.TimeoutError) as e:
             log.warning("fetching weights from %s failed: %s; %d chunks go to other holders", holder, e, len(batch))
             self.queue.remove_holder(holder)
         finally:
             self.queue.give_back(batch, holder)
+            if bulk is not None:
+                bulk.close()
             if link is not None:
                 await link.close()
             await self._notify()
 
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
-
-    def _store(self, chunk: Chunk, data: bytes, holder: str) -> asyncio.Future:
-        return asyncio.get_running_loop().run_in_executor(self._writer, self._check_and_write, chunk, data, holder)
-
-    def _check_and_write(self, chunk: Chunk, data: bytes, holder: str) -> bool:
-        """Writer thread: True when the chunk matched the manifest and is on disk."""
+    def _receive_batch_on_thread(self, link: ThreadFrameLink, batch: list[Chunk], holder: str,
+                                 buffers: list[bytearray], loop: asyncio.AbstractEventLoop) -> None:
+        """Ask for `batch` and take its chunks as they come: while chunk k arrives in one buffer, the
+        verifier hashes k-1 (in the next) and then this thread writes it. Each chunk's end is told to the loop."""
+        asked = list(batch)  # `batch` shrinks on the loop as chunks arrive
+        link.send({"t": "w_get", "chunks": [c.index for c in asked]})
+        verifying: tuple[Chunk, Future] | None = None
         try:
-            self.store.write(chunk, data)
+            for k, chunk in enumerate(asked):
+                header, n = link.receive_header()
+                if header["t"] != "w_chunk" or header.get("i") != chunk.index:
+                    raise ProtocolError(f"expected chunk {chunk.index}, got {header}")
+                if n != chunk.length:  # refused before its bytes are read: it is never asked of this holder again
+                    loop.call_soon_threadsafe(self._arrived, chunk, holder, False, batch)
+                    raise ProtocolError(f"{n} bytes for chunk {chunk.index}, which has {chunk.length}")
+                payload = link.receive_payload_into(buffers[k % 3])  # k-2's buffer: written already
+                hashed = self._verifier.submit(self.store.verify, chunk, payload)
+                if verifying is not None:
+                    self._write_if_verified(*verifying, holder, batch, loop)
+                verifying = chunk, hashed
+        finally:
+            if verifying is not None:
+                self._write_if_verified(*verifying, holder, batch, loop)
+
+    def _write_if_verified(self, chunk: Chunk, hashed: Future, holder: str, batch: list[Chunk],
+                           loop: asyncio.AbstractEventLoop) -> None:
+        """Link thread: write the chunk if its hash checked out (bytes a holder altered are never written)."""
+        try:
+            verified: VerifiedChunk = hashed.result()
         except ChunkRejected as e:
             log.warning("holder %s served bad bytes: %s; fetching it elsewhere", holder, e)
-            return False
-        return True
+            accepted = False
+        else:
+            self.store.write_verified(verified)
+            accepted = True
+        loop.call_soon_threadsafe(self._arrived, chunk, holder, accepted, batch)
 
-    async def _stored(self, chunk: Chunk, written: asyncio.Future, holder: str, batch: list[Chunk]) -> None:
-        accepted = await written
+    def _arrived(self, chunk: Chunk, holder: str, accepted: bool, batch: list[Chunk]) -> None:
+        """On the loop: the bookkeeping of one chunk that came (in order, before its batch's thread is done)."""
         if accepted:
             self.per_holder[holder] = self.per_holder.get(holder, 0) + chunk.length
         self.queue.arrived(chunk, holder, accepted)
         batch.remove(chunk)
         self.on_progress(self.progress)
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+
+def _ask(link: ThreadFrameLink, header: dict) -> Frame:
+    link.send(header)
+    return link.receive()

@@ -1,0 +1,212 @@
+"""A peer link taken off the event loop: the same frames over a blocking socket, on one worker thread.
+
+For bulk transfers (weights), where asyncio's stream path was the cost: every 16 MiB
+frame copied into the StreamReader's buffer, out of it, and on the sending side joined,
+buffered and moved down the buffer again after each send (docs/performance.md, issue 16).
+Here a frame's payload goes from the file to the socket by sendfile (an open link) or
+through one seal (a sealed one), and arrives with `recv_into` straight into a buffer the
+caller owns.
+
+    thread_link = await stream_link.detach(timeout)   # the event loop lets go of the socket
+    await run_on_own_thread(thread_link, work, thread_link, ...)   # work() uses it, on its thread
+
+The wire format is the stream link's (frames.py, sealed_frames.py): a peer cannot tell
+the two apart. Every read and write waits at most `timeout` (a peer that stops sending
+or reading mid-frame cannot hold the thread); `abort()`, from any thread, wakes a thread
+blocked on the link. Only the one worker thread reads and writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import struct
+import threading
+from typing import Callable, TypeVar
+
+from .errors import ConnectionClosed, ProtocolError
+from .frames import PREFIX, Frame, check_lengths, decode_header, pack_header
+from .link_crypto import TAG_BYTES, LinkAuthError
+from .sealed_frames import _sealed_lengths, seal_frame
+
+T = TypeVar("T")
+# Left to the kernel's autotuning: setting SO_RCVBUF turns it off, and above net.core.rmem_max (208 KiB
+# by default) asks for less than autotuning gives (measured: no gain on loopback here).
+SOCKET_BUFFER_BYTES: int | None = None
+
+
+class ThreadFrameLink:
+    def __init__(self, peer: str, sock: socket.socket, max_payload: int, *, cipher=None, pending: bytes = b"",
+                 timeout: float = 30.0) -> None:
+        """`sock`: a connected socket this link now owns; `pending`: bytes already read from it."""
+        self.peer, self.max_payload, self._cipher, self.timeout = peer, max_payload, cipher, timeout
+        # Blocking, with the kernel's own timeouts: sendfile then sends a whole chunk in one call and a read
+        # is one call, not a poll before each (Python's settimeout): a quarter less of the holder's CPU per GB.
+        # (O_NONBLOCK is shared with the asyncio socket this was duplicated from, which no longer reads.)
+        sock.setblocking(True)
+        whole, part = divmod(max(timeout, 0.001), 1.0)  # (0 would be no timeout at all)
+        for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+            sock.setsockopt(socket.SOL_SOCKET, option, struct.pack("ll", int(whole), int(part * 1e6)))
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a request must not wait for an ACK
+            for option in (socket.SO_SNDBUF, socket.SO_RCVBUF) if SOCKET_BUFFER_BYTES else ():
+                sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER_BYTES)
+        self.sock = sock
+        self._pending = memoryview(pending)
+        self._next: tuple[bytes, int] | None = None  # a frame whose header was read: its prefix, payload length
+
+    @property
+    def sealed(self) -> bool:
+        return self._cipher is not None
+
+    # -- sending ----------------------------------------------------------------------------------
+    def send(self, header: dict, payload: bytes | memoryview = b"") -> None:
+        if self._cipher is None:
+            packed = pack_header(header)
+            n = memoryview(payload).nbytes
+            self._sendall(PREFIX.pack(len(packed), n) + packed)
+            if n:
+                self._sendall(payload)
+        else:
+            for piece in seal_frame(self._cipher.sealer, header, payload):
+                self._sendall(piece)
+
+    def _sendall(self, data: bytes | memoryview) -> None:
+        try:
+            self.sock.sendall(data)
+        except BlockingIOError:
+            raise TimeoutError(f"{self.peer} took nothing for {self.timeout:g} s") from None
+
+    def send_file(self, header: dict, file, offset: int, length: int, buffer: bytearray) -> None:
+        """A frame whose payload is `length` bytes of `file` at `offset`: sendfile on an open link, read into
+        `buffer` (at least `length` bytes) and sealed on a sealed one. OSError if the file ends early."""
+        if self._cipher is not None:
+            view = memoryview(buffer)[:length]
+            if os.preadv(file.fileno(), [view], offset) != length:
+                raise OSError(f"{file.name} ends before byte {offset + length}")
+            self.send(header, view)
+            return
+        packed = pack_header(header)
+        self._sendall(PREFIX.pack(len(packed), length) + packed)
+        sent = 0
+        while sent < length:
+            try:
+                n = os.sendfile(self.sock.fileno(), file.fileno(), offset + sent, length - sent)
+            except BlockingIOError:
+                raise TimeoutError(f"{self.peer} took nothing for {self.timeout:g} s") from None
+            if not n:
+                raise OSError(f"{file.name} ends before byte {offset + length}")  # the peer sees a frame cut short
+            sent += n
+
+    # -- receiving --------------------------------------------------------------------------------
+    def receive(self) -> Frame:
+        """The next frame, payload and all (for small frames); ConnectionClosed at a clean end."""
+        header, n = self.receive_header()
+        payload = self.receive_payload_into(bytearray(self.payload_room(n)))
+        return Frame(header, bytes(payload) if n else b"")
+
+    def receive_header(self) -> tuple[dict, int]:
+        """The next frame's header and how many payload bytes it carries (before they are read)."""
+        if self._next is not None:
+            raise RuntimeError("the previous frame's payload was not read")
+        prefix = self._read_exactly(PREFIX.size, between_frames=True)
+        if self._cipher is None:
+            header_len, payload_len = PREFIX.unpack(prefix)
+            check_lengths(header_len, payload_len, self.max_payload)
+            header = decode_header(self._read_exactly(header_len))
+            self._next = (prefix, payload_len)
+            return header, payload_len
+        header_len, sealed_len = _sealed_lengths(prefix, self.max_payload)
+        header = decode_header(self._open(prefix, self._read_exactly(header_len)))
+        self._next = (prefix, sealed_len)
+        return header, max(0, sealed_len - TAG_BYTES)
+
+    def payload_room(self, n: int) -> int:
+        """The buffer a payload of `n` bytes needs (a sealed one arrives with its tag)."""
+        return n + TAG_BYTES if self._cipher is not None and n else n
+
+    def receive_payload_into(self, buffer: bytearray) -> memoryview | bytes:
+        """The payload `receive_header` announced, read into `buffer` (open: a view of it, no copy)."""
+        prefix, n = self._next
+        self._next = None
+        if n > len(buffer):
+            raise ProtocolError(f"a payload of {n} bytes does not fit a buffer of {len(buffer)}")
+        view = memoryview(buffer)[:n]
+        self._read_into(view)
+        if self._cipher is None or not n:
+            return view
+        return self._open(prefix, view)
+
+    def _open(self, prefix: bytes, sealed) -> bytes:
+        try:
+            return self._cipher.opener.open(prefix, sealed)
+        except LinkAuthError as e:
+            raise ProtocolError(str(e)) from None
+
+    def _read_exactly(self, n: int, between_frames: bool = False) -> bytes:
+        buf = bytearray(n)
+        self._read_into(memoryview(buf), between_frames)
+        return bytes(buf)
+
+    def _read_into(self, view: memoryview, between_frames: bool = False) -> None:
+        got = 0
+        if self._pending:
+            got = min(len(self._pending), len(view))
+            view[:got] = self._pending[:got]
+            self._pending = self._pending[got:]
+        while got < len(view):
+            try:
+                n = self.sock.recv_into(view[got:], 0, socket.MSG_WAITALL)  # one wakeup for a whole chunk
+            except BlockingIOError:
+                raise TimeoutError(f"nothing from {self.peer} for {self.timeout:g} s") from None
+            if not n:
+                if between_frames and got == 0:
+                    raise ConnectionClosed(f"{self.peer} closed the link")
+                raise ProtocolError(f"{self.peer} closed the link mid-frame ({got} of {len(view)} bytes)")
+            got += n
+
+    # -- ending -----------------------------------------------------------------------------------
+    def abort(self) -> None:
+        """Cut the connection (any thread): a thread blocked on it wakes with an error, the peer sees the end."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+async def run_on_own_thread(link: ThreadFrameLink, work: Callable[..., T], *args) -> T:
+    """`work(*args)` on a thread of its own (a bulk transfer must not take a shared pool's threads).
+    Cancelled: the link is aborted, which ends `work`, and this returns once the thread has."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future = loop.create_future()
+    # Its error reaches the awaiting task through the shield; when that task was cancelled first, nobody
+    # asks: mark it taken, or its garbage collection logs "exception was never retrieved" with a traceback.
+    done.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    def settle(outcome, error):
+        if not done.done():
+            done.set_exception(error) if error is not None else done.set_result(outcome)
+
+    def body():
+        outcome, error = None, None
+        try:
+            outcome = work(*args)
+        except BaseException as e:  # noqa: BLE001 (handed to the awaiting task)
+            error = e
+        try:
+            loop.call_soon_threadsafe(settle, outcome, error)
+        except RuntimeError:
+            pass  # the loop is gone: nobody waits any more
+
+    thread = threading.Thread(target=body, name=f"link-{link.peer}", daemon=True)
+    thread.start()
+    try:
+        return await asyncio.shield(done)
+    except asyncio.CancelledError:
+        link.abort()
+        await asyncio.wait([done])
+        raise
