@@ -6,6 +6,7 @@ test_sealed_links.py does the same attacks over real links between nodes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 
 import pytest
@@ -137,3 +138,49 @@ def test_the_stream_reader_opens_the_same_frames_and_refuses_the_same_attacks(si
     for attack in (first + first, second, first[:-1] + bytes([first[-1] ^ 1])):
         with pytest.raises(ProtocolError):
             asyncio.run(read_all(attack, 2))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_the_thread_link_sends_and_reads_both_shapes_and_refuses_a_replay(size, tmp_path) -> None:
+    """thread_link.py (weights off the event loop) speaks the same sealed frames over a real socket."""
+    import socket
+    import threading
+
+    from swarm.transport.link_handshake import LinkCipher
+    from swarm.transport.thread_link import ThreadFrameLink
+
+    a, b = socket.socketpair()
+    sender = ThreadFrameLink("b", a, MAX, cipher=LinkCipher(FrameSealer(KEY), FrameOpener(os.urandom(32))))
+    receiver = ThreadFrameLink("a", b, MAX, cipher=LinkCipher(FrameSealer(os.urandom(32)), FrameOpener(KEY)))
+    data = os.urandom(size)
+    (tmp_path / "chunk").write_bytes(data)
+    recorded: list[bytes] = []
+
+    def send() -> None:
+        sender.send(header(0), data)
+        with open(tmp_path / "chunk", "rb") as f:
+            sender.send_file(header(1), f, 0, size, bytearray(size))
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    frame = receiver.receive()
+    assert frame.header == header(0) and bytes(frame.payload) == data
+    got_header, n = receiver.receive_header()
+    assert got_header == header(1) and n == size
+    assert bytes(receiver.receive_payload_into(bytearray(receiver.payload_room(n)))) == data
+    thread.join()
+    # the same bytes again: the counter has moved on, they do not open
+    replay_sealer = FrameSealer(KEY)
+    recorded.append(b"".join(bytes(p) for p in seal_frame(replay_sealer, header(0), data)))
+    def send_replay() -> None:  # on a thread: a MB does not fit the socket's buffer
+        with contextlib.suppress(OSError):  # cut off by the receiver's abort below
+            a.sendall(recorded[0])
+
+    thread = threading.Thread(target=send_replay)
+    thread.start()
+    with pytest.raises(ProtocolError, match="did not open"):
+        receiver.receive()
+    receiver.abort()
+    thread.join()
+    sender.close()
+    receiver.close()
