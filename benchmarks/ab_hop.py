@@ -69,6 +69,7 @@ def main() -> int:
     p.add_argument("--a-args", default="", help="extra swarm-node arguments for A's nodes (one string)")
     p.add_argument("--b-args", default="", help="extra swarm-node arguments for B's nodes, e.g. --secret ...")
     args = p.parse_args()
+    load_before = os.getloadavg()[0]  # a shared machine: say how busy it was
     with tempfile.TemporaryDirectory(prefix="ab-hop-") as tmp:
         a = started(args.a, args.nodes, Path(tmp) / "a", args.model, args.a_args)
         try:
@@ -90,8 +91,12 @@ def main() -> int:
             a.stop()
     med = [statistics.median(col) for col in zip(*rows)]
     ratios = statistics.median(hb / ha for ha, hb, _, _ in rows)
+    diffs = sorted(hb - ha for ha, hb, _, _ in rows)
     print(f"median: A {med[0]:.3f} ms/hop, B {med[1]:.3f} ms/hop, B/A {ratios:.2f} (median of rounds); "
           f"decode step A {med[2]:.1f} ms, B {med[3]:.1f} ms")
+    print(f"B - A per hop: median of rounds {statistics.median(diffs):+.3f} ms, rounds from {diffs[0]:+.3f} to "
+          f"{diffs[-1]:+.3f} ms (middle half {diffs[len(diffs) // 4]:+.3f} to {diffs[(3 * len(diffs)) // 4]:+.3f}); "
+          f"1-min load {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
     return 0
 
 

@@ -1,6 +1,6 @@
 """Where a decode step's time goes between stages: a timeline across real nodes.
 
-    python benchmarks/hop_profile.py [--nodes 3] [--tokens 48] [--model DIR|GGUF]
+    python benchmarks/hop_profile.py [--nodes 3] [--tokens 48] [--model DIR|GGUF] [--node-args="--secret ..."]
 
 Starts N nodes on loopback (as swarm-bench does) with SWARM_HOP_TRACE set, streams
 one greedy request, and prints the median gap between consecutive events of a
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -33,12 +34,13 @@ def main() -> int:
     p.add_argument("--nodes", type=int, default=3)
     p.add_argument("--tokens", type=int, default=48)
     p.add_argument("--model", default=None)
+    p.add_argument("--node-args", default="", help="extra swarm-node arguments (one string), e.g. --secret ...")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="swarm-hop-profile-") as tmp:
         trace_dir = Path(tmp) / "trace"
         trace_dir.mkdir()
         os.environ[hop_trace.ENV] = str(trace_dir)  # the nodes inherit it; this process marks nothing
-        with LocalCluster(args.nodes, Path(tmp), args.model) as cluster:
+        with LocalCluster(args.nodes, Path(tmp), args.model, extra_args=tuple(shlex.split(args.node_args))) as cluster:
             url = cluster.entry.url  # the node holding stage 0
             stream_completion(url, "warm up", 4)
             since = time.perf_counter_ns()

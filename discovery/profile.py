@@ -16,9 +16,9 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 SERVICE_TYPE = "_swarm._tcp.local."
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3  # 3: sealed frames of one AEAD call each when small (sealed_frames.py)
 # Versions this build can work with; a peer outside this set is never admitted.
-COMPATIBLE_PROTOCOL_VERSIONS = frozenset({2})
+COMPATIBLE_PROTOCOL_VERSIONS = frozenset({3})
 BACKENDS = frozenset({"metal", "cpu", "cuda"})
 
 # An mDNS record that only names an endpoint (NodeProfile.as_hint) says so in this extra field.

@@ -92,7 +92,8 @@ class PeerConnection:
         A frame is written whole or the connection is unusable after it: close it then."""
         self.last_active = time.monotonic()
         # a bad header is the caller's bug: ValueError
-        pieces = encode_frame(header, payload) if self._sealer is None else seal_frame(self._sealer, header, payload)
+        pieces = (encode_frame(header, payload) if self._sealer is None
+                  else seal_frame(self._sealer, header, payload, reuse=True))  # sent (or copied) below
         total = sum(memoryview(p).nbytes for p in pieces)
         sent = _send(self.sock, pieces)  # one sendmsg, the payload not copied: nearly always all of it
         if sent == total:

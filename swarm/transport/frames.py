@@ -109,7 +109,9 @@ class FrameParser:
     """Bytes in, whole frames out, for a connection read as data arrives (connection.py).
 
     Same checks as read_frame: lengths as soon as a frame's 8-byte prefix is in, so a
-    lying prefix costs no memory; ProtocolError for anything malformed or oversized."""
+    lying prefix costs no memory; ProtocolError for anything malformed or oversized.
+    The loop is the sealed parser's too (sealed_frames.py): it overrides `_body_bytes`
+    and `_take`, the two things a sealed frame does differently."""
 
     def __init__(self, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:
         self.max_payload = max_payload
@@ -121,23 +123,31 @@ class FrameParser:
 
     def feed(self, data: bytes | memoryview, max_frames: int | None = None) -> list[Frame]:
         """The whole frames `data` completes (at most `max_frames`: the rest stays for `take_rest`)."""
-        self._buf += data
+        buf = self._buf
+        buf += data
         frames: list[Frame] = []
-        while len(self._buf) >= PREFIX.size and (max_frames is None or len(frames) < max_frames):
-            header_len, payload_len = PREFIX.unpack_from(self._buf)
-            check_lengths(header_len, payload_len, self.max_payload)
-            end = PREFIX.size + header_len + payload_len
-            if len(self._buf) < end:
+        while len(buf) >= PREFIX.size and (max_frames is None or len(frames) < max_frames):
+            header_len, payload_len = PREFIX.unpack_from(buf)
+            end = PREFIX.size + self._body_bytes(header_len, payload_len)
+            if len(buf) < end:
                 break
-            view = memoryview(self._buf)  # one copy out of the buffer (a bytearray slice would be two)
+            view = memoryview(buf)  # one copy out of the buffer (a bytearray slice would be two)
             try:
-                header = decode_header(bytes(view[PREFIX.size:PREFIX.size + header_len]))
-                payload = bytes(view[PREFIX.size + header_len:end]) if payload_len else b""
+                frames.append(self._take(view, header_len, payload_len, end))
             finally:
                 view.release()  # before the buffer is resized
-            del self._buf[:end]
-            frames.append(Frame(header, payload))
+            del buf[:end]
         return frames
+
+    def _body_bytes(self, header_len: int, payload_len: int) -> int:
+        """How many bytes follow the prefix; ProtocolError for lengths no frame may have."""
+        check_lengths(header_len, payload_len, self.max_payload)
+        return header_len + payload_len
+
+    def _take(self, view: memoryview, header_len: int, payload_len: int, end: int) -> Frame:
+        """The frame in view[:end] (copied out: the buffer is reused)."""
+        header = decode_header(bytes(view[PREFIX.size:PREFIX.size + header_len]))
+        return Frame(header, bytes(view[PREFIX.size + header_len:end]) if payload_len else b"")
 
     def take_rest(self) -> bytes:
         """What was fed beyond the frames taken (e.g. the sealed frames behind a plain hello)."""

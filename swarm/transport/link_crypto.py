@@ -121,12 +121,35 @@ class FrameSealer:
     def __init__(self, key: bytes) -> None:
         self._aead = AESGCM(key)
         self._sent = 0
+        self._plain = bytearray()  # seal_into's buffers, grown when a frame needs more
+        self._sealed = bytearray()
+
+    def _next_nonce(self) -> bytes:
+        nonce = _COUNTER.pack(self._sent)
+        self._sent += 1
+        return nonce
 
     def seal(self, associated: bytes, plaintext: bytes | bytearray | memoryview) -> bytes:
         """Ciphertext + tag of the next frame; `associated` (the length prefix) is authenticated too."""
-        nonce = _COUNTER.pack(self._sent)
-        self._sent += 1
-        return self._aead.encrypt(nonce, plaintext, associated)
+        return self._aead.encrypt(self._next_nonce(), plaintext, associated)
+
+    def seal_into(self, associated: bytes, *parts: bytes | memoryview) -> memoryview:
+        """`seal` of the parts joined, in buffers this sealer keeps: valid until its next call.
+
+        Why: on a hop this runs right after a forward pass, and glibc merges the small blocks
+        the pass freed on the thread's next malloc of 1 KiB or more (docs/performance.md); a
+        decode step's ciphertext would be one. Here the join and the ciphertext reuse memory."""
+        views = [memoryview(p).cast("B") for p in parts]
+        n = sum(v.nbytes for v in views)
+        if len(self._plain) < n:  # new buffers, not resized ones: a caller may still hold a view
+            self._plain, self._sealed = bytearray(2 * n), bytearray(2 * n + TAG_BYTES)
+        plain, at = memoryview(self._plain), 0
+        for view in views:
+            plain[at:at + view.nbytes] = view  # a memoryview copies in place (a bytearray slice would copy first)
+            at += view.nbytes
+        sealed = memoryview(self._sealed)[:n + TAG_BYTES]
+        self._aead.encrypt_into(self._next_nonce(), plain[:n], associated, sealed)
+        return sealed
 
 
 class FrameOpener:

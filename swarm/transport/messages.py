@@ -19,7 +19,7 @@ entry -> stage 0 -> ... -> last stage -> entry. When the entry node is stage 0 (
 common case) the first hop is a local call, so K stages cost K network messages per
 token: K-1 activations and 1 token.
 
-The header keys are the wire format of protocol version 2 (handshake.py): short,
+The header keys are the wire format of protocol version 3 (handshake.py): short,
 because one goes with every hop.
 """
 

@@ -1,14 +1,23 @@
 """Frames sealed with a link's keys: what a peer link carries after a handshake with a swarm secret.
 
     sealed frame: u32 header_len | u32 payload_len | sealed header | sealed payload   (big-endian)
+    a payload of up to JOIN_MAX_PAYLOAD:  seal(header + payload)          one AEAD call, one tag
+                                          (header_len counts the tag, payload_len does not)
+    a larger one:                         seal(header) | seal(payload)    two; each length counts its tag
 
-The shape of a plain frame (frames.py), each part sealed on its own with AES-GCM
-(link_crypto.py), the 8-byte prefix as associated data, each taking the next number
-of the sender's counter: a frame that was altered, replayed, reordered or dropped
-does not open (LinkAuthError), and its link is closed. Lengths include the 16-byte
-tags; an empty payload stays empty. Sealing the payload on its own keeps it out of
-any join: the ciphertext is the only copy made of it (for MBs of prefill activations,
-that copy is the cost: see docs/performance.md).
+Sealed with AES-GCM (link_crypto.py), the 8-byte prefix as associated data, each seal
+taking the next number of the sender's counter: a frame that was altered, replayed,
+reordered or dropped does not open (LinkAuthError), and its link is closed. As in a
+plain frame the two lengths add up to the bytes that follow, so whatever arrives in
+place of a sealed frame is read whole and fails to open; which of the two shapes a
+frame has follows from its payload_len, which the tag authenticates.
+
+Why two shapes: a decode step's frame (a few kB) is on every hop, sealed right after a
+forward pass, where each AEAD call runs cold (~30 µs, against 2-3 warm) and a new
+ciphertext of 1 KiB or more pays glibc's merge of the pass's freed blocks: so one call,
+into the sealer's kept buffers (`reuse`; docs/performance.md). Joining header and
+payload copies a few kB. A prefill's MBs are sealed on their own, so the ciphertext is
+the only copy made of them (that copy is the cost).
 """
 
 from __future__ import annotations
@@ -16,77 +25,79 @@ from __future__ import annotations
 import asyncio
 
 from .errors import ConnectionClosed, ProtocolError
-from .frames import PREFIX, Frame, check_lengths, decode_header, pack_header
+from .frames import PREFIX, Frame, FrameParser, check_lengths, decode_header, pack_header
 from .link_crypto import TAG_BYTES, FrameOpener, FrameSealer, LinkAuthError
 
+# Up to here a payload is sealed with its header (a decode step's hidden states: 2.3 kB for
+# SmolLM2, 32 kB for an 8192-wide float32 model); copying 32 kB costs a few µs, less than a cold call.
+JOIN_MAX_PAYLOAD = 32 * 1024
 
-def seal_frame(sealer: FrameSealer, header: dict, payload: bytes | memoryview = b"") -> list[bytes]:
-    """The pieces of one sealed frame (a bad header is the caller's bug: ValueError)."""
+
+def seal_frame(sealer: FrameSealer, header: dict, payload: bytes | memoryview = b"", *,
+               reuse: bool = False) -> list[bytes | memoryview]:
+    """The pieces of one sealed frame (a bad header is the caller's bug: ValueError).
+
+    `reuse`: a small frame is sealed into the sealer's own buffers (FrameSealer.seal_into), so
+    the pieces are good until the next frame is sealed: for a writer that sends them at once
+    (connection.py, the hop), never for one that may queue them (asyncio's writelines)."""
     packed = pack_header(header)
     n = memoryview(payload).nbytes
-    prefix = PREFIX.pack(len(packed) + TAG_BYTES, n + TAG_BYTES if n else 0)
-    pieces = [prefix + sealer.seal(prefix, packed)]
-    if n:
-        pieces.append(sealer.seal(prefix, payload))
-    return pieces
+    if n <= JOIN_MAX_PAYLOAD:
+        prefix = PREFIX.pack(len(packed) + TAG_BYTES, n)
+        if reuse:
+            return [prefix, sealer.seal_into(prefix, packed, payload)]
+        return [prefix, sealer.seal(prefix, packed + payload if n else packed)]
+    prefix = PREFIX.pack(len(packed) + TAG_BYTES, n + TAG_BYTES)
+    return [prefix, sealer.seal(prefix, packed), sealer.seal(prefix, payload)]
 
 
-def _sealed_lengths(prefix: bytes | bytearray, max_payload: int) -> tuple[int, int]:
-    header_len, payload_len = PREFIX.unpack_from(prefix)
-    if header_len <= TAG_BYTES or 0 < payload_len <= TAG_BYTES:
-        raise ProtocolError(f"sealed frame lengths {header_len}/{payload_len}: shorter than their tags")
-    check_lengths(header_len - TAG_BYTES, max(0, payload_len - TAG_BYTES), max_payload)
-    return header_len, payload_len
+def check_sealed_lengths(header_len: int, payload_len: int, max_payload: int) -> None:
+    """ProtocolError for a sealed frame's prefix that no sealed frame has (before reading on)."""
+    if header_len <= TAG_BYTES or JOIN_MAX_PAYLOAD < payload_len <= JOIN_MAX_PAYLOAD + TAG_BYTES:
+        raise ProtocolError(f"sealed frame lengths {header_len}/{payload_len}: no sealed frame has them")
+    joined = payload_len <= JOIN_MAX_PAYLOAD
+    check_lengths(header_len - TAG_BYTES, payload_len if joined else payload_len - TAG_BYTES, max_payload)
 
 
-def _open(opener: FrameOpener, prefix: bytes, sealed_header, sealed_payload) -> Frame:
+def open_body(opener: FrameOpener, prefix: bytes, body: memoryview | bytes, header_len: int,
+              payload_len: int) -> Frame:
+    """The frame in a sealed frame's body (the header_len + payload_len bytes after its prefix);
+    ProtocolError if it does not open."""
     try:
-        header = decode_header(opener.open(prefix, sealed_header))
-        payload = opener.open(prefix, sealed_payload) if len(sealed_payload) else b""
+        if payload_len <= JOIN_MAX_PAYLOAD:
+            plain = opener.open(prefix, body)
+            split = header_len - TAG_BYTES
+            return Frame(decode_header(plain[:split]), memoryview(plain)[split:] if payload_len else b"")
+        header = decode_header(opener.open(prefix, body[:header_len]))
+        return Frame(header, opener.open(prefix, body[header_len:]))
     except LinkAuthError as e:
         raise ProtocolError(str(e)) from None
-    return Frame(header, payload)
 
 
-class SealedFrameParser:
-    """Bytes in, opened frames out (the FrameParser of a sealed link, same checks first)."""
+class SealedFrameParser(FrameParser):
+    """Bytes in, opened frames out: FrameParser's loop and checks, sealed bodies."""
 
     def __init__(self, opener: FrameOpener, max_payload: int) -> None:
-        self.opener, self.max_payload = opener, max_payload
-        self._buf = bytearray()
+        super().__init__(max_payload)
+        self.opener = opener
 
-    @property
-    def mid_frame(self) -> bool:
-        return bool(self._buf)
+    def _body_bytes(self, header_len: int, payload_len: int) -> int:
+        check_sealed_lengths(header_len, payload_len, self.max_payload)
+        return header_len + payload_len
 
-    def feed(self, data: bytes | memoryview, max_frames: int | None = None) -> list[Frame]:
-        self._buf += data
-        frames: list[Frame] = []
-        while len(self._buf) >= PREFIX.size and (max_frames is None or len(frames) < max_frames):
-            header_len, payload_len = _sealed_lengths(self._buf, self.max_payload)
-            end = PREFIX.size + header_len + payload_len
-            if len(self._buf) < end:
-                break
-            view = memoryview(self._buf)
-            try:
-                frame = _open(self.opener, bytes(view[:PREFIX.size]), view[PREFIX.size:PREFIX.size + header_len],
-                              view[PREFIX.size + header_len:end])
-            finally:
-                view.release()  # before the buffer is resized below
-            del self._buf[:end]
-            frames.append(frame)
-        return frames
+    def _take(self, view: memoryview, header_len: int, payload_len: int, end: int) -> Frame:
+        return open_body(self.opener, bytes(view[:PREFIX.size]), view[PREFIX.size:end], header_len, payload_len)
 
 
 async def read_sealed_frame(reader: asyncio.StreamReader, opener: FrameOpener, max_payload: int) -> Frame:
     """frames.read_frame for a sealed link."""
     try:
         prefix = await reader.readexactly(PREFIX.size)
-        header_len, payload_len = _sealed_lengths(prefix, max_payload)
-        sealed_header = await reader.readexactly(header_len)
-        sealed_payload = await reader.readexactly(payload_len) if payload_len else b""
+        header_len, payload_len = PREFIX.unpack(prefix)
+        check_sealed_lengths(header_len, payload_len, max_payload)
+        body = await reader.readexactly(header_len + payload_len)
     except asyncio.IncompleteReadError as exc:
         if not exc.partial and exc.expected == PREFIX.size:
             raise ConnectionClosed("connection closed between frames") from exc
         raise ProtocolError(f"connection closed mid-frame ({len(exc.partial)} of {exc.expected} bytes)") from exc
-    return _open(opener, prefix, sealed_header, sealed_payload)
+    return open_body(opener, prefix, body, header_len, payload_len)

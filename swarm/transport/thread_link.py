@@ -28,7 +28,7 @@ from typing import Callable, TypeVar
 from .errors import ConnectionClosed, ProtocolError
 from .frames import PREFIX, Frame, check_lengths, decode_header, pack_header
 from .link_crypto import TAG_BYTES, LinkAuthError
-from .sealed_frames import _sealed_lengths, seal_frame
+from .sealed_frames import JOIN_MAX_PAYLOAD, check_sealed_lengths, open_body, seal_frame
 
 T = TypeVar("T")
 # Left to the kernel's autotuning: setting SO_RCVBUF turns it off, and above net.core.rmem_max (208 KiB
@@ -54,7 +54,9 @@ class ThreadFrameLink:
                 sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER_BYTES)
         self.sock = sock
         self._pending = memoryview(pending)
-        self._next: tuple[bytes, int] | None = None  # a frame whose header was read: its prefix, payload length
+        # a frame whose header was read: its prefix, the payload's bytes still to read, or its payload already
+        # opened (a small sealed frame's header and payload are sealed together, so both were read at once)
+        self._next: tuple[bytes, int, memoryview | None] | None = None
 
     @property
     def sealed(self) -> bool:
@@ -115,21 +117,30 @@ class ThreadFrameLink:
             header_len, payload_len = PREFIX.unpack(prefix)
             check_lengths(header_len, payload_len, self.max_payload)
             header = decode_header(self._read_exactly(header_len))
-            self._next = (prefix, payload_len)
+            self._next = (prefix, payload_len, None)
             return header, payload_len
-        header_len, sealed_len = _sealed_lengths(prefix, self.max_payload)
+        header_len, payload_len = PREFIX.unpack(prefix)
+        check_sealed_lengths(header_len, payload_len, self.max_payload)
+        if payload_len <= JOIN_MAX_PAYLOAD:
+            frame = open_body(self._cipher.opener, prefix, self._read_exactly(header_len + payload_len), header_len,
+                              payload_len)
+            self._next = (prefix, 0, memoryview(frame.payload))
+            return frame.header, payload_len
         header = decode_header(self._open(prefix, self._read_exactly(header_len)))
-        self._next = (prefix, sealed_len)
-        return header, max(0, sealed_len - TAG_BYTES)
+        self._next = (prefix, payload_len, None)
+        return header, payload_len - TAG_BYTES
 
     def payload_room(self, n: int) -> int:
         """The buffer a payload of `n` bytes needs (a sealed one arrives with its tag)."""
-        return n + TAG_BYTES if self._cipher is not None and n else n
+        return n + TAG_BYTES if self._cipher is not None and n > JOIN_MAX_PAYLOAD else n
 
     def receive_payload_into(self, buffer: bytearray) -> memoryview | bytes:
-        """The payload `receive_header` announced, read into `buffer` (open: a view of it, no copy)."""
-        prefix, n = self._next
+        """The payload `receive_header` announced, read into `buffer` (open: a view of it, no copy; sealed:
+        the opened bytes, and a small frame's were opened with its header)."""
+        prefix, n, opened = self._next
         self._next = None
+        if opened is not None:
+            return opened
         if n > len(buffer):
             raise ProtocolError(f"a payload of {n} bytes does not fit a buffer of {len(buffer)}")
         view = memoryview(buffer)[:n]
