@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import time
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -167,7 +168,7 @@ class WeightFetch:
         self.store, self.open_link, self.holders = store, open_link, holders
         self.queue = FetchQueue(store.missing(chunks))
         self.stuck_after_s, self.stall_after_s = stuck_after_s, stall_after_s
-        # Three receive buffers per holder (arriving, being hashed, being written): bounded memory.
+        # Three receive buffers per holder (one arriving, two with the verifier): bounded memory.
         self._buffer_bytes = max((c.length for c in chunks), default=0)
         self.on_progress = on_progress or (lambda p: None)
         self.per_holder: dict[str, int] = {}
@@ -243,39 +244,46 @@ class WeightFetch:
 
     def _receive_batch_on_thread(self, link: ThreadFrameLink, batch: list[Chunk], holder: str,
                                  buffers: list[bytearray], loop: asyncio.AbstractEventLoop) -> None:
-        """Ask for `batch` and take its chunks as they come: while chunk k arrives in one buffer, the
-        verifier hashes k-1 (in the next) and then this thread writes it. Each chunk's end is told to the loop."""
+        """Ask for `batch` and take its chunks as they come into free buffers: the verifier thread hashes
+        and writes each in turn and frees its buffer, so receiving never waits for a hash while a buffer
+        is free. Each chunk's end is told to the loop."""
         asked = list(batch)  # `batch` shrinks on the loop as chunks arrive
         link.send({"t": "w_get", "chunks": [c.index for c in asked]})
-        verifying: tuple[Chunk, Future] | None = None
+        free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
+        for buffer in buffers:
+            free.put(buffer)
+        handed: list[Future] = []
         try:
-            for k, chunk in enumerate(asked):
+            for chunk in asked:
                 header, n = link.receive_header()
                 if header["t"] != "w_chunk" or header.get("i") != chunk.index:
                     raise ProtocolError(f"expected chunk {chunk.index}, got {header}")
                 if n != chunk.length:  # refused before its bytes are read: it is never asked of this holder again
                     loop.call_soon_threadsafe(self._arrived, chunk, holder, False, batch)
                     raise ProtocolError(f"{n} bytes for chunk {chunk.index}, which has {chunk.length}")
-                payload = link.receive_payload_into(buffers[k % 3])  # k-2's buffer: written already
-                hashed = self._verifier.submit(self.store.verify, chunk, payload)
-                if verifying is not None:
-                    self._write_if_verified(*verifying, holder, batch, loop)
-                verifying = chunk, hashed
+                buffer = free.get()  # the verifier frees one after each chunk it is done with
+                payload = link.receive_payload_into(buffer)
+                handed.append(self._verifier.submit(self._keep_if_verified, chunk, payload, buffer, free, holder,
+                                                    batch, loop))
         finally:
-            if verifying is not None:
-                self._write_if_verified(*verifying, holder, batch, loop)
+            for done in handed:
+                done.result()  # a write that failed (the disk) fails this batch as it did on this thread
 
-    def _write_if_verified(self, chunk: Chunk, hashed: Future, holder: str, batch: list[Chunk],
-                           loop: asyncio.AbstractEventLoop) -> None:
-        """Link thread: write the chunk if its hash checked out (bytes a holder altered are never written)."""
+    def _keep_if_verified(self, chunk: Chunk, payload, buffer: bytearray, free: queue.SimpleQueue, holder: str,
+                          batch: list[Chunk], loop: asyncio.AbstractEventLoop) -> None:
+        """Verifier thread: write the chunk if its hash checks out (bytes a holder altered are never
+        written), then free its buffer."""
         try:
-            verified: VerifiedChunk = hashed.result()
-        except ChunkRejected as e:
-            log.warning("holder %s served bad bytes: %s; fetching it elsewhere", holder, e)
-            accepted = False
-        else:
-            self.store.write_verified(verified)
-            accepted = True
+            try:
+                verified: VerifiedChunk = self.store.verify(chunk, payload)
+            except ChunkRejected as e:
+                log.warning("holder %s served bad bytes: %s; fetching it elsewhere", holder, e)
+                accepted = False
+            else:
+                self.store.write_verified(verified)
+                accepted = True
+        finally:
+            free.put(buffer)
         loop.call_soon_threadsafe(self._arrived, chunk, holder, accepted, batch)
 
     def _arrived(self, chunk: Chunk, holder: str, accepted: bool, batch: list[Chunk]) -> None:
