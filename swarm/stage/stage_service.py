@@ -139,7 +139,8 @@ class StageService:
         """A token or error for a request this node is the entry of: its client waits on the loop."""
         started = None
         if isinstance(message, Token) and (problem := self.rules.mlx_token_problem(message)):
-            self.failures.every("token", LOG_EVERY_S, "request %s: %s", message.rid, problem)  # a buggy last stage: it replays
+            # a buggy last stage: the request replays
+            self.failures.every("token", LOG_EVERY_S, "request %s: %s", message.rid, problem)
             message = Error(message.rid, message.plan_id, "protocol", problem)
         if isinstance(message, Token):
             step = self.run_ahead.mlx_next_step(message)
