@@ -185,25 +185,33 @@ class Shard(nn.Module):
         Returns hidden states, or on the last shard the logits of the final position
         (`every_row`: of every position, (L, vocab), for prompt logprobs).
         """
+        self._exit.last_position = self.range.is_last and not every_row
+        try:
+            out = self._forward(x, caches)
+        finally:
+            self._exit.last_position = self.range.is_last
+        caches.advance(x.shape[1])
+        if not self.range.is_last:
+            return out
+        return out[0] if every_row else out[0, -1]
+
+    def _forward(self, x: mx.array, cache) -> mx.array:
+        """The model's own forward over our layers: x enters at our first layer (the stand-in
+        embedding hands it over), and the stand-in after our last stops it."""
         if self.range.is_first:
             ids = x
         else:
             self._entry.pending = x
             ids = mx.zeros(x.shape[:2], mx.int32)  # what the stand-in embedding looks at
-        self._exit.last_position = self.range.is_last and not every_row
         try:
-            out = self.model(ids, cache=caches)
+            out = self.model(ids, cache=cache)
         except StopAfterLayer as stop:
             out = stop.hidden
         finally:
             missed, self._entry.pending = self._entry.pending, None
-            self._exit.last_position = self.range.is_last
         if missed is not None:
             raise RuntimeError(f"{self.family}: the model's forward never reached layer {self.range.start}")
-        caches.advance(x.shape[1])
-        if not self.range.is_last:
-            return out
-        return out[0] if every_row else out[0, -1]
+        return out
 
     def input_limits(self, context: int) -> InputLimits:
         """What this shard may be fed (engine/input_limits.py), for a model of `context` positions."""
@@ -244,19 +252,7 @@ class Shard(nn.Module):
         slots = [batch[0]] * len(self.model.layers)  # every layer is a KVCache here (UnrolledDecode)
         for b, i in zip(batch, self._cache_slots):
             slots[i] = b
-        if self.range.is_first:
-            ids = x
-        else:
-            self._entry.pending = x
-            ids = mx.zeros(x.shape[:2], mx.int32)
-        try:
-            out = self.model(ids, cache=slots)
-        except StopAfterLayer as stop:
-            out = stop.hidden
-        finally:
-            missed, self._entry.pending = self._entry.pending, None
-        if missed is not None:
-            raise RuntimeError(f"{self.family}: the model's forward never reached layer {self.range.start}")
+        out = self._forward(x, slots)
         rows = []
         for r in range(x.shape[0]):
             caches = make_prompt_cache(self.model)
