@@ -16,9 +16,9 @@ Once the link is up, both ends move the bytes on a thread of their own over the
 link's socket (transport/thread_link.py), not on the event loop, whose stream path
 copied each chunk four times more (docs/performance.md): the holder sends each chunk with
 sendfile (sealed: one read and one seal). The fetcher's link thread receives each
-chunk into one of three buffers; the verifier thread hashes it while the next one
-arrives, and the link thread writes it once it checked out: three stages, each on
-a thread, so the hash (the largest cost) is the only one on its core.
+chunk into a free one of three buffers and hands it over; the verifier thread hashes
+it, writes it if it checked out and frees the buffer, so receiving never waits for a
+hash (the largest cost) while a buffer is free.
 """
 
 from __future__ import annotations
