@@ -114,14 +114,20 @@ async def fetch(port: int, manifest, out_dir: Path, secret: bool) -> tuple[float
     return time.perf_counter() - t0, store  # its record is synced in the background (wait_saved)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(description: str, rounds: int) -> argparse.Namespace:
+    """--model (the built-in model's directory when not given) and --rounds (weights_fetch_threads.py too)."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--model", type=Path, default=None, help="model directory (default: the built-in model)")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=rounds)
     args = p.parse_args()
     if args.model is None:
         from swarm.models.resolve import resolve_model
         args.model = resolve_model(None).path
+    return args
+
+
+def main() -> None:
+    args = parse_args(__doc__.splitlines()[0], rounds=3)
     manifest = build_manifest(args.model)
     total = manifest.total_bytes
     open_holder, open_port = _start(_holder, str(args.model), False)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
+import blake3
 import mlx.core as mx
 import pytest
 
@@ -11,7 +13,7 @@ from swarm.weights import manifest as manifest_module
 from swarm.weights.fetch_queue import FetchQueue
 from swarm.weights.manifest import Manifest, ManifestError, build_manifest, cached_manifest
 from swarm.weights.safetensors_header import read_layout
-from swarm.weights.store import ChunkRejected, ChunkStore
+from swarm.weights.store import HELD_FILE, ChunkRejected, ChunkStore
 
 
 @pytest.fixture
@@ -54,7 +56,7 @@ def test_the_fingerprint_covers_every_byte(model_dir):
     lambda d: d["files"][0].update(path="/etc/passwd"),
     lambda d: d["chunks"][2].update(length=10**12),
     lambda d: d.update(version=99),
-    lambda d: d["chunks"][0].update(sha256="x"),
+    lambda d: d["chunks"][0].update(blake3="x"),
 ])
 def test_malformed_manifests_are_refused(model_dir, edit):
     d = json.loads(build_manifest(model_dir).to_json())
@@ -122,3 +124,48 @@ def test_the_queue_spreads_work_recovers_from_a_dead_holder_and_avoids_a_liar(mo
     assert q.stuck() == [] and q.take("c", 1) == [liar[0]]
     q.arrived(liar[0], "c", accepted=True)
     assert q.done and q.progress.done_bytes == q.progress.total_bytes and q.progress.rejected == 1
+
+
+def _older_build_manifest(model_dir, m: Manifest) -> str:
+    """`m` as a build of manifest version 1 wrote it: a sha256 per chunk."""
+    d = json.loads(m.to_json())
+    d["version"] = 1
+    for c in d["chunks"]:
+        with open(model_dir / c["file"], "rb") as f:
+            f.seek(c["offset"])
+            c["sha256"] = hashlib.sha256(f.read(c["length"])).hexdigest()
+        del c["blake3"]
+    return json.dumps(d, separators=(",", ":"), sort_keys=True)
+
+
+def test_a_manifest_of_an_older_build_is_refused_by_name(model_dir):
+    m = build_manifest(model_dir)
+    first = m.chunks[0]
+    assert first.blake3 == blake3.blake3((model_dir / first.file).read_bytes()[:first.length]).hexdigest()
+    older = _older_build_manifest(model_dir, m)
+    with pytest.raises(ManifestError, match=r"version 1 \(sha256 chunk hashes: a node of an older build\)"):
+        Manifest.from_json(older)
+    # and its fingerprint (what peers advertise) is another model's: the two builds never plan together
+    assert hashlib.sha256(older.encode()).hexdigest()[:32] != m.fingerprint
+
+
+def test_a_cached_manifest_of_sha256_chunks_is_made_again(model_dir, tmp_path):
+    cache = tmp_path / "cache"
+    m = cached_manifest(model_dir, cache)
+    [path] = (cache / "manifests").iterdir()
+    path.write_text(_older_build_manifest(model_dir, m))  # what the older build left in the cache
+    assert cached_manifest(model_dir, cache) == m
+    assert json.loads(path.read_text())["version"] == manifest_module.MANIFEST_VERSION
+
+
+def test_a_fetched_copy_recorded_under_an_older_builds_fingerprint_holds_nothing(model_dir, tmp_path):
+    m = build_manifest(model_dir)
+    source = ChunkStore.complete(model_dir, m)
+    store = ChunkStore.partial(tmp_path / "copy", m)
+    for c in m.chunks:
+        store.write(c, source.read(c))
+    store.save()
+    record = json.loads((tmp_path / "copy" / HELD_FILE).read_text())
+    record["fingerprint"] = hashlib.sha256(_older_build_manifest(model_dir, m).encode()).hexdigest()[:32]
+    (tmp_path / "copy" / HELD_FILE).write_text(json.dumps(record))
+    assert ChunkStore.partial(tmp_path / "copy", m).held() == set()  # fetched again, verified anew

@@ -6,8 +6,11 @@ verified on arrival. Other files (config, tokenizer, headers of weight files) ar
 chunks too. Two nodes agree on a model when their fingerprints are equal, and then
 on every byte of it.
 
-Hashing a model reads all of it once (SHA-256, ~1.5 GB/s here); the result is kept
-in the cache under a key of the files' names, sizes and modification times.
+Each chunk's hash is BLAKE3 (32 bytes): ~5.8 GB/s on one core here against SHA-256's
+~1.4, and the fetcher hashes every byte it receives. The fingerprint itself is
+SHA-256 over the manifest's small JSON (any 256-bit hash would do there; keeping it
+keeps the fingerprint's form). Hashing a model reads all of it once; the result is
+kept in the cache under a key of the files' names, sizes and modification times.
 """
 
 from __future__ import annotations
@@ -15,17 +18,22 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import mmap
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable
+
+import blake3
 
 from .safetensors_header import read_layout
 
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 16 * 1024 * 1024
-MANIFEST_VERSION = 1
+# Says which hash the chunks carry, and is hashed into the fingerprint: nodes of builds that hash differently
+# never agree on a model, and a manifest of another version is refused by name. 1: sha256; 2: blake3.
+MANIFEST_VERSION = 2
 # What a model directory holds that a node needs: weights, configs, tokenizers, chat templates.
 MODEL_FILE_SUFFIXES = {".safetensors", ".json", ".model", ".txt", ".jinja", ".tiktoken"}
 
@@ -40,7 +48,7 @@ class Chunk:
     file: str  # path relative to the model directory
     offset: int
     length: int
-    sha256: str
+    blake3: str  # hex digest of the chunk's bytes
     tensor: str = ""  # "" for a non-tensor chunk: a file header or a whole small file
 
 
@@ -83,10 +91,12 @@ class Manifest:
         try:
             d = json.loads(text)
             if d.get("version") != MANIFEST_VERSION:
-                raise ManifestError(f"manifest version {d.get('version')!r}, expected {MANIFEST_VERSION}")
+                older = " (sha256 chunk hashes: a node of an older build)" if d.get("version") == 1 else ""
+                raise ManifestError(f"manifest version {d.get('version')!r}{older}, expected {MANIFEST_VERSION} "
+                                    "(blake3 chunk hashes)")
             files = tuple(ModelFile(str(f["path"]), int(f["size"])) for f in d["files"])
             chunks = tuple(Chunk(int(c["index"]), str(c["file"]), int(c["offset"]), int(c["length"]),
-                                 str(c["sha256"]), str(c.get("tensor", ""))) for c in d["chunks"])
+                                 str(c["blake3"]), str(c.get("tensor", ""))) for c in d["chunks"])
         except ManifestError:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as e:
@@ -103,7 +113,7 @@ class Manifest:
                 raise ManifestError(f"bad file entry {f.path!r}")
         covered: dict[str, int] = dict.fromkeys(sizes, 0)
         for i, c in enumerate(self.chunks):
-            if c.index != i or c.file not in sizes or len(c.sha256) != 64:
+            if c.index != i or c.file not in sizes or len(c.blake3) != 64:
                 raise ManifestError(f"bad chunk {i}: {c}")
             if c.offset != covered[c.file] or c.length <= 0 or c.offset + c.length > sizes[c.file]:
                 raise ManifestError(f"chunk {i} of {c.file} does not continue the file at {covered[c.file]}")
@@ -143,9 +153,8 @@ def build_manifest(model_dir: Path) -> Manifest:
                 spans.append((at, size - at, ""))
         else:
             spans = [(o, n, "") for o, n in _cut(0, size)]
-        with open(path, "rb") as f:
-            for offset, length, tensor in spans:
-                pieces.append((rel, offset, length, _hash_range(f, offset, length), tensor))
+        for (offset, length, tensor), digest in zip(spans, _hash_spans(path, spans)):
+            pieces.append((rel, offset, length, digest, tensor))
     chunks = tuple(Chunk(i, *p) for i, p in enumerate(pieces))
     manifest = Manifest(tuple(files), chunks)
     manifest.check()
@@ -156,35 +165,41 @@ def _cut(start: int, length: int) -> list[tuple[int, int]]:
     return [(start + o, min(CHUNK_BYTES, length - o)) for o in range(0, length, CHUNK_BYTES)] if length else []
 
 
-def _hash_range(f, offset: int, length: int) -> str:
-    f.seek(offset)
-    digest, left = hashlib.sha256(), length
-    buf = bytearray(min(length, 4 * 1024 * 1024) or 1)
-    view = memoryview(buf)
-    while left:
-        n = f.readinto(view[:min(left, len(buf))])
-        if not n:
-            raise ManifestError(f"{f.name}: ends before byte {offset + length}")
-        digest.update(view[:n])
-        left -= n
-    return digest.hexdigest()
+def _hash_spans(path: Path, spans: list[tuple[int, int, str]]) -> list[str]:
+    """Each span's hash, read through a map of the file (no copy into a buffer: at blake3's speed the
+    copy would cost as much as the hash)."""
+    if not spans:
+        return []
+    size = path.stat().st_size
+    end = max(o + n for o, n, _ in spans)
+    if end > size:
+        raise ManifestError(f"{path.name}: ends before byte {end}")
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        view = memoryview(mapped)
+        try:
+            return [chunk_hash(view[o:o + n]) for o, n, _ in spans]
+        finally:
+            view.release()
 
 
 def chunk_hash(data: bytes | memoryview) -> str:
-    return hashlib.sha256(data).hexdigest()
+    """A chunk's hash as the manifest holds it (any thread: blake3 lets go of the GIL while it hashes)."""
+    return blake3.blake3(data).hexdigest()
 
 
 def cached_manifest(model_dir: Path, cache_root: Path) -> Manifest:
     """The model's manifest, hashed once per version of its files."""
     stats = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in model_files(model_dir)]
-    key = hashlib.sha256(json.dumps([str(Path(model_dir).resolve()), stats]).encode()).hexdigest()[:32]
+    # the version in the key: two builds on one machine keep a manifest each, not one re-hashed in turn
+    named = [MANIFEST_VERSION, str(Path(model_dir).resolve()), stats]
+    key = hashlib.sha256(json.dumps(named).encode()).hexdigest()[:32]
     path = Path(cache_root) / "manifests" / f"{key}.json"
     try:
         return Manifest.from_json(path.read_text())
     except (OSError, ManifestError):
         pass
     total = sum(s for _, s, _ in stats)
-    log.log(logging.INFO if total > 1e9 else logging.DEBUG,  # ~1 s per 1.5 GB: worth a line when long
+    log.log(logging.INFO if total > 4e9 else logging.DEBUG,  # ~1 s per 4 GB from the page cache: a line when long
             "hashing %s (%.1f GB) once, for the swarm's model fingerprint", model_dir, total / 1e9)
     manifest = build_manifest(model_dir)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -108,7 +108,7 @@ class ChunkStore:
     @staticmethod
     def verify(chunk: Chunk, data: bytes | memoryview) -> VerifiedChunk:
         """ChunkRejected unless `data` are the manifest's bytes for `chunk` (any thread)."""
-        if len(data) != chunk.length or chunk_hash(data) != chunk.sha256:
+        if len(data) != chunk.length or chunk_hash(data) != chunk.blake3:
             raise ChunkRejected(f"chunk {chunk.index} ({chunk.tensor or chunk.file}): bytes do not match the manifest")
         return VerifiedChunk(chunk, data)
 

@@ -7,18 +7,21 @@ On one peer link (event loop; a bulk transfer must not hold up the MLX thread):
     fetcher -> holder   w_get {chunks: [i, ...]}   holder -> fetcher  w_chunk {i} + bytes, one per chunk asked
 
 A fetching node runs one worker per holder, each asking for its next batch
-(fetch_queue.py); every chunk is hashed before it is written (store.py), so bytes
-a holder altered are refused and asked of another holder. A holder that dies or
-stalls mid-batch gives the batch back; one that sends a chunk of the wrong length
-is refused that chunk and its link is dropped.
+(fetch_queue.py) while the current one streams in, so the holder goes from one
+batch to the next with no round trip between; every chunk is hashed before it is
+written (store.py), so bytes a holder altered are refused and asked of another
+holder. A holder that dies or stalls mid-batch gives back what it was asked for;
+one that sends a chunk of the wrong length is refused that chunk and its link is
+dropped.
 
 Once the link is up, both ends move the bytes on a thread of their own over the
 link's socket (transport/thread_link.py), not on the event loop, whose stream path
 copied each chunk four times more (docs/performance.md): the holder sends each chunk with
 sendfile (sealed: one read and one seal). The fetcher's link thread receives each
 chunk into a free one of three buffers and hands it over; the verifier thread hashes
-it, writes it if it checked out and frees the buffer, so receiving never waits for a
-hash (the largest cost) while a buffer is free.
+it (BLAKE3, straight from that buffer), writes it with one pwrite if it checked out
+and frees the buffer, so receiving never waits for the hash or the write while a
+buffer is free.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import time
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Protocol
+from typing import Awaitable, Callable, Protocol, TypeVar
 
 from ..transport.errors import ConnectionClosed, ProtocolError
 from ..transport.frames import Frame
@@ -40,6 +43,7 @@ from .manifest import Chunk, Manifest, ManifestError
 from .store import ChunkRejected, ChunkStore, VerifiedChunk
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # The peer link purpose weights travel on (transport/handshake.dial_stream, listener.serve_purpose): behind
 # the same hello as the data path, so with a swarm secret only members fetch or serve, sealed.
@@ -48,6 +52,7 @@ WEIGHTS_PURPOSE = "weights"
 WEIGHTS_MAX_PAYLOAD = 64 << 20
 
 BATCH_BYTES = 64 * 1024 * 1024
+RECEIVE_BUFFERS = 3  # per holder: one arriving, two with the verifier (bounded memory)
 MAX_CHUNKS_PER_GET = 256
 NEW_HOLDERS_EVERY_S = 1.0
 # The longest a holder may go silent mid-batch (fetcher) or a fetcher between requests or while a chunk
@@ -168,7 +173,6 @@ class WeightFetch:
         self.store, self.open_link, self.holders = store, open_link, holders
         self.queue = FetchQueue(store.missing(chunks))
         self.stuck_after_s, self.stall_after_s = stuck_after_s, stall_after_s
-        # Three receive buffers per holder (one arriving, two with the verifier): bounded memory.
         self._buffer_bytes = max((c.length for c in chunks), default=0)
         self.on_progress = on_progress or (lambda p: None)
         self.per_holder: dict[str, int] = {}
@@ -212,7 +216,7 @@ class WeightFetch:
 
     async def _work(self, holder: str) -> None:
         link = bulk = None
-        batch: list[Chunk] = []
+        outstanding: list[Chunk] = []  # asked of this holder and not arrived: given back if it fails
         try:
             link = await self.open_link(holder)
             bulk = await link.detach(self.stall_after_s)
@@ -221,56 +225,80 @@ class WeightFetch:
                 raise ProtocolError(f"expected w_have, got {frame.header['t']!r}")
             self.queue.add_holder(holder, _unbitmap(bytes(frame.payload), len(self.store.manifest.chunks)))
             await self._notify()
-            buffers = [bytearray(bulk.payload_room(self._buffer_bytes)) for _ in range(3)]
+            buffers: list[bytearray] = []  # made by the link's thread as it needs them, kept for the next batch
             while not self.queue.done:
-                batch = self.queue.take(holder, BATCH_BYTES)
+                batch = self._take(holder, outstanding)
                 if not batch:  # others hold the rest in flight: wait in case they give some back
                     async with self._changed:
                         await self._changed.wait_for(lambda: self.queue.done or self.queue.has_work_for(holder))
                     continue
-                await run_on_own_thread(bulk, self._receive_batch_on_thread, bulk, batch, holder, buffers,
+                await run_on_own_thread(bulk, self._receive_on_thread, bulk, batch, holder, outstanding, buffers,
                                         asyncio.get_running_loop())
                 await self._notify()
         except (OSError, ProtocolError, asyncio.TimeoutError) as e:
-            log.warning("fetching weights from %s failed: %s; %d chunks go to other holders", holder, e, len(batch))
+            log.warning("fetching weights from %s failed: %s; %d chunks go to other holders", holder, e,
+                        len(outstanding))
             self.queue.remove_holder(holder)
         finally:
-            self.queue.give_back(batch, holder)
+            self.queue.give_back(outstanding, holder)
             if bulk is not None:
                 bulk.close()
             if link is not None:
                 await link.close()
             await self._notify()
 
-    def _receive_batch_on_thread(self, link: ThreadFrameLink, batch: list[Chunk], holder: str,
-                                 buffers: list[bytearray], loop: asyncio.AbstractEventLoop) -> None:
-        """Ask for `batch` and take its chunks as they come into free buffers: the verifier thread hashes
-        and writes each in turn and frees its buffer, so receiving never waits for a hash while a buffer
-        is free. Each chunk's end is told to the loop."""
-        asked = list(batch)  # `batch` shrinks on the loop as chunks arrive
-        link.send({"t": "w_get", "chunks": [c.index for c in asked]})
+    def _take(self, holder: str, outstanding: list[Chunk]) -> list[Chunk]:
+        """On the loop: `holder`'s next batch, counted as outstanding from here on."""
+        batch = self.queue.take(holder, BATCH_BYTES)
+        outstanding.extend(batch)
+        return batch
+
+    def _receive_on_thread(self, link: ThreadFrameLink, batch: list[Chunk], holder: str, outstanding: list[Chunk],
+                           buffers: list[bytearray], loop: asyncio.AbstractEventLoop) -> None:
+        """Ask for `batch`, and for the next batch while this one arrives (the holder goes on to it with no
+        round trip in between), until the queue has no more for this holder. Each chunk is received into a
+        free buffer: the verifier thread hashes and writes it and frees the buffer, so receiving never
+        waits for a hash while a buffer is free. Each chunk's end is told to the loop."""
         free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
         for buffer in buffers:
             free.put(buffer)
         handed: list[Future] = []
         try:
-            for chunk in asked:
-                header, n = link.receive_header()
-                if header["t"] != "w_chunk" or header.get("i") != chunk.index:
-                    raise ProtocolError(f"expected chunk {chunk.index}, got {header}")
-                if n != chunk.length:  # refused before its bytes are read: it is never asked of this holder again
-                    loop.call_soon_threadsafe(self._arrived, chunk, holder, False, batch)
-                    raise ProtocolError(f"{n} bytes for chunk {chunk.index}, which has {chunk.length}")
-                buffer = free.get()  # the verifier frees one after each chunk it is done with
-                payload = link.receive_payload_into(buffer)
-                handed.append(self._verifier.submit(self._keep_if_verified, chunk, payload, buffer, free, holder,
-                                                    batch, loop))
+            link.send({"t": "w_get", "chunks": [c.index for c in batch]})
+            while batch:
+                following = _call_on_loop(loop, self.stall_after_s, self._take, holder, outstanding)
+                if following:
+                    link.send({"t": "w_get", "chunks": [c.index for c in following]})
+                for chunk in batch:
+                    header, n = link.receive_header()
+                    if header["t"] != "w_chunk" or header.get("i") != chunk.index:
+                        raise ProtocolError(f"expected chunk {chunk.index}, got {header}")
+                    if n != chunk.length:  # refused before its bytes are read: never asked of this holder again
+                        loop.call_soon_threadsafe(self._arrived, chunk, holder, False, outstanding)
+                        raise ProtocolError(f"{n} bytes for chunk {chunk.index}, which has {chunk.length}")
+                    buffer = self._free_buffer(free, buffers)
+                    payload = link.receive_payload_into(buffer)
+                    handed.append(self._verifier.submit(self._keep_if_verified, chunk, payload, buffer, free,
+                                                        holder, outstanding, loop))
+                batch = following
         finally:
             for done in handed:
                 done.result()  # a write that failed (the disk) fails this batch as it did on this thread
 
+    def _free_buffer(self, free: queue.SimpleQueue, buffers: list[bytearray]) -> bytearray:
+        """Link's thread: a buffer the verifier is done with, or a new one while there are fewer than
+        RECEIVE_BUFFERS. Made here, with the ask already out, not before it: a 16 MiB buffer is zeroed
+        and faulted in, which on the loop before the first ask cost ~60 ms of each fetch (py-spy)."""
+        try:
+            return free.get_nowait()
+        except queue.Empty:
+            if len(buffers) < RECEIVE_BUFFERS:
+                buffers.append(bytearray(self._buffer_bytes))
+                return buffers[-1]
+            return free.get()  # the verifier frees one after each chunk it is done with
+
     def _keep_if_verified(self, chunk: Chunk, payload, buffer: bytearray, free: queue.SimpleQueue, holder: str,
-                          batch: list[Chunk], loop: asyncio.AbstractEventLoop) -> None:
+                          outstanding: list[Chunk], loop: asyncio.AbstractEventLoop) -> None:
         """Verifier thread: write the chunk if its hash checks out (bytes a holder altered are never
         written), then free its buffer."""
         try:
@@ -284,19 +312,33 @@ class WeightFetch:
                 accepted = True
         finally:
             free.put(buffer)
-        loop.call_soon_threadsafe(self._arrived, chunk, holder, accepted, batch)
+        loop.call_soon_threadsafe(self._arrived, chunk, holder, accepted, outstanding)
 
-    def _arrived(self, chunk: Chunk, holder: str, accepted: bool, batch: list[Chunk]) -> None:
-        """On the loop: the bookkeeping of one chunk that came (in order, before its batch's thread is done)."""
+    def _arrived(self, chunk: Chunk, holder: str, accepted: bool, outstanding: list[Chunk]) -> None:
+        """On the loop: the bookkeeping of one chunk that came (in order, before its link's thread is done)."""
         if accepted:
             self.per_holder[holder] = self.per_holder.get(holder, 0) + chunk.length
         self.queue.arrived(chunk, holder, accepted)
-        batch.remove(chunk)
+        outstanding.remove(chunk)
         self.on_progress(self.progress)
 
     async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()
+
+
+def _call_on_loop(loop: asyncio.AbstractEventLoop, timeout: float, fn: Callable[..., T], *args) -> T:
+    """`fn(*args)` run on `loop`, from another thread: its result (TimeoutError if the loop does not get to it)."""
+    result: Future = Future()
+
+    def call() -> None:
+        try:
+            result.set_result(fn(*args))
+        except BaseException as e:  # noqa: BLE001 (handed to the calling thread)
+            result.set_exception(e)
+
+    loop.call_soon_threadsafe(call)
+    return result.result(timeout)
 
 
 def _ask(link: ThreadFrameLink, header: dict) -> Frame:
