@@ -1,14 +1,18 @@
 """What batched decode costs, per design: prints a table for the next engineer to choose from.
 
-    python benchmarks/batch_decode_cost.py [--model DIR] [--rows 1,2,4] [--steps 16] [--rounds 3]
+    python benchmarks/batch_decode_cost.py [--model DIR] [--rows 1,2,4] [--steps 16] [--rounds 3] [--ways all]
 
 One decode step of B requests whose contexts differ (64, 96, 128, ... positions),
 on one shard of the whole model (float32), four ways:
 
 - one by one: each request through the model's own forward (what every family
   not proven for the unrolled pass gets with --batch-decode; exact by construction);
-- unrolled: the engine's unrolled pass (llama / qwen2 / qwen3 only; attention
-  projections, MLP and head once for all rows);
+- unrolled: the engine's unrolled pass on each request's own caches (llama / qwen2 /
+  qwen3 only; attention projections, MLP and head once for all rows; what a stage runs
+  when a kept batch would pass a cap);
+- kept (stage): what a stage runs by default, ShardRunner.decode_batch on a batch it
+  keeps across steps (engine/kept_batches.py: mlx-lm's BatchKVCache, the model's own
+  forward), with its bookkeeping (row order, budget);
 - batch caches, merged per step: mlx-lm's BatchKVCache built from the requests'
   own caches before the step (`KVCache.merge`), the model's own forward on (B, 1)
   with its left-padding mask, each row's cache extracted after (`extract`): works
@@ -49,6 +53,7 @@ def prompts(rows: int) -> list[list[int]]:
 
 
 def per_row(runner: ShardRunner, rows: int, steps: int, batched: bool) -> tuple[float, list]:
+    """One by one (forward) or runner.decode_batch (unrolled or kept, as the runner is set)."""
     ps = prompts(rows)
     tokens = [int(mx.argmax(runner.forward(f"r{r}", mx.array([p]), 0))) for r, p in enumerate(ps)]
     seen, times = [], []
@@ -98,14 +103,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rows", default="1,2,4")
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--ways", default="all", help="comma-separated numbers of the ways to run, 1-5 (in the order "
+                                                  "above; 1, one by one, always runs: the reference)")
     args = p.parse_args(argv)
     path = args.model or resolve_model(None).path
     shard = load_shard(path, 0, None, mx.float32)
     if shard.unrolled is None:
         sys.exit(f"{shard.family} has no unrolled pass; give a llama / qwen2 / qwen3 model")
-    runner = ShardRunner(shard)
+    runner = ShardRunner(shard, keep_batches=False)
+    keeping = ShardRunner(shard)
     model = shard.model  # the whole model: its own forward, the shard's hooks only trim the last position
-    ways = ["one by one", "unrolled", "batch caches, merged per step", "batch caches, kept"]
+    ways = ["one by one", "unrolled", "kept (stage)", "batch caches, merged per step", "batch caches, kept"]
+    if args.ways != "all":
+        ways = [w for i, w in enumerate(ways, 1) if i == 1 or str(i) in args.ways.split(",")]
     results: dict[tuple[str, int], list] = {}
     for _ in range(args.rounds):
         for rows in [int(r) for r in args.rows.split(",")]:
@@ -114,6 +124,8 @@ def main(argv: list[str] | None = None) -> None:
                     out = per_row(runner, rows, args.steps, batched=False)
                 elif way == "unrolled":
                     out = per_row(runner, rows, args.steps, batched=True)
+                elif way == "kept (stage)":
+                    out = per_row(keeping, rows, args.steps, batched=True)
                 else:
                     out = batch_caches(model, rows, args.steps, keep=way.endswith("kept"))
                 results.setdefault((way, rows), []).append(out)

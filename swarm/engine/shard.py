@@ -249,17 +249,32 @@ class Shard(nn.Module):
         hidden states (B, L, D) (the last shard: the last position's logits) and each row's caches.
         """
         batch = [BatchKVCache(left_padding) for _ in self._cache_slots]
-        slots = [batch[0]] * len(self.model.layers)  # every layer is a KVCache here (UnrolledDecode)
+        out = self._forward(x, self._batch_slots(batch))
+        rows = [self.own_caches([b.extract(r) for b in batch]) for r in range(x.shape[0])]
+        return (out[:, -1] if self.range.is_last else out), rows
+
+    def decode_kept(self, x: mx.array, batch: list[BatchKVCache]) -> mx.array:
+        """One new position for each row of a kept batch (kept_batches.py; only when can_batch):
+        x is ids (B, 1) or hidden states (B, 1, D) in the batch's row order, `batch` one
+        BatchKVCache per owned layer. The model's own forward, its mask hiding each row's padding.
+        Returns hidden states (B, 1, D), or on the last shard the logits (B, vocab)."""
+        out = self._forward(x, self._batch_slots(batch))
+        return out[:, -1] if self.range.is_last else out
+
+    def _batch_slots(self, batch: list[BatchKVCache]) -> list:
+        """The model's cache list for a batch: every layer is a KVCache here (UnrolledDecode), so a
+        layer we do not own answers with one we do (they have seen the same positions)."""
+        slots = [batch[0]] * len(self.model.layers)
         for b, i in zip(batch, self._cache_slots):
             slots[i] = b
-        out = self._forward(x, slots)
-        rows = []
-        for r in range(x.shape[0]):
-            caches = make_prompt_cache(self.model)
-            for b, i in zip(batch, self._cache_slots):
-                caches[i] = b.extract(r)
-            rows.append(ShardCaches(caches, self._cache_slots))
-        return (out[:, -1] if self.range.is_last else out), rows
+        return slots
+
+    def own_caches(self, owned: list) -> ShardCaches:
+        """A request's caches from its own caches of our layers (in layer order)."""
+        caches = make_prompt_cache(self.model)
+        for c, i in zip(owned, self._cache_slots):
+            caches[i] = c
+        return ShardCaches(caches, self._cache_slots)
 
     def weight_bytes(self) -> int:
         return sum(v.nbytes for _, v in tree_flatten(self.parameters()))

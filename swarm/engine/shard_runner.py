@@ -6,11 +6,16 @@ request. What each entry may hold here is capped (cache_budget.py).
 
 A request's position is counted here, not read from a cache: some cache kinds
 (ArraysCache of linear-attention and state-space layers) have no offset.
+
+Decode passes of several requests run on batches kept across steps (kept_batches.py) where the
+shard can batch: while a request's rows are in one, its own caches are None and it is counted
+the batch's width (its positions and its left padding).
 """
 
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -18,6 +23,7 @@ import mlx.core as mx
 from .cache_budget import CacheBudget, CacheFull, CacheLimits
 from .constraints import GrammarVocab
 from .decoding_rules import DecodingRules
+from .kept_batches import KeptBatch, KeptBatches
 from .request_sampler import HistoryMismatch, RequestSampler
 from .sampling import SamplingParams, sample
 from .shard import Shard
@@ -31,9 +37,10 @@ class CacheMismatch(Exception):
 
 @dataclass
 class _RequestState:
-    caches: ShardCaches
+    caches: ShardCaches | None  # None while its rows are in a kept batch
     offset: int = 0  # positions this request's caches hold
-    counted: int = 0  # positions the budget counts for it (a step's, from before it runs)
+    counted: int = 0  # positions the budget counts for it (a step's, from before it runs; padding too)
+    padding: int = 0  # of them, left padding it holds in a kept batch
     last_used: float = field(default_factory=time.monotonic)
     sampler: RequestSampler | None = None  # the last stage's, for a request with decoding rules
 
@@ -45,8 +52,10 @@ class ShardRunner:
     """Synchronous: call only from the node's MLX worker thread."""
 
     def __init__(self, shard: Shard, limits: CacheLimits | None = None, context: int | None = None,
-                 vocab: GrammarVocab | None = None):
+                 vocab: GrammarVocab | None = None, keep_batches: bool = True):
         self.shard = shard
+        self.keep_batches = keep_batches and shard.can_batch  # False: the unrolled pass on own caches
+        self.batches = KeptBatches()
         self.vocab = vocab  # for grammars (constraints.py); None: requests with one are refused
         self.budget = CacheBudget(limits)
         self.context = context or 2**31 - 1
@@ -89,6 +98,7 @@ class ShardRunner:
             raise CacheMismatch(f"request {request_id}: cache holds {held} positions, frame starts at {start_pos}")
         else:
             state.last_used = time.monotonic()  # (before _grow, which may free idle requests)
+            self._own(key, state)
             self._grow(key, state, length)
         sampler = state.sampler
         prepared = None
@@ -141,9 +151,56 @@ class ShardRunner:
         state.counted += length
 
     def _drop(self, key: Key) -> None:
+        batch = self.batches.batch_of(key)
+        self.batches.discard(key)
         state = self._requests.pop(key, None)
         if state is not None:
             self.budget.remove(key[0], state.counted)
+        if batch is not None:
+            self._count_padding(batch)
+
+    def _own(self, key: Key, state: _RequestState) -> None:
+        """Give a request its own caches again if its rows are in a kept batch (it runs without it)."""
+        batch = self.batches.batch_of(key)
+        if batch is None:
+            return
+        state.caches = self.shard.own_caches(self.batches.detach(key))
+        self._set_padding(key, state, 0)
+        self._count_padding(batch)
+
+    def _set_padding(self, key: Key, state: _RequestState, padding: int) -> None:
+        self.budget.add(key[0], False, padding - state.padding)
+        state.counted += padding - state.padding
+        state.padding = padding
+
+    def _count_padding(self, batch: KeptBatch) -> None:
+        """Count each row of a batch the batch's width (a filter may have narrowed it)."""
+        for key in batch.members:
+            state = self._requests[key]
+            self._set_padding(key, state, batch.width - state.offset)
+
+    def _kept_batch(self, keys: list[Key], states: list[_RequestState]) -> KeptBatch | None:
+        """The kept batch of exactly these requests (kept_batches.py), or None when the padding it
+        would add passes an entry's or the stage's cap (they then run on their own caches)."""
+        width = self.batches.width_if_joined(keys, [st.offset for st in states])
+        more: dict[str, int] = defaultdict(int)
+        for key, st in zip(keys, states):
+            more[key[0]] += max(0, width - st.offset - st.padding)
+        if any(n and self.budget.refusal(entry, False, n) for entry, n in more.items()):
+            return None
+        touched = self.batches.touched(keys)
+        own = {k: st.caches.owned for k, st in zip(keys, states) if st.caches is not None}
+        batch, left = self.batches.batch_for(keys, own)
+        for st in states:
+            st.caches = None  # its rows are the batch's now: held once
+        for key, owned in left.items():
+            state = self._requests[key]
+            state.caches = self.shard.own_caches(owned)
+            self._set_padding(key, state, 0)
+        for b in [batch, *touched]:
+            if b.members:
+                self._count_padding(b)
+        return batch
 
     def decode_batch(self, items: list[tuple], entries: list[str] | None = None) -> list:
         """One decode position for several requests in one pass (see Shard.decode_batch).
@@ -182,11 +239,22 @@ class ShardRunner:
         if not rows:
             return results
         try:
-            out = self.shard.decode_batch(mx.concatenate([items[i][1] for i in rows], axis=0),
-                                          [st.caches for st in states])
+            batch = self._kept_batch(keys, states) if self.keep_batches and len(rows) > 1 else None
+            if batch is None:
+                for key, st in zip(keys, states):
+                    self._own(key, st)
+                out = self.shard.decode_batch(mx.concatenate([items[i][1] for i in rows], axis=0),
+                                              [st.caches for st in states])
+                held = [st.caches.arrays() for st in states]
+            else:  # the batch's rows are in its own order; this pass's may come in any other
+                at = {key: j for j, key in enumerate(keys)}
+                x = mx.concatenate([items[rows[at[key]]][1] for key in batch.members], axis=0)
+                row_of = {key: r for r, key in enumerate(batch.members)}
+                out = self.shard.decode_kept(x, batch.caches)[mx.array([row_of[key] for key in keys])]
+                held = batch.arrays()
             prepared = [st.sampler.prepare(out[j]) if self.range.is_last and st.sampler is not None
                         and items[i][3] is not None else None for j, (i, st) in enumerate(zip(rows, states))]
-            mx.eval(out, [p.arrays() for p in prepared if p is not None], [st.caches.arrays() for st in states])
+            mx.eval(out, [p.arrays() for p in prepared if p is not None], held)
         except Exception:
             for key in keys:
                 self._drop(key)

@@ -59,7 +59,8 @@ class NodeStatus:
                 "decode_timing": self.hop_timing.to_dict(),
                 "decode_batching": {"max_batch": service.max_batch, "batched_passes": service.batched_passes,
                                     "batched_rows": service.batched_rows, "prompt_passes": service.prompt_passes,
-                                    "prompt_rows": service.prompt_rows},
+                                    "prompt_rows": service.prompt_rows,
+                                    "kept_passes": stage.batches.reused if stage else 0},
                 "peer_connections": self.links.snapshot(), "fetch": self.weights.status.to_dict()}
 
     def topology(self) -> dict:
