@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import os
 import shlex
+import signal
 import statistics
 import sys
 import tempfile
@@ -69,6 +70,8 @@ def main() -> int:
     p.add_argument("--a-args", default="", help="extra swarm-node arguments for A's nodes (one string)")
     p.add_argument("--b-args", default="", help="extra swarm-node arguments for B's nodes, e.g. --secret ...")
     args = p.parse_args()
+    # A kill (SIGTERM) unwinds like Ctrl-C, so both swarms' nodes are stopped, not left running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     load_before = os.getloadavg()[0]  # a shared machine: say how busy it was
     with tempfile.TemporaryDirectory(prefix="ab-hop-") as tmp:
         a = started(args.a, args.nodes, Path(tmp) / "a", args.model, args.a_args)

@@ -85,10 +85,11 @@ class MlxLmAlone:
         return r, ids
 
 
-def _batching(cluster: LocalCluster) -> tuple[int, int, int, int]:
-    """Batched decode passes and their rows, then shared prompt passes and their rows, summed over
-    every node's stage (a build without them: 0)."""
-    keys = ("batched_passes", "batched_rows", "prompt_passes", "prompt_rows")
+def _batching(cluster: LocalCluster) -> tuple[int, ...]:
+    """Batched decode passes and their rows, then shared prompt passes and their rows, then batched
+    passes that found their kept batch as it was, summed over every node's stage (a build without
+    them: 0)."""
+    keys = ("batched_passes", "batched_rows", "prompt_passes", "prompt_rows", "kept_passes")
     sums = [0] * len(keys)
     for node in cluster.nodes:
         b = get_json(node.url + "/health")[1].get("decode_batching", {})
@@ -101,6 +102,38 @@ def measure_swarm(cluster: LocalCluster, prompt_text: str, prompt_tokens: int, m
     url = cluster.entry.url
     stream_completion(url, prompt_text, WARMUP_TOKENS)
     singles: list[StreamRun] = [stream_completion(url, prompt_text, max_tokens) for _ in range(runs)]
+    r, texts = _swarm_result(cluster, singles, prompt_tokens)
+    for c in concurrency:
+        _concurrent(cluster, r, texts, c, prompt_text, max_tokens)
+    r.same_tokens = _same(texts, reference)
+    return r
+
+
+def measure_swarm_pair(a: LocalCluster, b: LocalCluster, prompt_text: str, prompt_tokens: int, max_tokens: int,
+                       concurrency: list[int], runs: int, reference: str) -> tuple[SetupResult, SetupResult]:
+    """`measure_swarm` of two swarms that are up at once, in alternating rounds (a b, b a, a b, ...),
+    so the machine's drift and the order within a round land on both alike; each concurrency too
+    (a then b). Keeps each round's pair of single-stream runs in b's raw["paired_rounds"]."""
+    for cluster in (a, b):
+        stream_completion(cluster.entry.url, prompt_text, WARMUP_TOKENS)
+    singles: dict[int, list[StreamRun]] = {id(a): [], id(b): []}
+    for i in range(runs):
+        for cluster in ((a, b) if i % 2 == 0 else (b, a)):
+            singles[id(cluster)].append(stream_completion(cluster.entry.url, prompt_text, max_tokens))
+    ra, texts_a = _swarm_result(a, singles[id(a)], prompt_tokens)
+    rb, texts_b = _swarm_result(b, singles[id(b)], prompt_tokens)
+    rb.raw["paired_rounds"] = [{"a_decode_tps": x.decode_tps, "b_decode_tps": y.decode_tps,
+                                "b_first": i % 2 == 1} for i, (x, y) in enumerate(zip(singles[id(a)], singles[id(b)]))]
+    for c in concurrency:
+        _concurrent(a, ra, texts_a, c, prompt_text, max_tokens)
+        _concurrent(b, rb, texts_b, c, prompt_text, max_tokens)
+    ra.same_tokens, rb.same_tokens = _same(texts_a, reference), _same(texts_b, reference)
+    return ra, rb
+
+
+def _swarm_result(cluster: LocalCluster, singles: list[StreamRun], prompt_tokens: int) -> tuple[SetupResult, list]:
+    """The single-stream numbers of one swarm, and the texts it streamed so far."""
+    url = cluster.entry.url
     split = ", ".join(f"{s['start']}-{s['end']}" for s in cluster.stages)
     r = SetupResult(f"swarm, {cluster.n} node{'s' if cluster.n > 1 else ''}", "swarm", len(cluster.stages),
                     split, prompt_tokens)
@@ -112,24 +145,30 @@ def measure_swarm(cluster: LocalCluster, prompt_text: str, prompt_tokens: int, m
     r.raw["decode_timing"] = timing
     r.hop_overhead_ms = timing.get("overhead_per_hop_ms")
     r.step_compute_ms, r.step_overhead_ms = timing.get("compute_ms"), timing.get("overhead_ms")
-    texts = [s.text for s in singles]
-    for c in concurrency:
-        if c == 1:
-            r.aggregate_tps[c] = _median([s.tokens / s.wall_s for s in singles])
-            continue
-        before = _batching(cluster)
-        wall, runs_c = concurrent_completions(url, prompt_text, max_tokens, c)
-        r.aggregate_tps[c] = sum(s.tokens for s in runs_c) / wall
-        passes, rows, prompt_passes, prompt_rows = (a - b for a, b in zip(_batching(cluster), before))
-        first_tokens_in = max(s.ttft_s for s in runs_c)  # the prompts' phase: every stream has its first token
-        r.raw[f"concurrent_{c}"] = {"tokens": [s.tokens for s in runs_c], "wall_s": wall,
-                                    "batched_passes": passes, "batched_rows": rows, "prompt_passes": prompt_passes,
-                                    "prompt_rows": prompt_rows, "last_first_token_s": first_tokens_in}
-        parts = [f"{rows / passes:.1f} rows/batched pass"] if passes else []
-        if prompt_passes:
-            parts.append(f"{prompt_rows / prompt_passes:.1f} prompts/shared prompt pass")
-        parts.append(f"all first tokens in at {100 * first_tokens_in / wall:.0f}% of the wall")
-        r.note = "; ".join(x for x in (r.note, f"@{c}: " + ", ".join(parts)) if x)
-        texts += [s.text for s in runs_c]
-    r.same_tokens = _same(texts, reference)
-    return r
+    return r, [s.text for s in singles]
+
+
+def _concurrent(cluster: LocalCluster, r: SetupResult, texts: list, c: int, prompt_text: str,
+                max_tokens: int) -> None:
+    """`c` simultaneous streams on `cluster`: aggregate tokens/s and what batching did, into `r`."""
+    if c == 1:  # the single-stream runs'
+        r.aggregate_tps[1] = _median([s["tokens"] / s["wall_s"] for s in r.raw["single_runs"]])
+        return
+    url = cluster.entry.url
+    before = _batching(cluster)
+    wall, runs_c = concurrent_completions(url, prompt_text, max_tokens, c)
+    r.aggregate_tps[c] = sum(s.tokens for s in runs_c) / wall
+    passes, rows, prompt_passes, prompt_rows, kept = (a - b for a, b in zip(_batching(cluster), before))
+    first_tokens_in = max(s.ttft_s for s in runs_c)  # the prompts' phase: every stream has its first token
+    r.raw[f"concurrent_{c}"] = {"tokens": [s.tokens for s in runs_c], "wall_s": wall,
+                                "batched_passes": passes, "batched_rows": rows, "prompt_passes": prompt_passes,
+                                "prompt_rows": prompt_rows, "kept_passes": kept,
+                                "last_first_token_s": first_tokens_in}
+    parts = [f"{rows / passes:.1f} rows/batched pass"] if passes else []
+    if passes and kept:
+        parts.append(f"{100 * kept / passes:.0f}% of them on a batch kept as it was")
+    if prompt_passes:
+        parts.append(f"{prompt_rows / prompt_passes:.1f} prompts/shared prompt pass")
+    parts.append(f"all first tokens in at {100 * first_tokens_in / wall:.0f}% of the wall")
+    r.note = "; ".join(x for x in (r.note, f"@{c}: " + ", ".join(parts)) if x)
+    texts += [s.text for s in runs_c]

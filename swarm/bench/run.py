@@ -6,6 +6,7 @@ import datetime
 import os
 import platform
 import secrets
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,7 @@ import mlx.core as mx
 
 from . import ring
 from .cluster import LocalCluster
-from .measure import MlxLmAlone, measure_swarm
+from .measure import MlxLmAlone, measure_swarm, measure_swarm_pair
 from .prompts import PROMPT
 from .results import SetupResult, derive, hops_per_token
 from .table import markdown_table
@@ -90,16 +91,18 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
     results: list[SetupResult] = [ref]
 
     # (extra node args, row name suffix, kind, python to run the nodes with: None is this install);
-    # kinds other than "swarm" are no baseline for per-hop numbers
-    variants: list[tuple[tuple[str, ...], str, str, str | None]] = [((), "", "swarm", None)]
+    # kinds other than "swarm" are no baseline for per-hop numbers. With --secret the open swarm and the
+    # secret one of each size are up at once and measured in alternating rounds (_open_and_secret).
+    variants: list[tuple[tuple[str, ...], str, str, str | None]] = [] if with_secret else [((), "", "swarm", None)]
     if batch_decode > 0:
         variants.append((("--batch-decode", str(batch_decode)), f", batch-decode {batch_decode}", "swarm-batched",
                          None))
-    if with_secret:
-        variants.append((("--secret", secrets.token_urlsafe(32)), ", secret", "swarm-secret", None))
     if baseline:
         variants.append(((), f", baseline ({_install_of(baseline)})", "swarm-baseline", baseline))
     for n in nodes:
+        if with_secret:
+            results += _open_and_secret(n, workdir, str(model.path), memory_limit, len(prompt), max_tokens,
+                                        concurrency, runs, reference)
         for extra, suffix, kind, python in variants:
             progress(f"swarm with {n} node(s){suffix}: starting")
             with LocalCluster(n, workdir, str(model.path), memory_limit, extra_args=extra, python=python) as cluster:
@@ -151,6 +154,26 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
     return Report(text, data)
 
 
+def _open_and_secret(n: int, workdir: Path, model: str, memory_limit: str, prompt_tokens: int, max_tokens: int,
+                     concurrency: list[int], runs: int, reference: str) -> list[SetupResult]:
+    """The open swarm of n nodes and one with a swarm secret, both up at once, in alternating rounds."""
+    progress(f"swarm with {n} node(s), open and with a secret side by side: starting")
+    secret = ("--secret", secrets.token_urlsafe(32))
+    for sub in ("open", "secret"):
+        (workdir / sub).mkdir(exist_ok=True)
+    # each swarm its own state dirs: two nodes of one index may not share one
+    with LocalCluster(n, workdir / "open", model, memory_limit) as open_, \
+            LocalCluster(n, workdir / "secret", model, memory_limit, extra_args=secret) as sealed:
+        load = loadavg()
+        ro, rs = measure_swarm_pair(open_, sealed, PROMPT, prompt_tokens, max_tokens, concurrency, runs, reference)
+    rs.name += ", secret"
+    rs.kind = "swarm-secret"
+    for r in (ro, rs):
+        r.note = "; ".join(x for x in (r.note, "side by side with the other of its pair") if x)
+        _with_load(r, load)
+    return [ro, rs]
+
+
 def secret_summary(results: list[SetupResult]) -> str:
     """What a swarm secret cost, per swarm size: the secret row against the open row of this run."""
     lines = []
@@ -162,6 +185,11 @@ def secret_summary(results: list[SetupResult]) -> str:
             continue
         line = (f"- {r.stages} stage(s): decode {r.decode_tps:.1f} vs {base.decode_tps:.1f} tok/s open, "
                 f"ratio {r.decode_tps / base.decode_tps:.3f}")
+        rounds = [p["b_decode_tps"] / p["a_decode_tps"] for p in r.raw.get("paired_rounds", ())
+                  if p["a_decode_tps"] and p["b_decode_tps"]]
+        if rounds:
+            line += (f" (per round: median {statistics.median(rounds):.3f}, {min(rounds):.3f} to {max(rounds):.3f}, "
+                     f"{len(rounds)} rounds)")
         if r.hop_overhead_ms is not None and base.hop_overhead_ms is not None:
             line += (f"; overhead per hop {r.hop_overhead_ms:.3f} vs {base.hop_overhead_ms:.3f} ms open, "
                      f"{r.hop_overhead_ms - base.hop_overhead_ms:+.3f} ms")
@@ -170,5 +198,7 @@ def secret_summary(results: list[SetupResult]) -> str:
         lines.append(line)
     if not lines:
         return ""
-    return "\nWith a swarm secret (proved hellos, every frame sealed with AES-GCM) vs open, same run:\n" + \
-        "\n".join(lines) + "\n"
+    return ("\nWith a swarm secret (proved hellos, every frame sealed with AES-GCM) vs open: both swarms up at once, "
+            "single streams in alternating rounds (open first, then secret first, ...), so the machine's drift lands "
+            "on both; overhead per hop: each entry's median over the same rounds' decode steps:\n"
+            + "\n".join(lines) + "\n")

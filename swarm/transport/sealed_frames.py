@@ -15,7 +15,7 @@ frame has follows from its payload_len, which the tag authenticates.
 Why two shapes: a decode step's frame (a few kB) is on every hop, sealed right after a
 forward pass, where each AEAD call runs cold (~30 µs, against 2-3 warm) and a new
 ciphertext of 1 KiB or more pays glibc's merge of the pass's freed blocks: so one call,
-into the sealer's kept buffers (`reuse`; docs/performance.md). Joining header and
+in place in the sealer's kept buffer (`reuse`; docs/performance.md). Joining header and
 payload copies a few kB. A prefill's MBs are sealed on their own, so the ciphertext is
 the only copy made of them (that copy is the cost).
 """
@@ -34,21 +34,26 @@ JOIN_MAX_PAYLOAD = 32 * 1024
 
 
 def seal_frame(sealer: FrameSealer, header: dict, payload: bytes | memoryview = b"", *,
-               reuse: bool = False) -> list[bytes | memoryview]:
+               reuse: bool = False, into: bytearray | None = None) -> list[bytes | memoryview]:
     """The pieces of one sealed frame (a bad header is the caller's bug: ValueError).
 
-    `reuse`: a small frame is sealed into the sealer's own buffers (FrameSealer.seal_into), so
+    `reuse`: a small frame is sealed in place in the sealer's own buffer (FrameSealer.seal_into), so
     the pieces are good until the next frame is sealed: for a writer that sends them at once
-    (connection.py, the hop), never for one that may queue them (asyncio's writelines)."""
+    (connection.py, the hop), never for one that may queue them (asyncio's writelines).
+    `into`: a large payload is sealed into this buffer (its length + TAG_BYTES at least), good
+    until the caller uses it again (weights, thread_link.py)."""
     packed = pack_header(header)
-    n = memoryview(payload).nbytes
+    view = memoryview(payload)
+    n = view.nbytes
     if n <= JOIN_MAX_PAYLOAD:
         prefix = PREFIX.pack(len(packed) + TAG_BYTES, n)
         if reuse:
-            return [prefix, sealer.seal_into(prefix, packed, payload)]
+            return [prefix, sealer.seal_into(prefix, packed, view if view.format == "B" else view.cast("B"))]
         return [prefix, sealer.seal(prefix, packed + payload if n else packed)]
     prefix = PREFIX.pack(len(packed) + TAG_BYTES, n + TAG_BYTES)
-    return [prefix, sealer.seal(prefix, packed), sealer.seal(prefix, payload)]
+    sealed_header = sealer.seal(prefix, packed)  # first: the header takes the lower number
+    sealed_payload = sealer.seal(prefix, payload) if into is None else sealer.seal_to(prefix, payload, into)
+    return [prefix, sealed_header, sealed_payload]
 
 
 def check_sealed_lengths(header_len: int, payload_len: int, max_payload: int) -> None:

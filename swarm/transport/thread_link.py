@@ -54,6 +54,7 @@ class ThreadFrameLink:
                 sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER_BYTES)
         self.sock = sock
         self._pending = memoryview(pending)
+        self._sealed_scratch = bytearray(0)  # a sealed link's large payloads, as they travel (sealed)
         # a frame whose header was read: its prefix, the payload's bytes still to read, or its payload already
         # opened (a small sealed frame's header and payload are sealed together, so both were read at once)
         self._next: tuple[bytes, int, memoryview | None] | None = None
@@ -71,8 +72,16 @@ class ThreadFrameLink:
             if n:
                 self._sendall(payload)
         else:
-            for piece in seal_frame(self._cipher.sealer, header, payload):
+            n = memoryview(payload).nbytes
+            for piece in seal_frame(self._cipher.sealer, header, payload,
+                                    into=self._scratch(n + TAG_BYTES) if n > JOIN_MAX_PAYLOAD else None):
                 self._sendall(piece)
+
+    def _scratch(self, n: int) -> bytearray:
+        """The link's buffer for a sealed payload (this thread's only), at least `n` bytes."""
+        if len(self._sealed_scratch) < n:
+            self._sealed_scratch = bytearray(n)
+        return self._sealed_scratch
 
     def _sendall(self, data: bytes | memoryview) -> None:
         try:
@@ -105,7 +114,7 @@ class ThreadFrameLink:
     def receive(self) -> Frame:
         """The next frame, payload and all (for small frames); ConnectionClosed at a clean end."""
         header, n = self.receive_header()
-        payload = self.receive_payload_into(bytearray(self.payload_room(n)))
+        payload = self.receive_payload_into(bytearray(n))
         return Frame(header, bytes(payload) if n else b"")
 
     def receive_header(self) -> tuple[dict, int]:
@@ -130,24 +139,26 @@ class ThreadFrameLink:
         self._next = (prefix, payload_len, None)
         return header, payload_len - TAG_BYTES
 
-    def payload_room(self, n: int) -> int:
-        """The buffer a payload of `n` bytes needs (a sealed one arrives with its tag)."""
-        return n + TAG_BYTES if self._cipher is not None and n > JOIN_MAX_PAYLOAD else n
-
     def receive_payload_into(self, buffer: bytearray) -> memoryview | bytes:
-        """The payload `receive_header` announced, read into `buffer` (open: a view of it, no copy; sealed:
-        the opened bytes, and a small frame's were opened with its header)."""
+        """The payload `receive_header` announced, in `buffer`: a view of it, no copy (sealed: read into
+        the link's own buffer and opened into `buffer`; a small frame's was opened with its header)."""
         prefix, n, opened = self._next
         self._next = None
         if opened is not None:
             return opened
-        if n > len(buffer):
-            raise ProtocolError(f"a payload of {n} bytes does not fit a buffer of {len(buffer)}")
-        view = memoryview(buffer)[:n]
-        self._read_into(view)
+        plain = n - TAG_BYTES if self._cipher is not None and n else n
+        if plain > len(buffer):
+            raise ProtocolError(f"a payload of {plain} bytes does not fit a buffer of {len(buffer)}")
         if self._cipher is None or not n:
+            view = memoryview(buffer)[:n]
+            self._read_into(view)
             return view
-        return self._open(prefix, view)
+        sealed = memoryview(self._scratch(n))[:n]
+        self._read_into(sealed)
+        try:
+            return self._cipher.opener.open_into(prefix, sealed, memoryview(buffer)[:plain])
+        except LinkAuthError as e:
+            raise ProtocolError(str(e)) from None
 
     def _open(self, prefix: bytes, sealed) -> bytes:
         try:

@@ -1,0 +1,48 @@
+"""Where a hop's time goes with and without a swarm secret, inside the nodes: seal / open per frame.
+
+    d=$(mktemp -d)
+    SWARM_CRYPTO_TIMING=$d PYTHONPATH=$PWD/benchmarks/crypto_hook \\
+        python benchmarks/ab_hop.py --a .venv/bin/python --b .venv/bin/python --b-args="--secret <32+ chars>"
+    python benchmarks/hop_crypto.py $d
+
+benchmarks/crypto_hook/sitecustomize.py times, in every node of both swarms, the frame
+writer (`write`: the whole PeerConnection.write_frame) and the encode or seal inside it
+(`pack`), the frame reader (`read`: one PeerConnection.read_frames that returned
+frames) and the parse or open inside it (`unpack`). This prints their medians per
+frame kind (the decode step's hidden states, the token back), open against sealed,
+and what a hop pays more: write + read of the hidden-state frame.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+
+def main() -> int:
+    d = Path(sys.argv[1])
+    samples: dict[tuple[str, int, str], list[float]] = defaultdict(list)
+    for path in d.glob("*.crypto"):
+        for line in path.read_text().splitlines():
+            what, sealed, n, ns = line.split()
+            n = int(n)
+            if what == "read" and n == 0:
+                continue  # a read that returned no frames (or only payload-less ones)
+            kind = "hidden states" if n >= 1024 else "token (small)"
+            samples[(what, int(sealed), kind)].append(int(ns) / 1e3)
+    print("| per frame, µs (median; count) | open | sealed | sealed - open |")
+    print("|---|---:|---:|---:|")
+    for kind in ("hidden states", "token (small)"):
+        for what in ("pack", "write", "unpack", "read"):
+            o, s = samples.get((what, 0, kind)), samples.get((what, 1, kind))
+            if not o or not s:
+                continue
+            mo, ms = statistics.median(o), statistics.median(s)
+            print(f"| {kind}: {what} | {mo:.1f} ({len(o)}) | {ms:.1f} ({len(s)}) | {ms - mo:+.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
