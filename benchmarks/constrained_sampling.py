@@ -15,7 +15,6 @@ libraries compared with each other: benchmarks/grammar_libraries.py.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -24,8 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import mlx.core as mx  # noqa: E402
-from mlx_lm.utils import load_tokenizer  # noqa: E402
 
+from benchmarks.last_stage_setup import model_and_prompt, parse_args  # noqa: E402
 from swarm.engine import request_sampler  # noqa: E402
 from swarm.engine.constraints import GrammarVocab  # noqa: E402
 from swarm.engine.decoding_rules import DecodingRules  # noqa: E402
@@ -97,25 +96,14 @@ def generate(runner: ShardRunner, prompt: list[int], rules: DecodingRules | None
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=None, help="model directory (default: the built-in default model)")
-    p.add_argument("--tokens", type=int, default=48)
-    p.add_argument("--rounds", type=int, default=3)
-    args = p.parse_args()
-    if args.model is None:
-        from swarm.models.resolve import resolve_model
-        model_dir = resolve_model(None).path
-    else:
-        model_dir = Path(args.model)
-    tokenizer = load_tokenizer(model_dir)
+    args = parse_args(__doc__.splitlines()[0], tokens=48)
+    model_dir, tokenizer, prompt = model_and_prompt(args.model)
     vocab = GrammarVocab(tokenizer)
     t0 = time.perf_counter()
     vocab.ll  # noqa: B018  (built once per node, on first use)
     print(f"model {model_dir.name}: vocabulary {len(tokenizer.get_vocab())}; llguidance's view of it built in "
           f"{(time.perf_counter() - t0) * 1e3:.0f} ms (once per node)")
     runner = ShardRunner(load_shard(model_dir, 0, None, mx.float32 if not mx.metal.is_available() else None), vocab=vocab)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Describe a person in JSON."}],
-                                           add_generation_prompt=True)
     global CLOCK
     CLOCK = SamplerClock()
     table = kinds(vocab)

@@ -15,7 +15,6 @@ what the grammar adds to a plain step.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -25,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
-from mlx_lm.utils import load_tokenizer  # noqa: E402
 
 from benchmarks.grammar_backends import BACKENDS, Spec, apply_mask_numpy, tool_call_schema  # noqa: E402
+from benchmarks.last_stage_setup import model_and_prompt, parse_args  # noqa: E402
 from swarm.engine.shard import load_shard  # noqa: E402
 
 PERSON = {"type": "object", "required": ["name", "age", "bio"], "additionalProperties": False,
@@ -95,23 +94,12 @@ def apply_cost(vocab: int, n: int = 200) -> float:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=None, help="model directory (default: the built-in default model)")
-    p.add_argument("--tokens", type=int, default=40)
-    p.add_argument("--rounds", type=int, default=3)
-    args = p.parse_args()
-    if args.model is None:
-        from swarm.models.resolve import resolve_model
-        model_dir = resolve_model(None).path
-    else:
-        model_dir = Path(args.model)
-    tokenizer = load_tokenizer(model_dir)
+    args = parse_args(__doc__.splitlines()[0], tokens=40)
+    model_dir, tokenizer, prompt = model_and_prompt(args.model)
     tokenizer_json = (model_dir / "tokenizer.json").read_text()
     shard = load_shard(model_dir, 0, None, mx.float32 if not mx.metal.is_available() else None)
     vocab = shard(mx.array([[1]]), shard.make_caches()).shape[-1]
     eos = sorted(tokenizer.eos_token_ids)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Describe a person in JSON."}],
-                                           add_generation_prompt=True)
     backends, compiled, compile_ms = {}, {}, {}
     for name, cls in BACKENDS.items():
         try:

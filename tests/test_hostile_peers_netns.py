@@ -263,8 +263,10 @@ def test_two_thousand_connections_leave_a_node_serving_with_bounded_descriptors(
           f"{peak[0]} at most during the flood, {after} after; {len(replies)} chats during it")
     assert target.proc.popen.poll() is None
     assert counts["opened"] + counts["refused"] >= 1000, counts
-    # At most 32 held per address, plus what asyncio accepts in a round before they are closed (100 a round).
-    assert peak[0] <= before + 300, f"descriptors grew from {before} to {peak[0]}"
+    # At most 32 held per address, plus what asyncio accepts in a round before they are closed (100 a round;
+    # a loaded machine closes them late: 376 seen in a clean-clone CI run). Unbounded, the node would hold all
+    # 2,000 and hit its limit of 1,024. The same bound as test_connection_flood's.
+    assert peak[0] <= before + 512, f"descriptors grew from {before} to {peak[0]}"
     assert after <= before + 5, f"descriptors {before} before, {after} after"
     assert replies and all(s == 200 and r["choices"][0]["message"]["content"] == expected for s, r in replies)
     log = target.proc.stderr_log.read_text()
