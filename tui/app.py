@@ -40,6 +40,9 @@ class SwarmTUI(App):
     #log { width: 1fr; }
     #chat { width: 1fr; }
     """
+    # The node table first, never the prompt: a focused prompt takes q, r, c and f as text (and the footer
+    # hides them), which textual's default (the first focusable widget) once did on a loaded machine.
+    AUTO_FOCUS = "#nodes-box"
     BINDINGS = [
         Binding("q", "quit", "quit"),
         Binding("r", "refresh", "refresh"),
