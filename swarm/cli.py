@@ -10,6 +10,8 @@ AS_PROGRAM = __name__ == "__main__" or sys.argv[0].endswith("swarm-node")  # not
 if AS_PROGRAM:
     # Ctrl-C while the modules below load: leave quietly (main() takes over once it runs).
     signal.signal(signal.SIGINT, lambda *_: sys.exit(130))
+    # A re-exec (engine/blas.py) starts with SIGINT held; a Ctrl-C it held arrives now, to the handler above.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 import argparse  # noqa: E402
 import asyncio  # noqa: E402

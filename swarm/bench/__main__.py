@@ -69,8 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         # Before mlx loads: this process (mlx-lm alone) and the nodes it starts (which
         # inherit LD_PRELOAD) then all use the same BLAS, so ratios compare like with like.
-        from swarm.engine.blas import maybe_reexec_with_blas
+        from swarm.engine.blas import maybe_reexec_with_blas, release_interrupt
         maybe_reexec_with_blas(argv, module="swarm.bench")
+        release_interrupt()  # the re-exec held SIGINT until here: Ctrl-C is a KeyboardInterrupt from now on
     from .run import run_all
     tokens = args.tokens or (8 if args.quick else 64)
     runs = args.runs or (1 if args.quick else 3)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import signal
 import sys
 from pathlib import Path
 
@@ -85,7 +86,8 @@ def maybe_reexec_with_blas(argv: list[str], module: str = "swarm.cli") -> None:
     Returns (does nothing) when not on Linux, SWARM_BLAS=off, no optimized BLAS
     is installed, it is already preloaded, or this process is the re-exec.
     Call it before importing mlx: it works after, too (execve replaces the
-    whole image), but the first import is then wasted.
+    whole image), but the first import is then wasted. The re-exec starts with
+    SIGINT held: `module` calls release_interrupt() once it has its handler.
     """
     env = dict(os.environ)
     if not sys.platform.startswith("linux") or env.get("SWARM_BLAS", "").lower() == "off":
@@ -100,7 +102,18 @@ def maybe_reexec_with_blas(argv: list[str], module: str = "swarm.cli") -> None:
         return
     for stream in (sys.stdout, sys.stderr):
         stream.flush()  # execve discards unflushed Python buffers
-    os.execve(sys.executable, [sys.executable, "-m", module, *argv], reexec_env(blas, env))
+    # Ctrl-C while the new interpreter starts would kill it mid-import ("Fatal Python error: init_import_site"):
+    # the mask survives execve, so the signal waits until `module` has its handler and calls release_interrupt().
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        os.execve(sys.executable, [sys.executable, "-m", module, *argv], reexec_env(blas, env))
+    finally:  # (only if execve failed)
+        release_interrupt()
+
+
+def release_interrupt() -> None:
+    """Let a Ctrl-C held across the re-exec through (to the handler the caller has set by now)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _family(path: str) -> str:
