@@ -118,3 +118,27 @@ def test_stages_loading_a_plan_wait_as_long_as_weights_move_and_no_longer():
     d.adopt(p)
     clock.now += 60
     assert sorted(d.overdue(said(received))) == ["fetcher", "waiter"]
+
+
+def test_a_node_left_out_is_taken_back_early_once_until_it_serves_our_plan():
+    clock = Clock()
+    d = deadlines(clock)
+    p = plan("p1", "me", "peer")
+    d.adopt(p)
+    clock.now += 6
+    d.leave_out(d.overdue({"peer": Announced(serving="other")}))
+    assert d.left_out() == {"peer"}
+    assert d.take_back("peer") and d.left_out() == set()
+    d.adopt(p)
+    clock.now += 6
+    d.leave_out(d.overdue({"peer": Announced(serving="other")}))
+    assert not d.take_back("peer") and d.left_out() == {"peer"}  # a liar gets one early take-back, no more
+    clock.now += 60
+    assert d.left_out() == set()
+    d.adopt(p)
+    d.overdue({"peer": Announced(serving="p1")})  # it served our plan: its record is cleared ...
+    d.adopt(plan("p2", "me", "peer"))
+    clock.now += 6
+    d.leave_out(d.overdue({"peer": Announced()}))
+    assert d.take_back("peer")  # ... so it may be taken back early again
+    assert not d.take_back("stranger")

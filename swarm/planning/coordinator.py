@@ -91,8 +91,8 @@ class Coordinator:
         await self.replan()
         await self._notify()  # an update may be a peer announcing the plan it now serves
 
-    def members(self) -> list[NodeCapacity]:
-        left_out = self.deadlines.left_out()
+    def members(self, left_out: set[str] | None = None) -> list[NodeCapacity]:
+        left_out = self.deadlines.left_out() if left_out is None else left_out
         return [NodeCapacity(p.node_id, p.profile.memory_available, p.profile.speed)
                 for p in self.discovery.view(include_self=True)
                 if p.profile.model_fingerprint == self.fingerprint and p.profile.speed > 0
@@ -245,6 +245,26 @@ class Coordinator:
                                      received(p.profile.extra))
                 for p in self.discovery.view()}
 
+    def _take_back_caught_up(self) -> None:
+        """Nodes we leave out that announce (serving or loading) the plan we would make with them back in
+        have caught up with our view: their time outs end now (load_deadlines.py)."""
+        out = self.deadlines.left_out()
+        if not out:
+            return
+        announced = self._announced()
+        all_back = self._plan_id(set())
+        for node in out:
+            said = announced.get(node)
+            plans = {said.serving, said.loading} - {""} if said else set()
+            if plans and (all_back in plans or self._plan_id(out - {node}) in plans):
+                self.deadlines.take_back(node)
+
+    def _plan_id(self, left_out: set[str]) -> str | None:
+        try:
+            return make_plan(self.spec, self.members(left_out), self.strategy).plan_id
+        except InsufficientMemoryError:
+            return None
+
     async def _watch_loads(self) -> None:
         """Leave out stages that miss their deadline, and take them back when their time out ends."""
         while True:
@@ -260,6 +280,7 @@ class Coordinator:
                     await asyncio.wait_for(self._changed.wait(), timeout)
                 except asyncio.TimeoutError:
                     pass
+            self._take_back_caught_up()
             if self.deadlines.left_out() != was_out:  # a time out ended: try that node again
                 await self.replan()
 

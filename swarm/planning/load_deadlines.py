@@ -14,6 +14,12 @@ time it happens again (FIRST_OUT_S up to MAX_OUT_S), then taken back in: a node 
 slow rejoins, a black hole costs one deadline per period. Serving a plan of ours clears its
 record. This node never leaves itself out.
 
+Each node keeps its own records, so on a loaded machine two nodes could leave each other out at
+different times and then never agree again (each sees the other serve a plan without it; seen in
+a CI run at load 13). So a node left out that announces the very plan we would make with it back
+in has caught up with our view: the coordinator takes it back at once (`take_back`), once per
+series of time outs, since a liar that knows our plan's id could announce it too.
+
 Event loop only (planning/coordinator.py). Time is the monotonic clock.
 """
 
@@ -38,6 +44,7 @@ MAX_OUT_S = 600.0
 class _Record:
     strikes: int = 0
     out_until: float = 0.0
+    taken_back: bool = False  # its time out was ended early once: never again until it serves our plan
 
 
 @dataclass(frozen=True)
@@ -109,6 +116,16 @@ class LoadDeadlines:
             record.out_until = now + out_s
             log.warning("node %s did not serve plan %s in time: left out of the plans for %.0f s", node,
                         self._plan.plan_id if self._plan else None, out_s)
+
+    def take_back(self, node: str) -> bool:
+        """End `node`'s time out now (it announces the plan we would make with it in); False if it is not
+        out, or was taken back early before without serving our plan since."""
+        record, now = self._records.get(node), self.clock()
+        if record is None or record.out_until <= now or record.taken_back:
+            return False
+        record.out_until, record.taken_back = now, True
+        log.info("node %s announces the plan we would make with it: taken back before its time out ends", node)
+        return True
 
     def left_out(self) -> set[str]:
         now = self.clock()

@@ -1,0 +1,47 @@
+"""Two nodes that left each other out agree again as soon as one announces the plan the other would make
+with it back in (planning/coordinator.py, load_deadlines.py). A fixed view stands for discovery: the rule
+is about which plan ids the view yields; the real-time behaviour is shown against real nodes
+(test_churn_netns.py, test_membership_netns.py)."""
+
+from __future__ import annotations
+
+from discovery.profile import NodeProfile
+from discovery.view import PeerInfo
+from partitioner import ModelSpec
+
+from swarm.planning.coordinator import Coordinator
+from swarm.planning.load_deadlines import LoadDeadlines
+
+SPEC = ModelSpec(30, 10 << 20)
+
+
+class FixedView:
+    def __init__(self, own: str, extras: dict[str, dict]):
+        self.own, self.extras = own, extras
+
+    def view(self, include_self: bool = False) -> list[PeerInfo]:
+        ids = sorted(self.extras)
+        return [PeerInfo(NodeProfile(n, n, "default", 8800, 8801, memory_available=8 << 30, speed=0.002,
+                                     model_fingerprint="fp", extra=self.extras[n]), ("10.0.0.1",), "mdns")
+                for n in ids if include_self or n != self.own]
+
+
+def coordinator(view: FixedView) -> Coordinator:
+    return Coordinator(view.own, SPEC, "fp", view, None, None, None, deadlines=LoadDeadlines(view.own))
+
+
+def test_a_node_left_out_that_announces_our_plan_with_it_is_taken_back_and_a_stranger_plan_is_not():
+    view = FixedView("a", {"a": {}, "b": {}, "c": {}})
+    coord = coordinator(view)
+    full = coord._plan_id(set())
+    coord.deadlines.adopt(None)
+    coord.deadlines.leave_out(["b", "c"])
+    assert coord.deadlines.left_out() == {"b", "c"}
+    view.extras["b"] = {"plan": "never-this-one"}  # a black hole's claim: stays out
+    view.extras["c"] = {"loading": coord._plan_id({"b"})}  # c caught up with a, but for b
+    coord._take_back_caught_up()
+    assert coord.deadlines.left_out() == {"b"}
+    view.extras["b"] = {"plan": full}  # b serves what a makes with everyone in
+    coord._take_back_caught_up()
+    assert coord.deadlines.left_out() == set()
+    assert coord._plan_id(coord.deadlines.left_out()) == full
