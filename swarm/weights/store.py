@@ -124,7 +124,7 @@ class ChunkStore:
         with self._bookkeeping:
             fd = self._write_fds.get(chunk.file)
             if fd is None:
-                fd = self._write_fds[chunk.file] = os.open(self.root / chunk.file, os.O_WRONLY)
+                fd = self._write_fds[chunk.file] = os.open(self.root / chunk.file, os.O_RDWR)  # (landing maps it)
         os.pwrite(fd, verified.data, chunk.offset)
         self._mark_held(chunk)
 
@@ -148,16 +148,17 @@ class ChunkStore:
         if not chunk.length:
             return memoryview(bytearray(0))
         with self._bookkeeping:
+            fd = self._write_fds.get(chunk.file)
+            if fd is None:
+                fd = self._write_fds[chunk.file] = os.open(self.root / chunk.file, os.O_RDWR)
             mapped = self._maps.get(chunk.file)
             if mapped is None:
-                fd = os.open(self.root / chunk.file, os.O_RDWR)
-                try:
-                    mapped = self._maps[chunk.file] = mmap.mmap(fd, 0, mmap.MAP_SHARED,
-                                                                mmap.PROT_READ | mmap.PROT_WRITE)
-                finally:
-                    os.close(fd)  # the map keeps the file
+                mapped = self._maps[chunk.file] = mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         if chunk.offset + chunk.length > len(mapped):
             raise ValueError(f"chunk {chunk.index} lies past the end of {chunk.file}")
+        # The chunk's blocks, taken now: a full disk is an OSError (ENOSPC) here, as a write's would be, not a
+        # SIGBUS when the receive touches a page of a hole that has no block to go to.
+        os.posix_fallocate(fd, chunk.offset, chunk.length)
         return memoryview(mapped)[chunk.offset:chunk.offset + chunk.length]
 
     def keep_landed(self, chunk: Chunk, landed: memoryview) -> bool:
