@@ -15,6 +15,16 @@ alternating round by round, and prints wall time and this thread's CPU seconds p
 Each also hashes the piece (blake3) where it landed, so the map variants show the
 hash's cost on the page cache too. Experiment only (issue 16): is one copy less worth
 the page faults?
+
+Answer (session 24, kernel 6.18, ext4): no. Alone the variants are within the noise
+(0.66-1.39 CPU s per GB each, load 3-6). In the fetch itself (the link thread receiving
+into a map of the fallocated file, commit 4e3427e/0eec581 on branch issue-16e, since
+reverted) the link thread cost 1.0-1.9 CPU s per GB against 0.42 for receive + 0.55 for
+the verifier's pwrite on main, and the fetch was no faster (A/B table in the report).
+perf: 31% of the fetching process's samples were memset, the kernel zeroing each new
+page-cache folio on the receive's first touch (filemap_fault -> page_cache_ra_order ->
+ext4_mpage_readpages -> zero_user_segments: a fault must give the page defined bytes),
+against 5.7% for the receive's copy itself. pwrite of whole pages skips that zeroing.
 """
 
 from __future__ import annotations

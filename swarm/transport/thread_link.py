@@ -139,18 +139,13 @@ class ThreadFrameLink:
         self._next = (prefix, payload_len, None)
         return header, payload_len - TAG_BYTES
 
-    def receive_payload_into(self, buffer: bytearray | memoryview) -> memoryview:
+    def receive_payload_into(self, buffer: bytearray) -> memoryview | bytes:
         """The payload `receive_header` announced, in `buffer`: a view of it, no copy (sealed: read into
-        the link's own buffer and opened into `buffer`; a small frame's was opened with its header and is
-        copied there)."""
+        the link's own buffer and opened into `buffer`; a small frame's was opened with its header)."""
         prefix, n, opened = self._next
         self._next = None
         if opened is not None:
-            if len(opened) > len(buffer):
-                raise ProtocolError(f"a payload of {len(opened)} bytes does not fit a buffer of {len(buffer)}")
-            view = memoryview(buffer)[:len(opened)]
-            view[:] = opened
-            return view
+            return opened
         plain = n - TAG_BYTES if self._cipher is not None and n else n
         if plain > len(buffer):
             raise ProtocolError(f"a payload of {plain} bytes does not fit a buffer of {len(buffer)}")

@@ -2,9 +2,7 @@
 
 A node that fetches weights keeps them in a copy of the model's own layout: the
 same files at the same sizes, created sparse, each fetched chunk written at its
-own offset after its hash checked out (or, as a fetch does, received straight into its place in
-a map of the file and hashed there: `landing` / `keep_landed`; until its hash checks out a chunk is
-not held, so nothing serves, records or loads it). mlx loads safetensors lazily, so a shard
+own offset after its hash checked out. mlx loads safetensors lazily, so a shard
 reads only its own tensors and never touches the holes. Which chunks are held is
 recorded beside the files (`.swarm-held`), so a restart serves and loads what
 is on disk and fetches only the rest. The record names only chunks that were
@@ -20,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import mmap
 import os
 import threading
 from dataclasses import dataclass
@@ -58,7 +55,6 @@ class ChunkStore:
         # Kept open while chunks arrive: an open/pwrite/close per 16 MiB chunk cost 1-3 CPU s per GB
         # now and then on ext4 here, against a steady 0.3 with one descriptor per file (measured).
         self._write_fds: dict[str, int] = {}
-        self._maps: dict[str, mmap.mmap] = {}  # shared maps of the files chunks are received into (landing)
 
     @classmethod
     def complete(cls, model_dir: Path, manifest: Manifest) -> "ChunkStore":
@@ -124,12 +120,8 @@ class ChunkStore:
         with self._bookkeeping:
             fd = self._write_fds.get(chunk.file)
             if fd is None:
-                fd = self._write_fds[chunk.file] = os.open(self.root / chunk.file, os.O_RDWR)  # (landing maps it)
+                fd = self._write_fds[chunk.file] = os.open(self.root / chunk.file, os.O_WRONLY)
         os.pwrite(fd, verified.data, chunk.offset)
-        self._mark_held(chunk)
-
-    def _mark_held(self, chunk: Chunk) -> None:
-        """`chunk`'s verified bytes are in its file: held, and recorded with the next save."""
         with self._bookkeeping:
             self._held.add(chunk.index)
             self._unsaved += 1
@@ -137,54 +129,12 @@ class ChunkStore:
         if save:
             self.save_in_background()
 
-    def landing(self, chunk: Chunk) -> memoryview:
-        """Where `chunk`'s bytes go in its file, writable (a shared map: what is written there is in the
-        page cache, no copy and no write call): a fetch receives straight into it, then `keep_landed` hashes
-        the bytes in place. Only for a chunk not held: a held chunk's bytes are never written again."""
-        if not self.writable:
-            raise PermissionError(f"{self.root} is a read-only model directory")
-        if chunk.index in self._held:
-            raise ValueError(f"chunk {chunk.index} is held here: its bytes are not written again")
-        if not chunk.length:
-            return memoryview(bytearray(0))
-        with self._bookkeeping:
-            fd = self._write_fds.get(chunk.file)
-            if fd is None:
-                fd = self._write_fds[chunk.file] = os.open(self.root / chunk.file, os.O_RDWR)
-            mapped = self._maps.get(chunk.file)
-            if mapped is None:
-                mapped = self._maps[chunk.file] = mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        if chunk.offset + chunk.length > len(mapped):
-            raise ValueError(f"chunk {chunk.index} lies past the end of {chunk.file}")
-        # The chunk's blocks, taken now: a full disk is an OSError (ENOSPC) here, as a write's would be, not a
-        # SIGBUS when the receive touches a page of a hole that has no block to go to.
-        os.posix_fallocate(fd, chunk.offset, chunk.length)
-        return memoryview(mapped)[chunk.offset:chunk.offset + chunk.length]
-
-    def keep_landed(self, chunk: Chunk, landed: memoryview) -> bool:
-        """Hash the bytes received into `landing(chunk)` (any thread; nothing may write them meanwhile): held
-        from here on if they are the manifest's, else False, zeroed again (as a hole reads) and not held, so
-        they are never served, recorded or loaded, and the chunk is fetched again into the same place."""
-        try:
-            verified = self.verify(chunk, landed)
-        except ChunkRejected:
-            landed[:] = bytes(len(landed))
-            return False
-        self._mark_held(verified.chunk)
-        return True
-
     def close_files(self) -> None:
-        """Close the files writes kept open and the maps chunks landed in (a later write opens them again)."""
+        """Close the files writes kept open (a later write opens them again)."""
         with self._bookkeeping:
             fds, self._write_fds = list(self._write_fds.values()), {}
-            maps, self._maps = list(self._maps.values()), {}
         for fd in fds:
             os.close(fd)
-        for mapped in maps:
-            try:
-                mapped.close()
-            except BufferError:
-                pass  # a view of it is still somewhere (a traceback's frame): unmapped when the last one goes
 
     def save_in_background(self) -> None:
         """`save` on a thread of its own: the caller goes on writing. At most one waits behind the one

@@ -18,17 +18,17 @@ Once the link is up, both ends move the bytes on a thread of their own over the
 link's socket (transport/thread_link.py), not on the event loop, whose stream path
 copied each chunk four times more (docs/performance.md): the holder sends each chunk with
 sendfile (sealed: one read and one seal). The fetcher's link thread receives each
-chunk straight into its place in the destination file (a shared map: no buffer, no
-copy into the page cache, no write call) and hands it over; the verifier thread
-hashes it there (BLAKE3) and only then marks it held (store.landing / keep_landed:
-bytes that do not check out are zeroed and fetched again, never served or loaded).
-Receiving never waits for the hash.
+chunk into a free one of three buffers and hands it over; the verifier thread hashes
+it (BLAKE3, straight from that buffer), writes it with one pwrite if it checked out
+and frees the buffer, so receiving never waits for the hash or the write while a
+buffer is free.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import time
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -40,7 +40,7 @@ from ..transport.frames import Frame
 from ..transport.thread_link import ThreadFrameLink, run_on_own_thread
 from .fetch_queue import FetchProgress, FetchQueue
 from .manifest import Chunk, Manifest, ManifestError
-from .store import ChunkStore
+from .store import ChunkRejected, ChunkStore, VerifiedChunk
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -52,6 +52,7 @@ WEIGHTS_PURPOSE = "weights"
 WEIGHTS_MAX_PAYLOAD = 64 << 20
 
 BATCH_BYTES = 64 * 1024 * 1024
+RECEIVE_BUFFERS = 3  # per holder: one arriving, two with the verifier (bounded memory)
 MAX_CHUNKS_PER_GET = 256
 NEW_HOLDERS_EVERY_S = 1.0
 # The longest a holder may go silent mid-batch (fetcher) or a fetcher between requests or while a chunk
@@ -172,6 +173,7 @@ class WeightFetch:
         self.store, self.open_link, self.holders = store, open_link, holders
         self.queue = FetchQueue(store.missing(chunks))
         self.stuck_after_s, self.stall_after_s = stuck_after_s, stall_after_s
+        self._buffer_bytes = max((c.length for c in chunks), default=0)
         self.on_progress = on_progress or (lambda p: None)
         self.per_holder: dict[str, int] = {}
         self._changed = asyncio.Condition()
@@ -223,13 +225,14 @@ class WeightFetch:
                 raise ProtocolError(f"expected w_have, got {frame.header['t']!r}")
             self.queue.add_holder(holder, _unbitmap(bytes(frame.payload), len(self.store.manifest.chunks)))
             await self._notify()
+            buffers: list[bytearray] = []  # made by the link's thread as it needs them, kept for the next batch
             while not self.queue.done:
                 batch = self._take(holder, outstanding)
                 if not batch:  # others hold the rest in flight: wait in case they give some back
                     async with self._changed:
                         await self._changed.wait_for(lambda: self.queue.done or self.queue.has_work_for(holder))
                     continue
-                await run_on_own_thread(bulk, self._receive_on_thread, bulk, batch, holder, outstanding,
+                await run_on_own_thread(bulk, self._receive_on_thread, bulk, batch, holder, outstanding, buffers,
                                         asyncio.get_running_loop())
                 await self._notify()
         except (OSError, ProtocolError, asyncio.TimeoutError) as e:
@@ -251,11 +254,14 @@ class WeightFetch:
         return batch
 
     def _receive_on_thread(self, link: ThreadFrameLink, batch: list[Chunk], holder: str, outstanding: list[Chunk],
-                           loop: asyncio.AbstractEventLoop) -> None:
+                           buffers: list[bytearray], loop: asyncio.AbstractEventLoop) -> None:
         """Ask for `batch`, and for the next batch while this one arrives (the holder goes on to it with no
-        round trip in between), until the queue has no more for this holder. Each chunk is received into
-        its place in its file and handed to the verifier thread, which hashes it there: receiving never
-        waits for a hash. Each chunk's end is told to the loop."""
+        round trip in between), until the queue has no more for this holder. Each chunk is received into a
+        free buffer: the verifier thread hashes and writes it and frees the buffer, so receiving never
+        waits for a hash while a buffer is free. Each chunk's end is told to the loop."""
+        free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
+        for buffer in buffers:
+            free.put(buffer)
         handed: list[Future] = []
         try:
             link.send({"t": "w_get", "chunks": [c.index for c in batch]})
@@ -270,27 +276,42 @@ class WeightFetch:
                     if n != chunk.length:  # refused before its bytes are read: never asked of this holder again
                         loop.call_soon_threadsafe(self._arrived, chunk, holder, False, outstanding)
                         raise ProtocolError(f"{n} bytes for chunk {chunk.index}, which has {chunk.length}")
-                    # Not held until the verifier says so. Only this thread writes there: the queue gives a
-                    # chunk to one holder at a time, and takes it back only once this thread has ended.
-                    landed = link.receive_payload_into(self.store.landing(chunk))
-                    handed.append(self._verifier.submit(self._keep_if_verified, chunk, landed, holder, outstanding,
-                                                        loop))
+                    buffer = self._free_buffer(free, buffers)
+                    payload = link.receive_payload_into(buffer)
+                    handed.append(self._verifier.submit(self._keep_if_verified, chunk, payload, buffer, free,
+                                                        holder, outstanding, loop))
                 batch = following
         finally:
             for done in handed:
-                done.result()
+                done.result()  # a write that failed (the disk) fails this batch as it did on this thread
 
-    def _keep_if_verified(self, chunk: Chunk, landed: memoryview, holder: str, outstanding: list[Chunk],
-                          loop: asyncio.AbstractEventLoop) -> None:
-        """Verifier thread: the chunk is held if the bytes that landed hash to the manifest's value (bytes
-        a holder altered are never held: zeroed, and asked of another holder)."""
+    def _free_buffer(self, free: queue.SimpleQueue, buffers: list[bytearray]) -> bytearray:
+        """Link's thread: a buffer the verifier is done with, or a new one while there are fewer than
+        RECEIVE_BUFFERS. Made here, with the ask already out, not before it: a 16 MiB buffer is zeroed
+        and faulted in, which on the loop before the first ask cost ~60 ms of each fetch (py-spy)."""
         try:
-            accepted = self.store.keep_landed(chunk, landed)
+            return free.get_nowait()
+        except queue.Empty:
+            if len(buffers) < RECEIVE_BUFFERS:
+                buffers.append(bytearray(self._buffer_bytes))
+                return buffers[-1]
+            return free.get()  # the verifier frees one after each chunk it is done with
+
+    def _keep_if_verified(self, chunk: Chunk, payload, buffer: bytearray, free: queue.SimpleQueue, holder: str,
+                          outstanding: list[Chunk], loop: asyncio.AbstractEventLoop) -> None:
+        """Verifier thread: write the chunk if its hash checks out (bytes a holder altered are never
+        written), then free its buffer."""
+        try:
+            try:
+                verified: VerifiedChunk = self.store.verify(chunk, payload)
+            except ChunkRejected as e:
+                log.warning("holder %s served bad bytes: %s; fetching it elsewhere", holder, e)
+                accepted = False
+            else:
+                self.store.write_verified(verified)
+                accepted = True
         finally:
-            landed.release()  # its file's map can close once the fetch ends
-        if not accepted:
-            log.warning("holder %s served bad bytes for chunk %d (%s); fetching it elsewhere", holder, chunk.index,
-                        chunk.tensor or chunk.file)
+            free.put(buffer)
         loop.call_soon_threadsafe(self._arrived, chunk, holder, accepted, outstanding)
 
     def _arrived(self, chunk: Chunk, holder: str, accepted: bool, outstanding: list[Chunk]) -> None:
