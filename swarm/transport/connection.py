@@ -22,12 +22,11 @@ import time
 from typing import Callable
 
 from .errors import ProtocolError
-from .frames import DEFAULT_MAX_PAYLOAD_BYTES, PREFIX, Frame, FrameParser, encode_frame
+from .frames import DEFAULT_MAX_PAYLOAD_BYTES, Frame, FrameParser, encode_frame
 from .link_crypto import FrameSealer
 from .sealed_frames import SealedFrameParser, seal_frame
 
 RECV_BYTES = 256 * 1024
-REST_SPIN_NS = 150_000  # how long a read that got only a sealed frame's prefix looks for the rest
 
 
 class PeerConnection:
@@ -83,25 +82,7 @@ class PeerConnection:
             if self._parser.mid_frame:
                 raise ProtocolError("closed in the middle of a frame")
             return None
-        frames = self._parser.feed(memoryview(self._recv_buf)[:n])
-        if not frames and n == PREFIX.size and self._sealer is not None:
-            frames = self._rest_of_frame()
-        return frames
-
-    def _rest_of_frame(self) -> list[Frame]:
-        """A sealed peer sends a small frame's prefix before sealing it (_send_prefix): the rest follows
-        within tens of µs. Look for it for at most REST_SPIN_NS rather than sleeping in select and
-        paying a second wake-up."""
-        deadline = time.perf_counter_ns() + REST_SPIN_NS
-        while time.perf_counter_ns() < deadline:
-            try:
-                n = self.sock.recv_into(self._recv_buf)
-            except (BlockingIOError, InterruptedError):
-                continue
-            if n == 0:
-                raise ProtocolError("closed in the middle of a frame")
-            return self._parser.feed(memoryview(self._recv_buf)[:n])
-        return []
+        return self._parser.feed(memoryview(self._recv_buf)[:n])
 
     @property
     def has_pending(self) -> bool:
