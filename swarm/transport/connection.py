@@ -46,9 +46,6 @@ class PeerConnection:
         self.dialed = dialed  # we opened it (decides which of two simultaneous connections stays)
         self._parser = parser or FrameParser(max_payload)
         self._sealer = sealer
-        self._corked = False
-        self._early = 0  # bytes of the frame being written that _send_prefix sent before its seal
-        self._before_seal = self._send_prefix if sealer is not None else None
         self._pending, self._ready = pending, ready or []
         self._recv_buf: bytearray | None = None
         self._on_close = on_close
@@ -95,19 +92,8 @@ class PeerConnection:
         A frame is written whole or the connection is unusable after it: close it then."""
         self.last_active = time.monotonic()
         # a bad header is the caller's bug: ValueError
-        if self._sealer is None:
-            pieces = encode_frame(header, payload)
-        else:  # sent (or copied) below; a small frame's prefix may be on its way already
-            try:
-                pieces = seal_frame(self._sealer, header, payload, reuse=True, before_seal=self._before_seal)
-            except Exception as exc:
-                if self._early:  # a prefix without its frame is on the wire: the link is unusable
-                    self._early = 0
-                    raise OSError(f"sealing a frame failed after its prefix was sent: {exc!r}") from exc
-                raise
-            if self._early:
-                pieces[0] = pieces[0][self._early:]
-                self._early = 0
+        pieces = (encode_frame(header, payload) if self._sealer is None
+                  else seal_frame(self._sealer, header, payload, reuse=True))  # sent (or copied) below
         total = sum(memoryview(p).nbytes for p in pieces)
         sent = _send(self.sock, pieces)  # one sendmsg, the payload not copied: nearly always all of it
         if sent == total:
@@ -120,18 +106,8 @@ class PeerConnection:
                 raise TimeoutError(f"the peer took no data for {timeout:.0f} s")
             rest = rest[_send(self.sock, [rest]):]
 
-    def _send_prefix(self, prefix: bytes) -> None:
-        """A small sealed frame's 8-byte prefix, sent before the seal: the peer's wake-up (tens of µs
-        on an idle core of a VM, benchmarks/wake_floor.py) then runs while we seal, on the other core,
-        instead of after it; the seal runs cold right after a forward pass (docs/performance.md).
-        The byte stream is the same; the peer reads the prefix, waits for the rest (select), and by then
-        its wake-up path is done. Not while corked: the frames go out together anyway."""
-        if not self._corked:
-            self._early = _send(self.sock, [prefix])
-
     def cork(self, on: bool) -> None:
         """Hold small writes back to send them as one segment (TCP_CORK); uncorking sends them now."""
-        self._corked = on
         if self.sock.family in (socket.AF_INET, socket.AF_INET6) and hasattr(socket, "TCP_CORK"):
             try:
                 self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1 if on else 0)

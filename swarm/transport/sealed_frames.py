@@ -23,7 +23,6 @@ the only copy made of them (that copy is the cost).
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
 
 from .errors import ConnectionClosed, ProtocolError
 from .frames import PREFIX, Frame, FrameParser, check_lengths, decode_header, pack_header
@@ -35,24 +34,19 @@ JOIN_MAX_PAYLOAD = 32 * 1024
 
 
 def seal_frame(sealer: FrameSealer, header: dict, payload: bytes | memoryview = b"", *,
-               reuse: bool = False, into: bytearray | None = None,
-               before_seal: Callable[[bytes], None] | None = None) -> list[bytes | memoryview]:
+               reuse: bool = False, into: bytearray | None = None) -> list[bytes | memoryview]:
     """The pieces of one sealed frame (a bad header is the caller's bug: ValueError).
 
     `reuse`: a small frame is sealed in place in the sealer's own buffer (FrameSealer.seal_into), so
     the pieces are good until the next frame is sealed: for a writer that sends them at once
     (connection.py, the hop), never for one that may queue them (asyncio's writelines).
     `into`: a large payload is sealed into this buffer (its length + TAG_BYTES at least), good
-    until the caller uses it again (weights, thread_link.py).
-    `before_seal(prefix)`: called with a small frame's prefix before it is sealed (connection.py
-    sends it then, so the peer wakes while we seal)."""
+    until the caller uses it again (weights, thread_link.py)."""
     packed = pack_header(header)
     view = memoryview(payload)
     n = view.nbytes
     if n <= JOIN_MAX_PAYLOAD:
         prefix = PREFIX.pack(len(packed) + TAG_BYTES, n)
-        if before_seal is not None:
-            before_seal(prefix)
         if reuse:
             return [prefix, sealer.seal_into(prefix, packed, view if view.format == "B" else view.cast("B"))]
         return [prefix, sealer.seal(prefix, packed + payload if n else packed)]
