@@ -10,7 +10,9 @@ writer (`write`: the whole PeerConnection.write_frame) and the encode or seal in
 (`pack`), the frame reader (`read`: one PeerConnection.read_frames that returned
 frames) and the parse or open inside it (`unpack`). This prints their medians per
 frame kind (the decode step's hidden states, the token back), open against sealed,
-and what a hop pays more: write + read of the hidden-state frame.
+and what a hop pays more: write + read of the hidden-state frame. `aead` / `aead-open`: the
+AEAD call inside (FrameSealer.seal_into, FrameOpener.open). The CPU columns are the thread's CPU
+time over the same steps: equal to the wall time means the thread ran throughout (not preempted).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ def main() -> int:
             samples[(what, int(sealed), kind)].append(int(ns) / 1e3)
             if rest and int(rest[0]) >= 0:
                 cpu[(what, int(sealed), kind)].append(int(rest[0]) / 1e3)
-    print("| per frame, µs (median; count) | open | sealed | sealed - open | CPU open | CPU sealed | CPU sealed - open |")
+    print("| per frame, µs (median; count) | open | sealed | sealed - open | CPU open | CPU sealed "
+          "| CPU sealed - open |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     med = statistics.median
     for kind in ("hidden states", "token (small)"):
