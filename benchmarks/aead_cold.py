@@ -10,7 +10,10 @@ idle sleep of --idle-ms ("after idle": the receiver's case), rotating the candid
 step by step so all see the same machine, plus a 2.3 kB memcpy as the control for
 "the caches are cold". Candidates: AES-GCM and ChaCha20-Poly1305 (`cryptography`),
 encrypt_into / decrypt_into a kept buffer, and decrypt allocating the plaintext.
-Run it with OPENSSL_ia32cap set to see what a narrower instruction set changes.
+Run it with OPENSSL_ia32cap set to see what a narrower instruction set changes, and with
+LD_PRELOAD=<OpenBLAS> (what a node's re-exec does) and OPENBLAS_NUM_THREADS / OPENBLAS_THREAD_TIMEOUT
+to see what OpenBLAS's spinning workers change; the thread-CPU column says whether a slow call
+ran slowly (caches) or was off its core (another thread had it).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import mlx.core as mx  # noqa: E402
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305  # noqa: E402
 
 from benchmarks.seal_after_forward import middle_stage  # noqa: E402
+from swarm.engine.blas import blas_in_use  # noqa: E402
 
 
 ASSOCIATED = b"\x00\x00\x00\xd0\x00\x00\x09\x00"
@@ -110,6 +114,7 @@ def main() -> int:
     after_pass: dict[str, list[float]] = {n: [] for n in names}
     after_idle: dict[str, list[float]] = {n: [] for n in names}
     warm: dict[str, list[float]] = {n: [] for n in names}
+    after_pass_cpu: dict[str, list[float]] = {n: [] for n in names}  # on-CPU part: wall - CPU = not running
     pos = 150
     load_before = os.getloadavg()[0]
     for step in range(args.steps):
@@ -119,9 +124,9 @@ def main() -> int:
         mx.eval(x)
         mx.eval(stage.forward("r", x, pos))
         pos += 1
-        t0 = time.perf_counter_ns()
+        c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
         f()
-        t1 = time.perf_counter_ns()
+        t1, c1 = time.perf_counter_ns(), time.thread_time_ns()
         time.sleep(args.idle_ms / 1e3)
         t2 = time.perf_counter_ns()
         f()
@@ -130,15 +135,20 @@ def main() -> int:
         t4 = time.perf_counter_ns()
         if step >= 2 * len(names):
             after_pass[name].append((t1 - t0) / 1e3)
+            after_pass_cpu[name].append((c1 - c0) / 1e3)
             after_idle[name].append((t3 - t2) / 1e3)
             warm[name].append((t4 - t3) / 1e3)
     print(f"{model.model_id}: {4 * hidden} B frames, a {args.layers}-layer stage, {args.steps} steps, "
           f"idle {args.idle_ms} ms, OPENSSL_ia32cap={os.environ.get('OPENSSL_ia32cap', '(unset)')}, "
-          f"1-min load {load_before:.1f} -> {os.getloadavg()[0]:.1f}")
-    print("| one call of | after a pass, µs (median) | after idle, µs (median) | warm (the call again), µs |")
-    print("|---|---:|---:|---:|")
+          f"1-min load {load_before:.1f} -> {os.getloadavg()[0]:.1f}; BLAS {blas_in_use()}, "
+          f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', '(unset)')}, "
+          f"OPENBLAS_THREAD_TIMEOUT={os.environ.get('OPENBLAS_THREAD_TIMEOUT', '(unset)')}")
+    print("| one call of | after a pass, µs (median) | its thread CPU time, µs | after idle, µs (median) | "
+          "warm (the call again), µs |")
+    print("|---|---:|---:|---:|---:|")
     for n in names:
-        print(f"| {n} | {statistics.median(after_pass[n]):.1f} | {statistics.median(after_idle[n]):.1f} | "
+        print(f"| {n} | {statistics.median(after_pass[n]):.1f} | {statistics.median(after_pass_cpu[n]):.1f} | "
+              f"{statistics.median(after_idle[n]):.1f} | "
               f"{statistics.median(warm[n]):.1f} |")
     return 0
 

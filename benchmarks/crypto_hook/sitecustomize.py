@@ -17,6 +17,7 @@ if _DIR:
     import time
 
     _now = time.perf_counter_ns
+    _cpu = time.thread_time_ns  # this thread's CPU time: wall - cpu is time not on a core (preempted, waiting)
     _lines: list[str] = []
     _sealed_now = [False]
 
@@ -25,13 +26,13 @@ if _DIR:
             f.write("".join(_lines))
         _lines.clear()
 
-    def _note(what: str, sealed: bool, n: int, ns: int) -> None:
-        _lines.append(f"{what} {int(sealed)} {n} {ns}\n")
+    def _note(what: str, sealed: bool, n: int, ns: int, cpu_ns: int = -1) -> None:
+        _lines.append(f"{what} {int(sealed)} {n} {ns} {cpu_ns}\n")
         if len(_lines) >= 256:
             _flush()
 
     def _install() -> None:
-        from swarm.transport import connection, frames, sealed_frames
+        from swarm.transport import connection, frames, link_crypto, sealed_frames
 
         write, read = connection.PeerConnection.write_frame, connection.PeerConnection.read_frames
         encode, seal = connection.encode_frame, connection.seal_frame
@@ -49,29 +50,50 @@ if _DIR:
             return frames_
 
         def encode_frame(header, payload=b""):
-            t = _now()
+            c, t = _cpu(), _now()
             out = encode(header, payload)
-            _note("pack", False, memoryview(payload).nbytes, _now() - t)
+            t, c = _now() - t, _cpu() - c
+            _note("pack", False, memoryview(payload).nbytes, t, c)
             return out
 
         def seal_frame(sealer, header, payload=b"", **kw):
-            t = _now()
+            c, t = _cpu(), _now()
             out = seal(sealer, header, payload, **kw)
-            _note("pack", True, memoryview(payload).nbytes, _now() - t)
+            t, c = _now() - t, _cpu() - c
+            _note("pack", True, memoryview(payload).nbytes, t, c)
             return out
 
         def plain_take(self, view, header_len, payload_len, end):
-            t = _now()
+            c, t = _cpu(), _now()
             out = take(self, view, header_len, payload_len, end)
-            _note("unpack", False, payload_len, _now() - t)
+            t, c = _now() - t, _cpu() - c
+            _note("unpack", False, payload_len, t, c)
             return out
 
         def sealed_take(self, view, header_len, payload_len, end):
-            t = _now()
+            c, t = _cpu(), _now()
             out = open_take(self, view, header_len, payload_len, end)
-            _note("unpack", True, payload_len, _now() - t)
+            t, c = _now() - t, _cpu() - c
+            _note("unpack", True, payload_len, t, c)
             return out
 
+        seal_into, open_ = link_crypto.FrameSealer.seal_into, link_crypto.FrameOpener.open
+
+        def timed_seal_into(self, associated, header, payload):
+            c, t = _cpu(), _now()
+            out = seal_into(self, associated, header, payload)
+            t, c = _now() - t, _cpu() - c
+            _note("aead", True, payload.nbytes, t, c)
+            return out
+
+        def timed_open(self, associated, sealed):
+            c, t = _cpu(), _now()
+            out = open_(self, associated, sealed)
+            t, c = _now() - t, _cpu() - c
+            _note("aead-open", True, len(out), t, c)
+            return out
+
+        link_crypto.FrameSealer.seal_into, link_crypto.FrameOpener.open = timed_seal_into, timed_open
         connection.PeerConnection.write_frame = write_frame
         connection.PeerConnection.read_frames = read_frames
         connection.encode_frame, connection.seal_frame = encode_frame, seal_frame
