@@ -27,6 +27,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from swarm.engine import blas  # noqa: E402  (imports no mlx)
+
+
+def _with_optimized_blas() -> None:
+    """Re-exec once with the optimized BLAS preloaded, as swarm-bench and every node do: mlx-lm's
+    batch_generate in this process on the bundled reference BLAS runs many times slower."""
+    found = blas.find_optimized_blas()
+    if found is None or os.environ.get("SWARM_BLAS_ACTIVE") or os.environ.get("SWARM_BLAS", "").lower() == "off":
+        return
+    os.execve(sys.executable, [sys.executable, *sys.argv], blas.reexec_env(found, dict(os.environ)))
+
+
+if __name__ == "__main__":
+    _with_optimized_blas()
+
 from swarm.bench.client import concurrent_completions, stream_completion  # noqa: E402
 from swarm.bench.cluster import LocalCluster  # noqa: E402
 from swarm.bench.measure import MlxLmAlone, _batching  # noqa: E402
