@@ -1,9 +1,10 @@
 """Aggregate tok/s of c simultaneous streams on several swarms and mlx-lm's batch_generate, in alternating rounds.
 
     python benchmarks/cohorts_ab.py --setup main=/work/main/.venv/bin/python \
-        --setup "bd4=.venv/bin/python --batch-decode 4" [--nodes 3] [--concurrency 8] [--rounds 3]
+        --setup "bd4=.venv/bin/python --batch-decode 4" \
+        --setup "main_1t=OPENBLAS_NUM_THREADS=1 /work/main/.venv/bin/python" [--nodes 3] [--concurrency 8] [--rounds 3]
 
-Each --setup is NAME=PYTHON [node args...]: one local swarm per setup (loopback, static peers,
+Each --setup is NAME=[VAR=value ...] PYTHON [node args...]: one local swarm per setup (loopback, static peers,
 even split, entry = stage 0, as swarm-bench starts them), all up at once. Then in every round:
 mlx-lm's batch_generate on c copies of the bench prompt in this process, and c streams on each
 swarm, in an order that rotates from round to round, so the machine's drift (other processes on
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import shutil
 import statistics
@@ -53,7 +55,7 @@ from ab_hop import _cwd  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--setup", action="append", required=True, help="NAME=PYTHON [node args...]")
+    ap.add_argument("--setup", action="append", required=True, help="NAME=[VAR=value ...] PYTHON [node args...]")
     ap.add_argument("--nodes", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=64)
@@ -77,13 +79,24 @@ def main() -> None:
     try:
         for spec in args.setup:
             name, rest = spec.split("=", 1)
-            python, *extra = shlex.split(rest)
+            words = shlex.split(rest)
+            env = {}
+            while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):  # leading VAR=value words
+                var, value = words.pop(0).split("=", 1)
+                env[var] = value
+            python, *extra = words
             (work / name).mkdir()
             # (a loaded machine: nodes that load slowly are left out of plans for a while before they converge)
             cluster = LocalCluster(args.nodes, work / name, str(model.path), extra_args=tuple(extra),
                                    ready_timeout=900, python=python)
-            with _cwd(work / name):
-                clusters[name] = cluster.__enter__()
+            saved = dict(os.environ)
+            os.environ.update(env)  # the nodes inherit it (e.g. OPENBLAS_NUM_THREADS=1), this process keeps its own
+            try:
+                with _cwd(work / name):
+                    clusters[name] = cluster.__enter__()
+            finally:
+                os.environ.clear()
+                os.environ.update(saved)
             stream_completion(cluster.entry.url, PROMPT, 4)  # warm-up
         names = ["mlx-lm"] + list(clusters)
         ratios: dict[str, list[float]] = {n: [] for n in clusters}
