@@ -49,49 +49,27 @@ if _DIR:
             _note("read", self.sealed, sum(memoryview(f.payload).nbytes for f in frames_ or ()), _now() - t)
             return frames_
 
-        def encode_frame(header, payload=b""):
-            c, t = _cpu(), _now()
-            out = encode(header, payload)
-            t, c = _now() - t, _cpu() - c
-            _note("pack", False, memoryview(payload).nbytes, t, c)
-            return out
-
-        def seal_frame(sealer, header, payload=b"", **kw):
-            c, t = _cpu(), _now()
-            out = seal(sealer, header, payload, **kw)
-            t, c = _now() - t, _cpu() - c
-            _note("pack", True, memoryview(payload).nbytes, t, c)
-            return out
-
-        def plain_take(self, view, header_len, payload_len, end):
-            c, t = _cpu(), _now()
-            out = take(self, view, header_len, payload_len, end)
-            t, c = _now() - t, _cpu() - c
-            _note("unpack", False, payload_len, t, c)
-            return out
-
-        def sealed_take(self, view, header_len, payload_len, end):
-            c, t = _cpu(), _now()
-            out = open_take(self, view, header_len, payload_len, end)
-            t, c = _now() - t, _cpu() - c
-            _note("unpack", True, payload_len, t, c)
-            return out
-
         seal_into, open_ = link_crypto.FrameSealer.seal_into, link_crypto.FrameOpener.open
 
-        def timed_seal_into(self, associated, header, payload):
-            c, t = _cpu(), _now()
-            out = seal_into(self, associated, header, payload)
-            t, c = _now() - t, _cpu() - c
-            _note("aead", True, payload.nbytes, t, c)
-            return out
+        def timed(fn, what: str, sealed: bool, size):
+            """`fn`, timed (wall and this thread's CPU) and noted with size(args, result) bytes."""
+            def wrapper(*args, **kw):
+                c, t = _cpu(), _now()
+                out = fn(*args, **kw)
+                t, c = _now() - t, _cpu() - c
+                _note(what, sealed, size(args, out), t, c)
+                return out
+            return wrapper
 
-        def timed_open(self, associated, sealed):
-            c, t = _cpu(), _now()
-            out = open_(self, associated, sealed)
-            t, c = _now() - t, _cpu() - c
-            _note("aead-open", True, len(out), t, c)
-            return out
+        def payload_bytes(i):
+            return lambda args, out: memoryview(args[i]).nbytes if len(args) > i else 0
+
+        encode_frame = timed(encode, "pack", False, payload_bytes(1))
+        seal_frame = timed(seal, "pack", True, payload_bytes(2))
+        plain_take = timed(take, "unpack", False, lambda args, out: args[3])
+        sealed_take = timed(open_take, "unpack", True, lambda args, out: args[3])
+        timed_seal_into = timed(seal_into, "aead", True, lambda args, out: args[3].nbytes)
+        timed_open = timed(open_, "aead-open", True, lambda args, out: len(out))
 
         link_crypto.FrameSealer.seal_into, link_crypto.FrameOpener.open = timed_seal_into, timed_open
         connection.PeerConnection.write_frame = write_frame
