@@ -155,14 +155,14 @@ class ThreadFrameLink:
             return view
         sealed = memoryview(self._scratch(n))[:n]
         self._read_into(sealed)
-        try:
-            return self._cipher.opener.open_into(prefix, sealed, memoryview(buffer)[:plain])
-        except LinkAuthError as e:
-            raise ProtocolError(str(e)) from None
+        return self._open(prefix, sealed, memoryview(buffer)[:plain])
 
-    def _open(self, prefix: bytes, sealed) -> bytes:
+    def _open(self, prefix: bytes, sealed, into: memoryview | None = None) -> bytes | memoryview:
+        """The opened bytes (into `into`, if given); ProtocolError if they do not open."""
         try:
-            return self._cipher.opener.open(prefix, sealed)
+            if into is None:
+                return self._cipher.opener.open(prefix, sealed)
+            return self._cipher.opener.open_into(prefix, sealed, into)
         except LinkAuthError as e:
             raise ProtocolError(str(e)) from None
 

@@ -33,7 +33,7 @@ import time
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Protocol, TypeVar
+from typing import Awaitable, Callable, Protocol
 
 from ..transport.errors import ConnectionClosed, ProtocolError
 from ..transport.frames import Frame
@@ -43,7 +43,6 @@ from .manifest import Chunk, Manifest, ManifestError
 from .store import ChunkRejected, ChunkStore, VerifiedChunk
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 # The peer link purpose weights travel on (transport/handshake.dial_stream, listener.serve_purpose): behind
 # the same hello as the data path, so with a swarm secret only members fetch or serve, sealed.
@@ -253,6 +252,9 @@ class WeightFetch:
         outstanding.extend(batch)
         return batch
 
+    async def _take_on_loop(self, holder: str, outstanding: list[Chunk]) -> list[Chunk]:
+        return self._take(holder, outstanding)
+
     def _receive_on_thread(self, link: ThreadFrameLink, batch: list[Chunk], holder: str, outstanding: list[Chunk],
                            buffers: list[bytearray], loop: asyncio.AbstractEventLoop) -> None:
         """Ask for `batch`, and for the next batch while this one arrives (the holder goes on to it with no
@@ -266,7 +268,8 @@ class WeightFetch:
         try:
             link.send({"t": "w_get", "chunks": [c.index for c in batch]})
             while batch:
-                following = _call_on_loop(loop, self.stall_after_s, self._take, holder, outstanding)
+                following = asyncio.run_coroutine_threadsafe(self._take_on_loop(holder, outstanding),
+                                                             loop).result(self.stall_after_s)
                 if following:
                     link.send({"t": "w_get", "chunks": [c.index for c in following]})
                 for chunk in batch:
@@ -325,20 +328,6 @@ class WeightFetch:
     async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()
-
-
-def _call_on_loop(loop: asyncio.AbstractEventLoop, timeout: float, fn: Callable[..., T], *args) -> T:
-    """`fn(*args)` run on `loop`, from another thread: its result (TimeoutError if the loop does not get to it)."""
-    result: Future = Future()
-
-    def call() -> None:
-        try:
-            result.set_result(fn(*args))
-        except BaseException as e:  # noqa: BLE001 (handed to the calling thread)
-            result.set_exception(e)
-
-    loop.call_soon_threadsafe(call)
-    return result.result(timeout)
 
 
 def _ask(link: ThreadFrameLink, header: dict) -> Frame:
