@@ -99,6 +99,36 @@ def test_bytes_that_do_not_match_are_never_written(model_dir, tmp_path):
         ChunkStore.complete(model_dir, m).write(chunk, good)
 
 
+def test_a_chunk_written_as_it_comes_is_held_only_if_all_its_pieces_hash_right(model_dir, tmp_path):
+    m = build_manifest(model_dir)
+    store = ChunkStore.partial(tmp_path / "copy", m)
+    chunk = max(m.chunks, key=lambda c: c.length)
+    good = ChunkStore.complete(model_dir, m).read(chunk)
+    pieces = lambda data: (memoryview(data)[i:i + 1000] for i in range(0, len(data), 1000))  # noqa: E731
+    for bad in (good[:-1] + bytes([good[-1] ^ 1]), good[:-1]):  # one bit altered; one byte short
+        with pytest.raises(ChunkRejected):
+            store.write_as_it_comes(chunk, pieces(bad))
+        assert not store.has(chunk)
+    store.write_as_it_comes(chunk, pieces(good))
+    assert store.has(chunk) and store.read(chunk) == good
+
+
+def test_the_held_record_is_saved_by_time_not_after_every_few_chunks(model_dir, tmp_path, monkeypatch):
+    from swarm.weights import store as store_module
+
+    m = build_manifest(model_dir)
+    source = ChunkStore.complete(model_dir, m)
+    store = ChunkStore.partial(tmp_path / "copy", m)
+    for chunk in m.chunks[:3]:
+        store.write(chunk, source.read(chunk))
+    store.wait_saved()
+    assert not (tmp_path / "copy" / HELD_FILE).exists(), "saved (a sync of every file) within seconds of the start"
+    monkeypatch.setattr(store_module, "_SAVE_EVERY_S", 0.0)
+    store.write(m.chunks[3], source.read(m.chunks[3]))
+    store.wait_saved()
+    assert json.loads((tmp_path / "copy" / HELD_FILE).read_text())["chunks"] == [0, 1, 2, 3]
+
+
 def test_the_queue_spreads_work_recovers_from_a_dead_holder_and_avoids_a_liar(model_dir):
     m = build_manifest(model_dir)
     chunks = m.tensor_chunks(m.tensor_names())

@@ -99,6 +99,24 @@ async def test_fetch_everything_from_two_holders_and_the_manifest_checks_out(mod
     assert report.progress.received_bytes == m.total_bytes
 
 
+async def test_one_holder_is_fetched_from_over_several_links_a_piece_at_a_time(model_dir, tmp_path, monkeypatch):
+    from swarm.weights import transfer
+
+    monkeypatch.setattr(transfer, "PIECE_BYTES", 4096)  # many pieces per chunk: each hashed and written in turn
+    m = build_manifest(model_dir)
+    sent_on: dict[int, int] = {}  # holder's link -> chunks it sent
+
+    def counting(link, send_file, header, *args):
+        sent_on[id(link)] = sent_on.get(id(link), 0) + 1
+        return send_file(header, *args)
+    holders = {"a": await Holder("a", ChunkStore.complete(model_dir, m), send_chunk=counting).start()}
+    store = ChunkStore.partial(tmp_path / "copy", m)
+    report = await WeightFetch(store, list(m.chunks), opener(holders), lambda: list(holders)).run()
+    assert store.missing(list(m.chunks)) == [] and report.per_holder == {"a": m.total_bytes}
+    assert (tmp_path / "copy" / "model.safetensors").read_bytes() == (model_dir / "model.safetensors").read_bytes()
+    assert len(sent_on) == transfer.LINKS_PER_HOLDER == 2 and min(sent_on.values()) > 0, sent_on
+
+
 async def test_a_holder_that_dies_mid_transfer_is_replaced(model_dir, tmp_path):
     m = build_manifest(model_dir)
     holders = {"slow": await Holder("slow", ChunkStore.complete(model_dir, m), slow=0.05).start(),

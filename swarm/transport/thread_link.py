@@ -23,7 +23,7 @@ import os
 import socket
 import struct
 import threading
-from typing import Callable, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 from .errors import ConnectionClosed, ProtocolError
 from .frames import PREFIX, Frame, check_lengths, decode_header, pack_header
@@ -156,6 +156,23 @@ class ThreadFrameLink:
         sealed = memoryview(self._scratch(n))[:n]
         self._read_into(sealed)
         return self._open(prefix, sealed, memoryview(buffer)[:plain])
+
+    def receive_payload_in_pieces(self, piece: bytearray) -> Iterator[memoryview]:
+        """An open link's payload that `receive_header` announced, piece by piece: each a view of `piece`,
+        refilled with the next bytes once the caller asks for them (so it is done with the one before).
+        A sealed payload is opened whole: `receive_payload_into`."""
+        if self._cipher is not None:
+            raise RuntimeError("a sealed link's payload is opened whole (receive_payload_into)")
+        _prefix, left, _opened = self._next
+        self._next = None
+        return self._pieces(memoryview(piece), left)
+
+    def _pieces(self, piece: memoryview, left: int) -> Iterator[memoryview]:
+        while left:
+            view = piece[:min(len(piece), left)]
+            self._read_into(view)
+            left -= len(view)
+            yield view
 
     def _open(self, prefix: bytes, sealed, into: memoryview | None = None) -> bytes | memoryview:
         """The opened bytes (into `into`, if given); ProtocolError if they do not open."""

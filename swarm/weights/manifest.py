@@ -187,6 +187,11 @@ def chunk_hash(data: bytes | memoryview) -> str:
     return blake3.blake3(data).hexdigest()
 
 
+def chunk_hasher() -> "blake3.blake3":
+    """The hash of `chunk_hash` fed piece by piece (`update`, then `hexdigest`)."""
+    return blake3.blake3()
+
+
 def cached_manifest(model_dir: Path, cache_root: Path) -> Manifest:
     """The model's manifest, hashed once per version of its files."""
     stats = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in model_files(model_dir)]

@@ -20,15 +20,19 @@ import json
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
-from .manifest import Chunk, Manifest, chunk_hash
+from .manifest import Chunk, Manifest, chunk_hash, chunk_hasher
 
 log = logging.getLogger(__name__)
 
 HELD_FILE = ".swarm-held"
-_SAVE_EVERY = 64  # chunks written between saves of the held set (a crash re-fetches at most these)
+# Between saves of the held set while chunks arrive: a crash re-fetches at most what came meanwhile. By time,
+# not by count: each save syncs the files, which mid-fetch cost a fifth of the rate here (docs/performance.md).
+_SAVE_EVERY_S = 5.0
 
 
 class ChunkRejected(ValueError):
@@ -47,7 +51,7 @@ class ChunkStore:
     def __init__(self, root: Path, manifest: Manifest, held: set[int], writable: bool) -> None:
         self.root, self.manifest, self.writable = Path(root), manifest, writable
         self._held = held
-        self._unsaved = 0
+        self._last_save = time.monotonic()
         self._saving = threading.Lock()  # one save at a time (they share the temporary file)
         self._bookkeeping = threading.Lock()  # the held set and the save queue, written from several threads
         self._queued: threading.Thread | None = None  # a background save not started yet: later ones join it
@@ -114,18 +118,40 @@ class ChunkStore:
 
     def write_verified(self, verified: VerifiedChunk) -> None:
         """Store a chunk `verify` passed (any thread; its bytes must not change before this returns)."""
+        chunk = verified.chunk
+        os.pwrite(self._write_fd(chunk), verified.data, chunk.offset)
+        self._hold(chunk)
+
+    def write_as_it_comes(self, chunk: Chunk, pieces: Iterable[memoryview]) -> None:
+        """Write `pieces`, the chunk's bytes in order, at its place as each arrives, hashing them on the way
+        (any thread; each piece must not change before the next is asked for). The chunk is held only if
+        they hash to the manifest's value: ChunkRejected if not, and its range then holds bytes that nothing
+        reads (only held chunks are served or loaded; its next fetch writes over them). A piece small enough
+        to stay in the core's cache is received, hashed and written while there: a whole 16 MiB chunk read
+        back from memory to hash and again to write cost twice the CPU per GB (docs/performance.md)."""
+        fd, hasher, at = self._write_fd(chunk), chunk_hasher(), chunk.offset
+        for piece in pieces:
+            hasher.update(piece)
+            os.pwrite(fd, piece, at)
+            at += len(piece)
+        if at - chunk.offset != chunk.length or hasher.hexdigest() != chunk.blake3:
+            raise ChunkRejected(f"chunk {chunk.index} ({chunk.tensor or chunk.file}): bytes do not match the manifest")
+        self._hold(chunk)
+
+    def _write_fd(self, chunk: Chunk) -> int:
         if not self.writable:
             raise PermissionError(f"{self.root} is a read-only model directory")
-        chunk = verified.chunk
         with self._bookkeeping:
             fd = self._write_fds.get(chunk.file)
             if fd is None:
                 fd = self._write_fds[chunk.file] = os.open(self.root / chunk.file, os.O_WRONLY)
-        os.pwrite(fd, verified.data, chunk.offset)
+            return fd
+
+    def _hold(self, chunk: Chunk) -> None:
+        """`chunk`'s verified bytes are written: held from now on, and recorded with the next save."""
         with self._bookkeeping:
             self._held.add(chunk.index)
-            self._unsaved += 1
-            save = self._unsaved >= _SAVE_EVERY
+            save = time.monotonic() - self._last_save >= _SAVE_EVERY_S
         if save:
             self.save_in_background()
 
@@ -140,7 +166,7 @@ class ChunkStore:
         """`save` on a thread of its own: the caller goes on writing. At most one waits behind the one
         running. Not a daemon: a node that exits first waits for it, so its restart finds the record."""
         with self._bookkeeping:
-            self._unsaved = 0
+            self._last_save = time.monotonic()
             if self._queued is not None:
                 return
             self._queued = self._last_saver = threading.Thread(target=self._save_queued, name="weights-sync")
