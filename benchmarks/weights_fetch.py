@@ -6,8 +6,8 @@ Two holders run in their own processes, each a node's real peer port (PeerListen
 the "weights" purpose, serve_weights) serving the model's directory: one in an open
 swarm, one with a swarm secret (the hello's challenge-response, every frame sealed
 with AES-GCM). The fetcher dials each as a node does (handshake.dial_stream) and pulls
-every chunk, hashing each before it is written, into a fresh sparse copy. The baseline
-is the leanest copy there is: the same files sent raw over one TCP connection
+every chunk into a fresh sparse copy, hashing each as it is written (held only if it
+checks out). The baseline is the leanest copy there is: the same files sent raw over one TCP connection
 (sendfile) and written to disk, nothing checked. The three run one after the other in
 each round, in reverse order every other round (so none always runs first), and the
 1-minute load is printed before and after. Prints one row per round and the median

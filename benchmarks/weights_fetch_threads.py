@@ -5,7 +5,7 @@
 The same holders, fetch and copy as weights_fetch.py (imported from it), each path run
 `--rounds` times in a row. Per thread, user and system CPU seconds per GB moved, from the
 kernel's own count for that thread (getrusage RUSAGE_THREAD, read as each thread ends):
-the fetch's link thread (receives; a sealed link also opens), its verifier (hashes and
+the fetch's link threads (two per holder; each receives, opens if sealed, hashes and
 writes), its sync thread (the record of held chunks), the event loop; the holder's
 process as a whole; the copy's sender process and its receiving thread (recv + write).
 Load disturbs these less than rates; the 1-minute load is printed with each path. Linux only.
@@ -40,8 +40,8 @@ def _counted_run(self) -> None:
         _run(self)
     finally:
         usage = resource.getrusage(resource.RUSAGE_THREAD)
-        kind = "verifier" if self.name.startswith("weights-verify") else "record sync" if self.name == "weights-sync" \
-            else "link (receive)" if self.name.startswith("link-") else self.name
+        kind = "record sync" if self.name == "weights-sync" \
+            else "links (receive, hash, write)" if self.name.startswith("link-") else self.name
         _spent[kind][0] += usage.ru_utime
         _spent[kind][1] += usage.ru_stime
 

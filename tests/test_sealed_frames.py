@@ -184,3 +184,40 @@ def test_the_thread_link_sends_and_reads_both_shapes_and_refuses_a_replay(size, 
     thread.join()
     sender.close()
     receiver.close()
+
+
+@pytest.mark.parametrize("tamper", [False, True])
+def test_a_large_payload_opens_a_piece_at_a_time_and_is_refused_at_its_end_if_altered(tamper) -> None:
+    """Weights: what one AEAD call sealed opens piece by piece (and what send_file seals so, above, opens
+    whole); an altered byte surfaces as a ProtocolError once the last piece is in, before the caller
+    could keep any of it."""
+    import socket
+    import threading
+
+    from swarm.transport.link_handshake import LinkCipher
+    from swarm.transport.thread_link import ThreadFrameLink
+
+    a, b = socket.socketpair()
+    receiver = ThreadFrameLink("a", b, MAX, cipher=LinkCipher(FrameSealer(os.urandom(32)), FrameOpener(KEY)))
+    data = os.urandom(300_000)
+    wire = bytearray(b"".join(bytes(p) for p in seal_frame(FrameSealer(KEY), header(0), data)))
+    if tamper:
+        wire[-1000] ^= 1
+    thread = threading.Thread(target=a.sendall, args=(bytes(wire),))
+    thread.start()
+    assert receiver.receive_header() == (header(0), len(data))
+    got = bytearray()
+    pieces = receiver.receive_payload_in_pieces(bytearray(64 * 1024))
+    if tamper:
+        with pytest.raises(ProtocolError, match="did not open"):
+            for piece in pieces:
+                got += piece
+        assert len(got) == len(data)  # every piece was handed out; only the end says they are not authentic
+    else:
+        for piece in pieces:
+            assert len(piece) <= 64 * 1024
+            got += piece
+        assert bytes(got) == data
+    thread.join()
+    receiver.close()
+    a.close()

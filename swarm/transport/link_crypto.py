@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import msgpack
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
@@ -46,6 +47,8 @@ _KEY_INFO = b"swarm link keys v1"
 _SECRET_SALT = b"swarm secret v1"
 _SCRYPT_N = 2**15  # x 8 x 128 bytes = 32 MiB
 _COUNTER = struct.Struct(">4xQ")  # AES-GCM's 96-bit nonce: 4 zero bytes and a 64-bit frame counter
+# GCM's update_into wants room for a block more than it is given (a stream cipher: it never writes it)
+PIECE_SPARE = 15
 
 
 class LinkAuthError(Exception):
@@ -119,7 +122,7 @@ class FrameSealer:
     """Seals the frames one side sends, numbering them. Not thread-safe: one writer per link."""
 
     def __init__(self, key: bytes) -> None:
-        self._aead = AESGCM(key)
+        self._key, self._aead = key, AESGCM(key)
         self._sent = 0
         self._buffer = memoryview(bytearray())  # seal_into's, grown when a frame needs more
 
@@ -131,6 +134,10 @@ class FrameSealer:
     def seal(self, associated: bytes, plaintext: bytes | bytearray | memoryview) -> bytes:
         """Ciphertext + tag of the next frame; `associated` (the length prefix) is authenticated too."""
         return self._aead.encrypt(self._next_nonce(), plaintext, associated)
+
+    def seal_in_pieces(self, associated: bytes) -> StreamedSeal:
+        """The next frame's payload sealed a piece at a time (streamed_seal.py): the same bytes as `seal`."""
+        return StreamedSeal(self._key, self._next_nonce(), associated)
 
     def seal_to(self, associated: bytes, plaintext: bytes | memoryview, out: bytearray) -> memoryview:
         """`seal` into `out` (at least the plaintext's length + TAG_BYTES), no new bytes (bulk payloads)."""
@@ -164,8 +171,14 @@ class FrameOpener:
     """Opens the frames the other side sealed, in order. LinkAuthError for anything else."""
 
     def __init__(self, key: bytes) -> None:
-        self._aead = AESGCM(key)
+        self._key, self._aead = key, AESGCM(key)
         self._received = 0
+
+    def open_in_pieces(self, associated: bytes) -> StreamedOpen:
+        """The next frame's payload opened a piece at a time (streamed_seal.py; authentic only once its
+        `finish` passes). Its number is taken now: if it fails, the link is closed anyway."""
+        self._received += 1
+        return StreamedOpen(self._key, _COUNTER.pack(self._received - 1), associated)
 
     def open(self, associated: bytes, sealed: bytes | bytearray | memoryview) -> bytes:
         try:
@@ -184,3 +197,45 @@ class FrameOpener:
             raise LinkAuthError(f"frame {self._received} did not open: altered, replayed or out of order") from None
         self._received += 1
         return out
+
+
+# -- one large payload a piece at a time ----------------------------------------------------------
+# AES-GCM is a stream cipher with a tag over the whole: cryptography's GCM encryptor and decryptor
+# (update_into per piece, then the tag) give the bytes AESGCM's one call over the whole payload gives,
+# so a peer cannot tell the two apart. Why: a 16 MiB weights chunk sealed or opened whole passes
+# through memory three times more than one read, sealed and sent (or received, opened, hashed and
+# written) 1 MiB at a time while that piece is in the core's cache (docs/performance.md).
+
+class StreamedSeal:
+    def __init__(self, key: bytes, nonce: bytes, associated: bytes) -> None:
+        self._encryptor = Cipher(algorithms.AES(key), modes.GCM(nonce)).encryptor()
+        self._encryptor.authenticate_additional_data(associated)
+
+    def update_into(self, plain: memoryview, out: bytearray) -> memoryview:
+        """The next piece sealed into `out` (at least len(plain) + PIECE_SPARE bytes): a view of it."""
+        return memoryview(out)[:self._encryptor.update_into(plain, out)]
+
+    def finish(self) -> bytes:
+        """The tag, sent after the last piece."""
+        self._encryptor.finalize()
+        return self._encryptor.tag
+
+
+class StreamedOpen:
+    """An opened piece is not authentic until `finish` accepts the tag: a caller keeps nothing of it before
+    (the weights store holds a chunk only once both the tag and the chunk's hash checked out)."""
+
+    def __init__(self, key: bytes, nonce: bytes, associated: bytes) -> None:
+        self._decryptor = Cipher(algorithms.AES(key), modes.GCM(nonce)).decryptor()
+        self._decryptor.authenticate_additional_data(associated)
+
+    def update_into(self, sealed: memoryview, out: memoryview) -> memoryview:
+        """The next piece opened into `out` (at least len(sealed) + PIECE_SPARE bytes): a view of it."""
+        return out[:self._decryptor.update_into(sealed, out)]
+
+    def finish(self, tag: bytes) -> None:
+        """LinkAuthError unless `tag` is the payload's: only then are the pieces authentic."""
+        try:
+            self._decryptor.finalize_with_tag(tag)
+        except InvalidTag:
+            raise LinkAuthError("a payload did not open: altered, replayed or out of order") from None

@@ -26,7 +26,7 @@ import asyncio
 
 from .errors import ConnectionClosed, ProtocolError
 from .frames import PREFIX, Frame, FrameParser, check_lengths, decode_header, pack_header
-from .link_crypto import TAG_BYTES, FrameOpener, FrameSealer, LinkAuthError
+from .link_crypto import TAG_BYTES, FrameOpener, FrameSealer, LinkAuthError, StreamedSeal
 
 # Up to here a payload is sealed with its header (a decode step's hidden states: 2.3 kB for
 # SmolLM2, 32 kB for an 8192-wide float32 model); copying 32 kB costs a few µs, less than a cold call.
@@ -54,6 +54,16 @@ def seal_frame(sealer: FrameSealer, header: dict, payload: bytes | memoryview = 
     sealed_header = sealer.seal(prefix, packed)  # first: the header takes the lower number
     sealed_payload = sealer.seal(prefix, payload) if into is None else sealer.seal_to(prefix, payload, into)
     return [prefix, sealed_header, sealed_payload]
+
+
+def seal_frame_head(sealer: FrameSealer, header: dict, n: int) -> tuple[bytes, StreamedSeal]:
+    """A frame with a payload of `n` > JOIN_MAX_PAYLOAD bytes, sealed as its payload is read (weights,
+    thread_link.py): the prefix and sealed header to send first, and the seal each piece of the payload
+    goes through, whose tag ends the frame. The same bytes as seal_frame's."""
+    packed = pack_header(header)
+    prefix = PREFIX.pack(len(packed) + TAG_BYTES, n + TAG_BYTES)
+    head = prefix + sealer.seal(prefix, packed)  # first: the header takes the lower number
+    return head, sealer.seal_in_pieces(prefix)
 
 
 def check_sealed_lengths(header_len: int, payload_len: int, max_payload: int) -> None:

@@ -27,8 +27,8 @@ from typing import Callable, Iterator, TypeVar
 
 from .errors import ConnectionClosed, ProtocolError
 from .frames import PREFIX, Frame, check_lengths, decode_header, pack_header
-from .link_crypto import TAG_BYTES, LinkAuthError
-from .sealed_frames import JOIN_MAX_PAYLOAD, check_sealed_lengths, open_body, seal_frame
+from .link_crypto import PIECE_SPARE, TAG_BYTES, LinkAuthError
+from .sealed_frames import JOIN_MAX_PAYLOAD, check_sealed_lengths, open_body, seal_frame, seal_frame_head
 
 T = TypeVar("T")
 # Left to the kernel's autotuning: setting SO_RCVBUF turns it off, and above net.core.rmem_max (208 KiB
@@ -90,13 +90,20 @@ class ThreadFrameLink:
             raise TimeoutError(f"{self.peer} took nothing for {self.timeout:g} s") from None
 
     def send_file(self, header: dict, file, offset: int, length: int, buffer: bytearray) -> None:
-        """A frame whose payload is `length` bytes of `file` at `offset`: sendfile on an open link, read into
-        `buffer` (at least `length` bytes) and sealed on a sealed one. OSError if the file ends early."""
+        """A frame whose payload is `length` bytes of `file` at `offset`: sendfile on an open link; on a
+        sealed one read through `buffer` (a small payload whole, so at least JOIN_MAX_PAYLOAD bytes) and
+        sealed a piece of its size at a time. OSError if the file ends early."""
+        if self._cipher is not None and length <= JOIN_MAX_PAYLOAD:
+            self.send(header, self._pread(file, memoryview(buffer)[:length], offset))
+            return
         if self._cipher is not None:
-            view = memoryview(buffer)[:length]
-            if os.preadv(file.fileno(), [view], offset) != length:
-                raise OSError(f"{file.name} ends before byte {offset + length}")
-            self.send(header, view)
+            head, seal = seal_frame_head(self._cipher.sealer, header, length)
+            self._sendall(head)
+            piece, out = memoryview(buffer), self._scratch(len(buffer) + PIECE_SPARE)
+            for at in range(0, length, len(piece)):
+                plain = self._pread(file, piece[:min(len(piece), length - at)], offset + at)
+                self._sendall(seal.update_into(plain, out))
+            self._sendall(seal.finish())
             return
         packed = pack_header(header)
         self._sendall(PREFIX.pack(len(packed), length) + packed)
@@ -109,6 +116,12 @@ class ThreadFrameLink:
             if not n:
                 raise OSError(f"{file.name} ends before byte {offset + length}")  # the peer sees a frame cut short
             sent += n
+
+    @staticmethod
+    def _pread(file, view: memoryview, offset: int) -> memoryview:
+        if os.preadv(file.fileno(), [view], offset) != len(view):
+            raise OSError(f"{file.name} ends before byte {offset + len(view)}")
+        return view
 
     # -- receiving --------------------------------------------------------------------------------
     def receive(self) -> Frame:
@@ -158,14 +171,17 @@ class ThreadFrameLink:
         return self._open(prefix, sealed, memoryview(buffer)[:plain])
 
     def receive_payload_in_pieces(self, piece: bytearray) -> Iterator[memoryview]:
-        """An open link's payload that `receive_header` announced, piece by piece: each a view of `piece`,
-        refilled with the next bytes once the caller asks for them (so it is done with the one before).
-        A sealed payload is opened whole: `receive_payload_into`."""
-        if self._cipher is not None:
-            raise RuntimeError("a sealed link's payload is opened whole (receive_payload_into)")
-        _prefix, left, _opened = self._next
+        """The payload `receive_header` announced, piece by piece: each a view of `piece`, refilled with the
+        next bytes once the caller asks for them (so it is done with the one before). On a sealed link each
+        piece is opened as it comes and is not authentic until the iteration ends without error (a
+        ProtocolError at its end if the tag does not check): keep nothing of it before."""
+        prefix, n, opened = self._next
         self._next = None
-        return self._pieces(memoryview(piece), left)
+        if opened is not None:  # a small sealed frame's payload, opened with its header
+            return iter([opened])
+        if self._cipher is None:
+            return self._pieces(memoryview(piece), n)
+        return self._opened_pieces(prefix, memoryview(piece), n - TAG_BYTES)
 
     def _pieces(self, piece: memoryview, left: int) -> Iterator[memoryview]:
         while left:
@@ -173,6 +189,20 @@ class ThreadFrameLink:
             self._read_into(view)
             left -= len(view)
             yield view
+
+    def _opened_pieces(self, prefix: bytes, piece: memoryview, left: int) -> Iterator[memoryview]:
+        opening = self._cipher.opener.open_in_pieces(prefix)
+        size = len(piece) - PIECE_SPARE
+        sealed = memoryview(self._scratch(size))
+        while left:
+            view = sealed[:min(size, left)]
+            self._read_into(view)
+            left -= len(view)
+            yield opening.update_into(view, piece)
+        try:
+            opening.finish(self._read_exactly(TAG_BYTES))
+        except LinkAuthError as e:
+            raise ProtocolError(str(e)) from None
 
     def _open(self, prefix: bytes, sealed, into: memoryview | None = None) -> bytes | memoryview:
         """The opened bytes (into `into`, if given); ProtocolError if they do not open."""

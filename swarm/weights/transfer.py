@@ -17,22 +17,17 @@ wrong length is refused that chunk and its link is dropped.
 Once the link is up, both ends move the bytes on a thread of their own over the
 link's socket (transport/thread_link.py), not on the event loop, whose stream path
 copied each chunk four times more (docs/performance.md): the holder sends each chunk with
-sendfile (sealed: one read and one seal). On an open link the fetcher's link thread
-receives each chunk a 1 MiB piece at a time, and hashes and writes each piece while it
-is in the core's cache. A sealed chunk is opened whole (its tag covers all of it): the
-link thread receives it into a free one of three buffers and hands it over; the
-verifier thread hashes it, writes it with one pwrite if it checked out and frees the
-buffer, so receiving never waits for the hash or the write while a buffer is free.
+sendfile (sealed: read and sealed a 1 MiB piece at a time). The fetcher's link thread
+receives each chunk a piece at a time (sealed: opens it), and hashes and writes each
+piece while it is in the core's cache; two links per holder keep both cores busy.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import time
 import zlib
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Protocol
 
@@ -41,7 +36,7 @@ from ..transport.frames import Frame
 from ..transport.thread_link import ThreadFrameLink, run_on_own_thread
 from .fetch_queue import FetchProgress, FetchQueue
 from .manifest import Chunk, Manifest, ManifestError
-from .store import ChunkRejected, ChunkStore, VerifiedChunk
+from .store import ChunkRejected, ChunkStore
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +52,6 @@ PIECE_BYTES = 1024 * 1024
 # Links a fetching node opens to each holder, each with a thread of its own: one link's thread receives,
 # hashes and writes in turn, and two keep both of this machine's cores busy (+24% rate on loopback here).
 LINKS_PER_HOLDER = 2
-RECEIVE_BUFFERS = 3  # per holder: one arriving, two with the verifier (bounded memory)
 MAX_CHUNKS_PER_GET = 256
 NEW_HOLDERS_EVERY_S = 1.0
 # The longest a holder may go silent mid-batch (fetcher) or a fetcher between requests or while a chunk
@@ -92,7 +86,7 @@ def serve_weights_on_thread(link: ThreadFrameLink, store: ChunkStore) -> None:
     """The holder's side of one link, blocking: returns when the fetcher closes it."""
     manifest = store.manifest
     files: dict[str, object] = {}
-    buffer = bytearray(0)  # a sealed link's chunk is read here, then sealed
+    buffer = bytearray(PIECE_BYTES if link.sealed else 0)  # a sealed link reads a chunk through it, sealing each piece
     try:
         while True:
             try:
@@ -110,8 +104,6 @@ def serve_weights_on_thread(link: ThreadFrameLink, store: ChunkStore) -> None:
                     chunk = manifest.chunks[index]  # only what our manifest names, at its own range
                     if not store.has(chunk):
                         raise ProtocolError(f"asked for chunk {index}, which is not held here")
-                    if link.sealed and len(buffer) < chunk.length:
-                        buffer = bytearray(chunk.length)
                     f = files.get(chunk.file) or files.setdefault(chunk.file, open(store.root / chunk.file, "rb"))
                     link.send_file({"t": "w_chunk", "i": index}, f, chunk.offset, chunk.length, buffer)
             else:
@@ -178,11 +170,9 @@ class WeightFetch:
         self.store, self.open_link, self.holders = store, open_link, holders
         self.queue = FetchQueue(store.missing(chunks))
         self.stuck_after_s, self.stall_after_s = stuck_after_s, stall_after_s
-        self._buffer_bytes = max((c.length for c in chunks), default=0)
         self.on_progress = on_progress or (lambda p: None)
         self.per_holder: dict[str, int] = {}
         self._changed = asyncio.Condition()
-        self._verifier = ThreadPoolExecutor(1, thread_name_prefix="weights-verify")
         self._workers: dict[tuple[str, int], asyncio.Task] = {}
 
     @property
@@ -218,7 +208,6 @@ class WeightFetch:
             for task in self._workers.values():
                 task.cancel()
             await asyncio.gather(*self._workers.values(), return_exceptions=True)
-            self._verifier.shutdown(wait=True)
             self.store.close_files()  # no link thread writes any more
 
     async def _work(self, holder: str) -> None:
@@ -232,14 +221,13 @@ class WeightFetch:
                 raise ProtocolError(f"expected w_have, got {frame.header['t']!r}")
             self.queue.add_holder(holder, _unbitmap(bytes(frame.payload), len(self.store.manifest.chunks)))
             await self._notify()
-            buffers: list[bytearray] = []  # made by the link's thread as it needs them, kept for the next batch
             while not self.queue.done:
                 batch = self._take(holder, outstanding)
                 if not batch:  # others hold the rest in flight: wait in case they give some back
                     async with self._changed:
                         await self._changed.wait_for(lambda: self.queue.done or self.queue.has_work_for(holder))
                     continue
-                await run_on_own_thread(bulk, self._receive_on_thread, bulk, batch, holder, outstanding, buffers,
+                await run_on_own_thread(bulk, self._receive_on_thread, bulk, batch, holder, outstanding,
                                         asyncio.get_running_loop())
                 await self._notify()
         except (OSError, ProtocolError, asyncio.TimeoutError) as e:
@@ -264,81 +252,38 @@ class WeightFetch:
         return self._take(holder, outstanding)
 
     def _receive_on_thread(self, link: ThreadFrameLink, batch: list[Chunk], holder: str, outstanding: list[Chunk],
-                           buffers: list[bytearray], loop: asyncio.AbstractEventLoop) -> None:
+                           loop: asyncio.AbstractEventLoop) -> None:
         """Ask for `batch`, and for the next batch while this one arrives (the holder goes on to it with no
-        round trip in between), until the queue has no more for this holder. Each chunk is received into a
-        free buffer: the verifier thread hashes and writes it and frees the buffer, so receiving never
-        waits for a hash while a buffer is free. Each chunk's end is told to the loop."""
-        free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
-        for buffer in buffers:
-            free.put(buffer)
-        handed: list[Future] = []
-        piece = bytearray(PIECE_BYTES) if not link.sealed else None
-        try:
-            link.send({"t": "w_get", "chunks": [c.index for c in batch]})
-            while batch:
-                following = asyncio.run_coroutine_threadsafe(self._take_on_loop(holder, outstanding),
-                                                             loop).result(self.stall_after_s)
-                if following:
-                    link.send({"t": "w_get", "chunks": [c.index for c in following]})
-                for chunk in batch:
-                    header, n = link.receive_header()
-                    if header["t"] != "w_chunk" or header.get("i") != chunk.index:
-                        raise ProtocolError(f"expected chunk {chunk.index}, got {header}")
-                    if n != chunk.length:  # refused before its bytes are read: never asked of this holder again
-                        loop.call_soon_threadsafe(self._arrived, chunk, holder, False, outstanding)
-                        raise ProtocolError(f"{n} bytes for chunk {chunk.index}, which has {chunk.length}")
-                    if not link.sealed:
-                        self._land_on_link_thread(link, chunk, piece, holder, outstanding, loop)
-                        continue
-                    buffer = self._free_buffer(free, buffers)
-                    payload = link.receive_payload_into(buffer)
-                    handed.append(self._verifier.submit(self._keep_if_verified, chunk, payload, buffer, free,
-                                                        holder, outstanding, loop))
-                batch = following
-        finally:
-            for done in handed:
-                done.result()  # a write that failed (the disk) fails this batch as it did on this thread
+        round trip in between), until the queue has no more for this holder. Each chunk's end is told to
+        the loop."""
+        piece = bytearray(PIECE_BYTES)
+        link.send({"t": "w_get", "chunks": [c.index for c in batch]})
+        while batch:
+            following = asyncio.run_coroutine_threadsafe(self._take_on_loop(holder, outstanding),
+                                                         loop).result(self.stall_after_s)
+            if following:
+                link.send({"t": "w_get", "chunks": [c.index for c in following]})
+            for chunk in batch:
+                header, n = link.receive_header()
+                if header["t"] != "w_chunk" or header.get("i") != chunk.index:
+                    raise ProtocolError(f"expected chunk {chunk.index}, got {header}")
+                if n != chunk.length:  # refused before its bytes are read: never asked of this holder again
+                    loop.call_soon_threadsafe(self._arrived, chunk, holder, False, outstanding)
+                    raise ProtocolError(f"{n} bytes for chunk {chunk.index}, which has {chunk.length}")
+                self._land_on_link_thread(link, chunk, piece, holder, outstanding, loop)
+            batch = following
 
     def _land_on_link_thread(self, link: ThreadFrameLink, chunk: Chunk, piece: bytearray, holder: str,
                              outstanding: list[Chunk], loop: asyncio.AbstractEventLoop) -> None:
-        """An open link's chunk: received, hashed and written a piece at a time, all on this thread, while
-        each piece is in the core's cache (store.write_as_it_comes); held only if it hashed right."""
+        """One chunk: received (sealed: opened), hashed and written a piece at a time, all on this thread,
+        while each piece is in the core's cache (store.write_as_it_comes); held only if it hashed right
+        (and, sealed, its tag checked: a ProtocolError, which drops the link)."""
         try:
             self.store.write_as_it_comes(chunk, link.receive_payload_in_pieces(piece))
             accepted = True
         except ChunkRejected as e:
             log.warning("holder %s served bad bytes: %s; fetching it elsewhere", holder, e)
             accepted = False
-        loop.call_soon_threadsafe(self._arrived, chunk, holder, accepted, outstanding)
-
-    def _free_buffer(self, free: queue.SimpleQueue, buffers: list[bytearray]) -> bytearray:
-        """Link's thread: a buffer the verifier is done with, or a new one while there are fewer than
-        RECEIVE_BUFFERS. Made here, with the ask already out, not before it: a 16 MiB buffer is zeroed
-        and faulted in, which on the loop before the first ask cost ~60 ms of each fetch (py-spy)."""
-        try:
-            return free.get_nowait()
-        except queue.Empty:
-            if len(buffers) < RECEIVE_BUFFERS:
-                buffers.append(bytearray(self._buffer_bytes))
-                return buffers[-1]
-            return free.get()  # the verifier frees one after each chunk it is done with
-
-    def _keep_if_verified(self, chunk: Chunk, payload, buffer: bytearray, free: queue.SimpleQueue, holder: str,
-                          outstanding: list[Chunk], loop: asyncio.AbstractEventLoop) -> None:
-        """Verifier thread: write the chunk if its hash checks out (bytes a holder altered are never
-        written), then free its buffer."""
-        try:
-            try:
-                verified: VerifiedChunk = self.store.verify(chunk, payload)
-            except ChunkRejected as e:
-                log.warning("holder %s served bad bytes: %s; fetching it elsewhere", holder, e)
-                accepted = False
-            else:
-                self.store.write_verified(verified)
-                accepted = True
-        finally:
-            free.put(buffer)
         loop.call_soon_threadsafe(self._arrived, chunk, holder, accepted, outstanding)
 
     def _arrived(self, chunk: Chunk, holder: str, accepted: bool, outstanding: list[Chunk]) -> None:
