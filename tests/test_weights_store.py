@@ -87,7 +87,7 @@ def test_a_partial_store_loads_its_tensors_and_survives_a_restart(model_dir, tmp
     assert (tmp_path / "copy" / "config.json").read_text() == (model_dir / "config.json").read_text()
 
 
-def test_bytes_that_do_not_match_are_never_written(model_dir, tmp_path):
+def test_bytes_that_do_not_match_are_never_held(model_dir, tmp_path):
     m = build_manifest(model_dir)
     store = ChunkStore.partial(tmp_path / "copy", m)
     chunk = m.tensor_chunks(["model.norm.weight"])[0]
@@ -113,6 +113,30 @@ def test_a_chunk_written_as_it_comes_is_held_only_if_all_its_pieces_hash_right(m
     assert store.has(chunk) and store.read(chunk) == good
 
 
+def test_a_range_has_one_writer_at_a_time_and_none_once_held(model_dir, tmp_path):
+    """A holder's second link can still deliver a chunk its first link's failure handed to another holder:
+    the later arrival is read and dropped, so bad bytes never land over a chunk another link is writing
+    or has written."""
+    m = build_manifest(model_dir)
+    store = ChunkStore.partial(tmp_path / "copy", m)
+    chunk = max(m.chunks, key=lambda c: c.length)
+    good = ChunkStore.complete(model_dir, m).read(chunk)
+    bad = bytes(b ^ 0xFF for b in good)
+    second: list[bool] = []
+
+    def liar_with_an_honest_link_beside_it():
+        yield memoryview(bad)[:100]
+        second.append(store.write(chunk, good))  # arrives meanwhile on another link
+        yield memoryview(bad)[100:]
+    with pytest.raises(ChunkRejected):
+        store.write_as_it_comes(chunk, liar_with_an_honest_link_beside_it())
+    assert second == [False] and not store.has(chunk)
+    assert store.write(chunk, good) and store.has(chunk)
+    assert store.write(chunk, bad) is False  # held: a late liar changes nothing
+    assert store.read(chunk) == good and (tmp_path / "copy" / chunk.file).read_bytes()[
+        chunk.offset:chunk.offset + chunk.length] == good
+
+
 def test_the_held_record_is_saved_by_time_not_after_every_few_chunks(model_dir, tmp_path, monkeypatch):
     from swarm.weights import store as store_module
 
@@ -127,6 +151,19 @@ def test_the_held_record_is_saved_by_time_not_after_every_few_chunks(model_dir, 
     store.write(m.chunks[3], source.read(m.chunks[3]))
     store.wait_saved()
     assert json.loads((tmp_path / "copy" / HELD_FILE).read_text())["chunks"] == [0, 1, 2, 3]
+
+
+def test_a_dropped_arrival_leaves_the_chunk_to_the_link_writing_it(model_dir):
+    m = build_manifest(model_dir)
+    chunk = m.chunks[0]
+    q = FetchQueue([chunk])
+    q.add_holder("a", {chunk.index})
+    q.add_holder("b", {chunk.index})
+    assert q.take("b", 1 << 20) == [chunk]
+    q.dropped(chunk, "a")  # a's late copy, while b writes it
+    assert not q.done and not q.has_work_for("a"), "still b's"
+    q.arrived(chunk, "b", accepted=False)  # b's bytes were bad: asked again, of a
+    assert q.take("a", 1 << 20) == [chunk] and q.progress.done_bytes == 0
 
 
 def test_the_queue_spreads_work_recovers_from_a_dead_holder_and_avoids_a_liar(model_dir):

@@ -75,6 +75,13 @@ class FetchQueue:
             self.progress.rejected += 1
             self._bad.setdefault(chunk.index, set()).add(holder)
 
+    def dropped(self, chunk: Chunk, holder: str) -> None:
+        """Its bytes came while another link wrote the same chunk, or after it was held (store.py): not
+        counted; if that other write fails, the chunk is still pending and is asked again."""
+        self.progress.received_bytes += chunk.length
+        if self._taken.get(chunk.index) == holder:
+            del self._taken[chunk.index]
+
     def give_back(self, chunks: list[Chunk], holder: str) -> None:
         """`holder` will not deliver these after all (its connection broke)."""
         for c in chunks:

@@ -2,7 +2,8 @@
 
 A node that fetches weights keeps them in a copy of the model's own layout: the
 same files at the same sizes, created sparse, each fetched chunk written at its
-own offset after its hash checked out. mlx loads safetensors lazily, so a shard
+own offset as it arrives and held once its hash checked out (only held chunks are
+served or loaded; a range is written by one writer at a time, never once held). mlx loads safetensors lazily, so a shard
 reads only its own tensors and never touches the holes. Which chunks are held is
 recorded beside the files (`.swarm-held`), so a restart serves and loads what
 is on disk and fetches only the rest. The record names only chunks that were
@@ -21,11 +22,10 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from .manifest import Chunk, Manifest, chunk_hash, chunk_hasher
+from .manifest import Chunk, Manifest, chunk_hasher
 
 log = logging.getLogger(__name__)
 
@@ -36,21 +36,14 @@ _SAVE_EVERY_S = 5.0
 
 
 class ChunkRejected(ValueError):
-    """Bytes that do not hash to the manifest's value for their chunk: never written, never loaded."""
-
-
-@dataclass(frozen=True)
-class VerifiedChunk:
-    """Bytes that hashed to their chunk's manifest value (only `ChunkStore.verify` makes one)."""
-
-    chunk: Chunk
-    data: bytes | memoryview
+    """Bytes that do not hash to the manifest's value for their chunk: never held, so never served or loaded."""
 
 
 class ChunkStore:
     def __init__(self, root: Path, manifest: Manifest, held: set[int], writable: bool) -> None:
         self.root, self.manifest, self.writable = Path(root), manifest, writable
         self._held = held
+        self._landing: set[int] = set()  # chunks a link is writing now (write_as_it_comes)
         self._last_save = time.monotonic()
         self._saving = threading.Lock()  # one save at a time (they share the temporary file)
         self._bookkeeping = threading.Lock()  # the held set and the save queue, written from several threads
@@ -105,42 +98,49 @@ class ChunkStore:
             f.seek(chunk.offset)
             return f.read(chunk.length)
 
-    def write(self, chunk: Chunk, data: bytes | memoryview) -> None:
-        """Verify and store one chunk; ChunkRejected (nothing written) if it is not the manifest's bytes."""
-        self.write_verified(self.verify(chunk, data))
+    def write(self, chunk: Chunk, data: bytes | memoryview) -> bool:
+        """`write_as_it_comes` for bytes at hand."""
+        return self.write_as_it_comes(chunk, [memoryview(data)])
 
-    @staticmethod
-    def verify(chunk: Chunk, data: bytes | memoryview) -> VerifiedChunk:
-        """ChunkRejected unless `data` are the manifest's bytes for `chunk` (any thread)."""
-        if len(data) != chunk.length or chunk_hash(data) != chunk.blake3:
-            raise ChunkRejected(f"chunk {chunk.index} ({chunk.tensor or chunk.file}): bytes do not match the manifest")
-        return VerifiedChunk(chunk, data)
-
-    def write_verified(self, verified: VerifiedChunk) -> None:
-        """Store a chunk `verify` passed (any thread; its bytes must not change before this returns)."""
-        chunk = verified.chunk
-        os.pwrite(self._write_fd(chunk), verified.data, chunk.offset)
-        self._hold(chunk)
-
-    def write_as_it_comes(self, chunk: Chunk, pieces: Iterable[memoryview]) -> None:
+    def write_as_it_comes(self, chunk: Chunk, pieces: Iterable[memoryview]) -> bool:
         """Write `pieces`, the chunk's bytes in order, at its place as each arrives, hashing them on the way
-        (any thread; each piece must not change before the next is asked for). The chunk is held only if
-        they hash to the manifest's value: ChunkRejected if not, and its range then holds bytes that nothing
-        reads (only held chunks are served or loaded; its next fetch writes over them). A piece small enough
-        to stay in the core's cache is received, hashed and written while there: a whole 16 MiB chunk read
-        back from memory to hash and again to write cost twice the CPU per GB (docs/performance.md)."""
-        fd, hasher, at = self._write_fd(chunk), chunk_hasher(), chunk.offset
-        for piece in pieces:
-            hasher.update(piece)
-            os.pwrite(fd, piece, at)
-            at += len(piece)
-        if at - chunk.offset != chunk.length or hasher.hexdigest() != chunk.blake3:
-            raise ChunkRejected(f"chunk {chunk.index} ({chunk.tensor or chunk.file}): bytes do not match the manifest")
-        self._hold(chunk)
+        (any thread; each piece must not change before the next is asked for). True once the chunk is
+        held: only if they hash to the manifest's value, ChunkRejected if not (its range then holds bytes
+        that nothing reads: only held chunks are served or loaded, and its next fetch writes over them).
 
-    def _write_fd(self, chunk: Chunk) -> int:
+        False, the pieces read and dropped, for a chunk that is held already or that another link is
+        writing now (a holder's second link can still deliver what its first link's failure gave to
+        another holder): a range is written by one writer at a time and never once it is held.
+
+        Why a piece at a time: one small enough to stay in the core's cache is received, hashed and
+        written while there; a whole 16 MiB chunk read back from memory to hash and again to write cost
+        twice the CPU per GB (docs/performance.md)."""
         if not self.writable:
             raise PermissionError(f"{self.root} is a read-only model directory")
+        with self._bookkeeping:
+            mine = chunk.index not in self._held and chunk.index not in self._landing
+            if mine:
+                self._landing.add(chunk.index)
+        if not mine:
+            for _ in pieces:  # the link reads the frame to its end (sealed: to its tag)
+                pass
+            return False
+        try:
+            fd, hasher, at = self._write_fd(chunk), chunk_hasher(), chunk.offset
+            for piece in pieces:
+                hasher.update(piece)
+                os.pwrite(fd, piece, at)
+                at += len(piece)
+            if at - chunk.offset != chunk.length or hasher.hexdigest() != chunk.blake3:
+                raise ChunkRejected(f"chunk {chunk.index} ({chunk.tensor or chunk.file}): "
+                                    "bytes do not match the manifest")
+            self._hold(chunk)
+            return True
+        finally:
+            with self._bookkeeping:
+                self._landing.discard(chunk.index)
+
+    def _write_fd(self, chunk: Chunk) -> int:
         with self._bookkeeping:
             fd = self._write_fds.get(chunk.file)
             if fd is None:

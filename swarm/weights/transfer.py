@@ -279,18 +279,21 @@ class WeightFetch:
         while each piece is in the core's cache (store.write_as_it_comes); held only if it hashed right
         (and, sealed, its tag checked: a ProtocolError, which drops the link)."""
         try:
-            self.store.write_as_it_comes(chunk, link.receive_payload_in_pieces(piece))
-            accepted = True
+            accepted = self.store.write_as_it_comes(chunk, link.receive_payload_in_pieces(piece)) or None
         except ChunkRejected as e:
             log.warning("holder %s served bad bytes: %s; fetching it elsewhere", holder, e)
             accepted = False
         loop.call_soon_threadsafe(self._arrived, chunk, holder, accepted, outstanding)
 
-    def _arrived(self, chunk: Chunk, holder: str, accepted: bool, outstanding: list[Chunk]) -> None:
-        """On the loop: the bookkeeping of one chunk that came (in order, before its link's thread is done)."""
-        if accepted:
-            self.per_holder[holder] = self.per_holder.get(holder, 0) + chunk.length
-        self.queue.arrived(chunk, holder, accepted)
+    def _arrived(self, chunk: Chunk, holder: str, accepted: bool | None, outstanding: list[Chunk]) -> None:
+        """On the loop: the bookkeeping of one chunk that came (in order, before its link's thread is done).
+        `accepted`: held; False: refused; None: dropped, as another link wrote it (store.write_as_it_comes)."""
+        if accepted is None:
+            self.queue.dropped(chunk, holder)
+        else:
+            if accepted:
+                self.per_holder[holder] = self.per_holder.get(holder, 0) + chunk.length
+            self.queue.arrived(chunk, holder, accepted)
         outstanding.remove(chunk)
         self.on_progress(self.progress)
 
