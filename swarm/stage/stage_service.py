@@ -66,9 +66,6 @@ refused_log = logging.getLogger("swarm.refused")
 
 IDLE_CACHE_S = 600.0  # caches of a request nobody touched this long are freed (its entry died)
 GC_EVERY_S = 60.0
-# A new prompt waits until nothing more arrived for PROMPTS_QUIET_S (at most PROMPTS_TAKE_IN_S) for the
-# prompts sent with it (a lone request's first token comes 5 ms later; a prompt pass takes hundreds).
-PROMPTS_QUIET_S, PROMPTS_TAKE_IN_S = 0.005, 0.05
 PROMPT_BATCH_POSITIONS = 2048  # padded positions of one prompt pass (its attention scores grow with the square)
 LOG_EVERY_S = 10.0  # a flood of bad frames or failing requests: one line per kind this often, with a count
 
@@ -258,9 +255,6 @@ class StageService:
         steps = [first]
         if self.max_batch < 2 or self.host.stage is None or not self.host.stage.shard.can_batch:
             return steps
-        # Prompts that left the stage before together are still coming in (MBs each): read them first,
-        # or each is computed alone as it lands (3 nodes, 8 streams: stages 1 and 2 took 7 passes).
-        self.worker.mlx_take_in(PROMPTS_QUIET_S, PROMPTS_TAKE_IN_S)
         seen, width = {(first.entry, first.rid)}, first.length
         kept: deque = deque()
         while self._queue and len(steps) < self.max_batch:
