@@ -93,6 +93,8 @@ class ThreadFrameLink:
         """A frame whose payload is `length` bytes of `file` at `offset`: sendfile on an open link; on a
         sealed one read through `buffer` (a small payload whole, so at least JOIN_MAX_PAYLOAD bytes) and
         sealed a piece of its size at a time. OSError if the file ends early."""
+        if self._cipher is not None and (len(buffer) < min(length, JOIN_MAX_PAYLOAD) or length and not buffer):
+            raise ValueError(f"a buffer of {len(buffer)} bytes cannot carry a sealed payload of {length}")
         if self._cipher is not None and length <= JOIN_MAX_PAYLOAD:
             self.send(header, self._pread(file, memoryview(buffer)[:length], offset))
             return
