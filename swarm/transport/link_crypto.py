@@ -136,7 +136,7 @@ class FrameSealer:
         return self._aead.encrypt(self._next_nonce(), plaintext, associated)
 
     def seal_in_pieces(self, associated: bytes) -> StreamedSeal:
-        """The next frame's payload sealed a piece at a time (streamed_seal.py): the same bytes as `seal`."""
+        """The next frame's payload sealed a piece at a time (StreamedSeal, below): the same bytes as `seal`."""
         return StreamedSeal(self._key, self._next_nonce(), associated)
 
     def seal_to(self, associated: bytes, plaintext: bytes | memoryview, out: bytearray) -> memoryview:
@@ -175,7 +175,7 @@ class FrameOpener:
         self._received = 0
 
     def open_in_pieces(self, associated: bytes) -> StreamedOpen:
-        """The next frame's payload opened a piece at a time (streamed_seal.py; authentic only once its
+        """The next frame's payload opened a piece at a time (StreamedOpen, below; authentic only once its
         `finish` passes). Its number is taken now: if it fails, the link is closed anyway."""
         self._received += 1
         return StreamedOpen(self._key, _COUNTER.pack(self._received - 1), associated)

@@ -3,8 +3,9 @@
 A node that fetches weights keeps them in a copy of the model's own layout: the
 same files at the same sizes, created sparse, each fetched chunk written at its
 own offset as it arrives and held once its hash checked out (only held chunks are
-served or loaded; a range is written by one writer at a time, never once held). mlx loads safetensors lazily, so a shard
-reads only its own tensors and never touches the holes. Which chunks are held is
+served or loaded; a range is written by one writer at a time, never once held).
+mlx loads safetensors lazily, so a shard reads only its own tensors and never
+touches the holes. Which chunks are held is
 recorded beside the files (`.swarm-held`), so a restart serves and loads what
 is on disk and fetches only the rest. The record names only chunks that were
 synced to disk before it was written; syncing runs on a thread of its own
