@@ -1,4 +1,4 @@
-"""Receive, hash and write a model's weights over loopback: whole 16 MiB chunks or a piece at a time, one or two links.
+"""Receive, hash and write a model's weights on loopback: whole 16 MiB chunks or a piece at a time, 1 or 2 links.
 
     python benchmarks/weights_receive_pieces.py [ROUNDS] [PIECE_KIB]
 
@@ -9,6 +9,9 @@ does the three for each PIECE_KIB piece (default 1024) while the piece is in the
 cache ("piece"). Prints MB/s per round and the receiver's CPU seconds per GB. What made
 the weights fetch receive in pieces on two links per holder (docs/performance.md, issue 16).
 """
+
+from __future__ import annotations
+
 import multiprocessing
 import os
 import resource
@@ -23,82 +26,119 @@ from pathlib import Path
 import blake3
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from swarm.models.resolve import resolve_model  # noqa: E402
 
-MODEL = resolve_model(None).path
-files = sorted(p for p in MODEL.iterdir() if p.suffix == ".safetensors")
-CH = 16 << 20
-chunks = []  # (file, offset, length)
-for p in files:
-    size = p.stat().st_size
-    for off in range(0, size, CH):
-        chunks.append((p, off, min(CH, size - off)))
-total = sum(c[2] for c in chunks)
+CHUNK = 16 << 20
+Chunk = tuple[Path, int, int]  # file, offset, length
 
-def sender(port_out, lanes):
-    srv = socket.create_server(("127.0.0.1", 0)); port_out.send(srv.getsockname()[1])
-    def serve(conn, part):
+
+def model_chunks() -> list[Chunk]:
+    """The default model's safetensors cut in CHUNK-byte pieces, as a manifest cuts them (roughly)."""
+    files = sorted(p for p in resolve_model(None).path.iterdir() if p.suffix == ".safetensors")
+    return [(p, at, min(CHUNK, p.stat().st_size - at)) for p in files for at in range(0, p.stat().st_size, CHUNK)]
+
+
+def sender(chunks: list[Chunk], links: int, port_out) -> None:
+    """Accept `links` connections at a time and sendfile every `links`-th chunk on each, from a thread each."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port_out.send(server.getsockname()[1])
+
+    def serve(conn: socket.socket, part: list[Chunk]) -> None:
         with conn:
-            fds = {}
-            for (p, off, n) in part:
-                fd = fds.get(p) or fds.setdefault(p, os.open(p, os.O_RDONLY))
+            fds: dict[Path, int] = {}
+            for path, offset, length in part:
+                if path not in fds:
+                    fds[path] = os.open(path, os.O_RDONLY)
                 sent = 0
-                while sent < n:
-                    sent += os.sendfile(conn.fileno(), fd, off + sent, n - sent)
+                while sent < length:
+                    sent += os.sendfile(conn.fileno(), fds[path], offset + sent, length - sent)
     while True:
-        conns = [srv.accept()[0] for _ in range(lanes)]
-        ts = [threading.Thread(target=serve, args=(c, chunks[i::lanes])) for i, c in enumerate(conns)]
-        [t.start() for t in ts]; [t.join() for t in ts]
+        conns = [server.accept()[0] for _ in range(links)]
+        threads = [threading.Thread(target=serve, args=(c, chunks[i::links])) for i, c in enumerate(conns)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
 
-def recv_into(s, view):
+
+def receive_exactly(sock: socket.socket, view: memoryview) -> None:
     got = 0
     while got < len(view):
-        n = s.recv_into(view[got:], 0, socket.MSG_WAITALL); got += n
+        got += sock.recv_into(view[got:], 0, socket.MSG_WAITALL)
 
-def lane_whole(s, part, fds):
-    buf = bytearray(CH); mv = memoryview(buf)
-    for (p, off, n) in part:
-        v = mv[:n]; recv_into(s, v)
-        blake3.blake3(v, max_threads=1).digest()
-        os.pwrite(fds[p], v, off)
 
-PIECE = int(sys.argv[2]) << 10 if len(sys.argv) > 2 else 1 << 20
-def lane_piece(s, part, fds):
-    buf = bytearray(PIECE); mv = memoryview(buf)
-    for (p, off, n) in part:
-        h = blake3.blake3(max_threads=1); done = 0
-        while done < n:
-            k = min(PIECE, n - done); v = mv[:k]; recv_into(s, v)
-            h.update(v); os.pwrite(fds[p], v, off + done); done += k
-        h.digest()
+def receive_whole(sock: socket.socket, part: list[Chunk], fds: dict[Path, int], piece: int) -> None:
+    """A whole chunk into one buffer, then hashed, then written."""
+    view = memoryview(bytearray(CHUNK))
+    for path, offset, length in part:
+        receive_exactly(sock, view[:length])
+        blake3.blake3(view[:length]).digest()
+        os.pwrite(fds[path], view[:length], offset)
 
-def run(port, lanes, fn, out):
-    fds = {}
-    for p in files:
-        with open(out / p.name, "ab") as f: f.truncate(p.stat().st_size)
-        fds[p] = os.open(out / p.name, os.O_WRONLY)
-    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(lanes)]
-    r0 = resource.getrusage(resource.RUSAGE_SELF); t0 = time.perf_counter()
-    ts = [threading.Thread(target=fn, args=(s, chunks[i::lanes], fds)) for i, s in enumerate(socks)]
-    [t.start() for t in ts]; [t.join() for t in ts]
-    dt = time.perf_counter() - t0; r1 = resource.getrusage(resource.RUSAGE_SELF)
-    for s in socks: s.close()
-    for fd in fds.values(): os.close(fd)
-    cpu = (r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime)
-    return total / dt / 1e6, cpu / total * 1e9
+
+def receive_in_pieces(sock: socket.socket, part: list[Chunk], fds: dict[Path, int], piece: int) -> None:
+    """Each `piece` bytes received, hashed and written while in the cache."""
+    view = memoryview(bytearray(piece))
+    for path, offset, length in part:
+        hasher, done = blake3.blake3(), 0
+        while done < length:
+            got = view[:min(piece, length - done)]
+            receive_exactly(sock, got)
+            hasher.update(got)
+            os.pwrite(fds[path], got, offset + done)
+            done += len(got)
+        hasher.digest()
+
+
+def run(chunks: list[Chunk], port: int, links: int, receive, piece: int, out: Path) -> tuple[float, float]:
+    """MB/s and this process's CPU seconds per GB for one copy of every chunk into fresh sparse files."""
+    fds: dict[Path, int] = {}
+    for path in {c[0] for c in chunks}:
+        with open(out / path.name, "ab") as f:
+            f.truncate(path.stat().st_size)
+        fds[path] = os.open(out / path.name, os.O_WRONLY)
+    total = sum(c[2] for c in chunks)
+    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(links)]
+    before, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    threads = [threading.Thread(target=receive, args=(s, chunks[i::links], fds, piece)) for i, s in enumerate(socks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds, after = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+    for s in socks:
+        s.close()
+    for fd in fds.values():
+        os.close(fd)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return total / seconds / 1e6, cpu / total * 1e9
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    piece = (int(sys.argv[2]) if len(sys.argv) > 2 else 1024) << 10
+    chunks = model_chunks()
+    ports = {}
+    for links in (1, 2):
+        recv_end, send_end = multiprocessing.Pipe(False)
+        multiprocessing.Process(target=sender, args=(chunks, links, send_end), daemon=True).start()
+        ports[links] = recv_end.recv()
+    ways = {"whole, 1 link": (1, receive_whole), "pieces, 1 link": (1, receive_in_pieces),
+            "whole, 2 links": (2, receive_whole), "pieces, 2 links": (2, receive_in_pieces)}
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in ways}
+    for _ in range(rounds):
+        for name, (links, receive) in ways.items():
+            with tempfile.TemporaryDirectory() as tmp:
+                os.sync()  # no earlier round's writeback in flight (not timed)
+                results[name].append(run(chunks, ports[links], links, receive, piece, Path(tmp)))
+    print(f"{sum(c[2] for c in chunks) / 1e6:.0f} MB in {len(chunks)} chunks, pieces of {piece >> 10} KiB\n"
+          "| way | MB/s per round | median MB/s | receiver CPU s per GB |\n|---|---|---:|---:|")
+    for name, runs in results.items():
+        print(f"| {name} | {', '.join(str(round(r[0])) for r in runs)} | {statistics.median(r[0] for r in runs):.0f} "
+              f"| {statistics.median(r[1] for r in runs):.2f} |")
+
 
 if __name__ == "__main__":
-    variants = {"whole1": (1, lane_whole), "piece1": (1, lane_piece), "whole2": (2, lane_whole), "piece2": (2, lane_piece)}
-    procs = {}
-    for lanes in (1, 2):
-        a, b = multiprocessing.Pipe(False)
-        pr = multiprocessing.Process(target=sender, args=(b, lanes), daemon=True); pr.start(); procs[lanes] = a.recv()
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    res = {k: [] for k in variants}
-    for r in range(rounds):
-        for name, (lanes, fn) in variants.items():
-            with tempfile.TemporaryDirectory() as tmp:
-                os.sync()
-                res[name].append(run(procs[lanes], lanes, fn, Path(tmp)))
-    for name, v in res.items():
-        print(f"{name}: MB/s {[round(x[0]) for x in v]} median {statistics.median(x[0] for x in v):.0f}; recv CPU s/GB {statistics.median(x[1] for x in v):.2f}")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    main()

@@ -47,7 +47,8 @@ WEIGHTS_PURPOSE = "weights"
 WEIGHTS_MAX_PAYLOAD = 64 << 20
 
 BATCH_BYTES = 64 * 1024 * 1024
-# An open link's chunk passes through a buffer of this size, which stays in the core's cache (2 MiB of L2 here).
+# A chunk passes through a buffer of this size (received, opened if sealed, hashed, written): it stays in
+# the core's cache (2 MiB of L2 here).
 PIECE_BYTES = 1024 * 1024
 # Links a fetching node opens to each holder, each with a thread of its own: one link's thread receives,
 # hashes and writes in turn, and two keep both of this machine's cores busy (+24% rate on loopback here).
