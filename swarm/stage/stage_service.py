@@ -194,7 +194,7 @@ class StageService:
         """Compute every message queued for our stage (called after each round of socket events),
         taking in what arrived meanwhile between passes."""
         first = True
-        while self._queue:
+        while self._queue and not self.worker.closed:  # (a node stopping computes no more)
             if not first:  # on a node that is its own next stage a request's steps follow each other on this
                 self.worker.mlx_take_in()  # thread: new requests' prompts would wait for its stream to end
             first = False
