@@ -25,6 +25,7 @@ from peer_nodes import HOST, PeerNode
 
 from discovery.node_id import new_instance_nonce
 from discovery.profile import NodeProfile
+from swarm.transport.errors import PeerUnreachable
 from swarm.transport.messages import Message
 
 STRANGER_FINGERPRINT = "stranger"  # never the model's: the stranger is in the view, never in a plan
@@ -38,11 +39,17 @@ def stranger_profile(node_id: str, swarm: str, port: int) -> NodeProfile:
 
 class Stranger(PeerNode):
     async def send_all(self, node_id: str, messages: list[Message]) -> None:
-        """Send them in order on the MLX thread, in one hand-off (fast enough to sweep)."""
+        """Send them in order on the MLX thread, in one hand-off (fast enough to sweep). A link the node
+        cut meanwhile is dialled again and they are all sent once more: on a loaded machine the stranger's
+        own liveness probes can fail, and the node then drops its connection (as it should: a peer that
+        left); every attack here means the same sent twice."""
         def send() -> None:
             for message in messages:
                 self.lane.mlx_send(node_id, message)
-        await self.worker.run(send)
+        try:
+            await self.worker.run(send)
+        except PeerUnreachable:
+            await self.worker.run(send)
 
     def answers(self) -> list:
         """Every message nodes sent the stranger so far (sender, message)."""

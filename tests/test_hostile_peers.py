@@ -230,7 +230,8 @@ async def test_fake_requests_cannot_pin_more_caches_than_a_cap(swarm, stranger, 
     cached = {n.node_id: get_json(n.url + "/health")[1]["cached_requests"] for n in swarm.nodes}
     print(f"cached requests after 300 fake ones: {cached}")
     assert all(count <= 64 for count in cached.values()), cached
-    victim = Victim(swarm.entry.url, VICTIM, VICTIM_TOKENS, swarm.entry.log).start().wait()
+    # waited for off the loop: the stranger answers the nodes' liveness probes on it (blocked, it was dropped)
+    victim = await asyncio.to_thread(Victim(swarm.entry.url, VICTIM, VICTIM_TOKENS, swarm.entry.log).start().wait)
     assert victim.error is None and victim.text == expected
     # The stranger is these requests' entry: its releases free them (on each stage it reaches).
     releases = [Release(f"fake-{i}") for i in range(300)] + [Release("fake-last")]
@@ -329,7 +330,7 @@ async def test_a_thousand_hostile_frames_change_nothing(swarm, stranger, expecte
         for node_id in {n for n, _ in frames[start:start + 50]}:
             await stranger.send_all(node_id, [m for n, m in frames[start:start + 50] if n == node_id])
         await asyncio.sleep(0.01)
-    victim.wait()
+    await asyncio.to_thread(victim.wait)
     assert victim.error is None and victim.text == expected
     await asyncio.sleep(1.0)
     after = usage()
