@@ -193,11 +193,7 @@ class StageService:
     def _mlx_serve_queue(self) -> None:
         """Compute every message queued for our stage (called after each round of socket events),
         taking in what arrived meanwhile between passes."""
-        first = True
         while self._queue and not self.worker.closed:  # (a node stopping computes no more)
-            if not first:  # on a node that is its own next stage a request's steps follow each other on this
-                self.worker.mlx_take_in()  # thread: new requests' prompts would wait for its stream to end
-            first = False
             sender, message = self._queue.popleft()
             try:
                 if isinstance(message, Release):
@@ -208,6 +204,8 @@ class StageService:
             except Exception:
                 self.failures.every(("bug", type(message).__name__), LOG_EVERY_S, "failed to serve a %s message "
                                     "from %s", type(message).__name__, sender, exc_info=True)
+            if self._queue:  # on a node that is its own next stage a request's steps follow each other on
+                self.worker.mlx_take_in()  # this thread: new requests' prompts would wait for its stream to end
         now = time.monotonic()
         if now - self._last_gc > GC_EVERY_S and self.host.stage is not None:
             self._last_gc = now
