@@ -160,7 +160,7 @@ def test_a_dropped_arrival_leaves_the_chunk_to_the_link_writing_it(model_dir):
     q.add_holder("a", {chunk.index})
     q.add_holder("b", {chunk.index})
     assert q.take("b", 1 << 20) == [chunk]
-    q.dropped(chunk, "a")  # a's late copy, while b writes it
+    q.arrived(chunk, "a", accepted=None)  # a's late copy, while b writes it
     assert not q.done and not q.has_work_for("a"), "still b's"
     q.arrived(chunk, "b", accepted=False)  # b's bytes were bad: asked again, of a
     assert q.take("a", 1 << 20) == [chunk] and q.progress.done_bytes == 0

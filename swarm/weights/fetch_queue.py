@@ -64,23 +64,19 @@ class FetchQueue:
             self._taken[c.index] = holder
         return batch
 
-    def arrived(self, chunk: Chunk, holder: str, accepted: bool) -> None:
+    def arrived(self, chunk: Chunk, holder: str, accepted: bool | None) -> None:
+        """`accepted`: held; False: refused (never asked of this holder again); None: dropped, as its bytes
+        came while another link wrote the same chunk or after it was held (store.py): if that other write
+        fails, the chunk is still pending and is asked again."""
         self.progress.received_bytes += chunk.length
         if self._taken.get(chunk.index) == holder:
             del self._taken[chunk.index]
         if accepted:
             if self._pending.pop(chunk.index, None) is not None:
                 self.progress.done_bytes += chunk.length
-        else:
+        elif accepted is False:
             self.progress.rejected += 1
             self._bad.setdefault(chunk.index, set()).add(holder)
-
-    def dropped(self, chunk: Chunk, holder: str) -> None:
-        """Its bytes came while another link wrote the same chunk, or after it was held (store.py): not
-        counted; if that other write fails, the chunk is still pending and is asked again."""
-        self.progress.received_bytes += chunk.length
-        if self._taken.get(chunk.index) == holder:
-            del self._taken[chunk.index]
 
     def give_back(self, chunks: list[Chunk], holder: str) -> None:
         """`holder` will not deliver these after all (its connection broke)."""

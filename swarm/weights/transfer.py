@@ -289,12 +289,9 @@ class WeightFetch:
     def _arrived(self, chunk: Chunk, holder: str, accepted: bool | None, outstanding: list[Chunk]) -> None:
         """On the loop: the bookkeeping of one chunk that came (in order, before its link's thread is done).
         `accepted`: held; False: refused; None: dropped, as another link wrote it (store.write_as_it_comes)."""
-        if accepted is None:
-            self.queue.dropped(chunk, holder)
-        else:
-            if accepted:
-                self.per_holder[holder] = self.per_holder.get(holder, 0) + chunk.length
-            self.queue.arrived(chunk, holder, accepted)
+        if accepted:
+            self.per_holder[holder] = self.per_holder.get(holder, 0) + chunk.length
+        self.queue.arrived(chunk, holder, accepted)
         outstanding.remove(chunk)
         self.on_progress(self.progress)
 
