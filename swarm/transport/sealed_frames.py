@@ -50,8 +50,7 @@ def seal_frame(sealer: FrameSealer, header: dict, payload: bytes | memoryview = 
         if reuse:
             return [prefix, sealer.seal_into(prefix, packed, view if view.format == "B" else view.cast("B"))]
         return [prefix, sealer.seal(prefix, packed + payload if n else packed)]
-    prefix = PREFIX.pack(len(packed) + TAG_BYTES, n + TAG_BYTES)
-    sealed_header = sealer.seal(prefix, packed)  # first: the header takes the lower number
+    prefix, sealed_header = _large_frame_head(sealer, packed, n)
     sealed_payload = sealer.seal(prefix, payload) if into is None else sealer.seal_to(prefix, payload, into)
     return [prefix, sealed_header, sealed_payload]
 
@@ -60,10 +59,14 @@ def seal_frame_head(sealer: FrameSealer, header: dict, n: int) -> tuple[bytes, S
     """A frame with a payload of `n` > JOIN_MAX_PAYLOAD bytes, sealed as its payload is read (weights,
     thread_link.py): the prefix and sealed header to send first, and the seal each piece of the payload
     goes through, whose tag ends the frame. The same bytes as seal_frame's."""
-    packed = pack_header(header)
+    prefix, sealed_header = _large_frame_head(sealer, pack_header(header), n)
+    return prefix + sealed_header, sealer.seal_in_pieces(prefix)
+
+
+def _large_frame_head(sealer: FrameSealer, packed: bytes, n: int) -> tuple[bytes, bytes]:
+    """The prefix and sealed header of a frame whose `n`-byte payload is sealed on its own."""
     prefix = PREFIX.pack(len(packed) + TAG_BYTES, n + TAG_BYTES)
-    head = prefix + sealer.seal(prefix, packed)  # first: the header takes the lower number
-    return head, sealer.seal_in_pieces(prefix)
+    return prefix, sealer.seal(prefix, packed)  # first: the header takes the lower number
 
 
 def check_sealed_lengths(header_len: int, payload_len: int, max_payload: int) -> None:
