@@ -184,12 +184,12 @@ def _hash_spans(path: Path, spans: list[tuple[int, int, str]]) -> list[str]:
 
 def chunk_hash(data: bytes | memoryview) -> str:
     """A chunk's hash as the manifest holds it (any thread: blake3 lets go of the GIL while it hashes)."""
-    return blake3.blake3(data).hexdigest()
+    return chunk_hasher(data).hexdigest()
 
 
-def chunk_hasher() -> "blake3.blake3":
-    """The hash of `chunk_hash` fed piece by piece (`update`, then `hexdigest`)."""
-    return blake3.blake3()
+def chunk_hasher(data: bytes | memoryview = b"") -> "blake3.blake3":
+    """The hash of `chunk_hash`, to be fed piece by piece (`update`, then `hexdigest`)."""
+    return blake3.blake3(data)
 
 
 def cached_manifest(model_dir: Path, cache_root: Path) -> Manifest:
