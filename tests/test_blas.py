@@ -66,6 +66,11 @@ def test_reexec_env_prepends_and_marks_active() -> None:
     assert env["SWARM_BLAS_ACTIVE"] == "/x/libblas.so.3" and env["KEEP"] == "1"
 
 
+def test_reexec_env_shortens_openblas_spin_unless_the_user_set_it() -> None:
+    assert reexec_env(Path("/x/libblas.so.3"), {})["OPENBLAS_THREAD_TIMEOUT"] == "22"
+    assert reexec_env(Path("/x/libblas.so.3"), {"OPENBLAS_THREAD_TIMEOUT": "28"})["OPENBLAS_THREAD_TIMEOUT"] == "28"
+
+
 def _run_probe(tmp_path: Path, **env: str) -> dict:
     """Run a `python -c` that calls maybe_reexec_with_blas(module=probe); report what the probe saw."""
     (tmp_path / "blas_probe.py").write_text(

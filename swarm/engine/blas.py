@@ -13,6 +13,7 @@ Environment:
     SWARM_BLAS=off          never re-exec (keep the bundled BLAS)
     SWARM_BLAS=/path/lib.so use this library (must export cblas_sgemm)
     SWARM_BLAS_ACTIVE       set by the re-exec to the preloaded path; also stops loops
+    OPENBLAS_THREAD_TIMEOUT the re-exec sets it to SPIN_LOG2_CYCLES unless it is set already
 """
 
 from __future__ import annotations
@@ -25,6 +26,14 @@ import sys
 from pathlib import Path
 
 _SYMBOL = "cblas_sgemm"
+
+# OpenBLAS's idle workers spin 2^28 cycles (~0.1 s) after each call before they sleep. A pipeline
+# stage waits for its peers most of every decode step, so by default its workers spin through the
+# wait, on cores that another process of the machine wants (a co-located node computing, the user's
+# apps). 2^22 cycles (~1.5 ms) still spans the gaps between the BLAS calls of one pass. Measured
+# (docs/performance.md, issue 18): 3 nodes on one 2-core machine at 8 streams 0.89-0.90x -> 1.02x of
+# mlx-lm's batch generation; one node unchanged.
+SPIN_LOG2_CYCLES = "22"
 
 
 def _candidates() -> list[Path]:
@@ -73,8 +82,10 @@ def _preloaded(env: dict[str, str]) -> list[str]:
 
 
 def reexec_env(blas: Path, env: dict[str, str]) -> dict[str, str]:
-    """`env` with `blas` first in LD_PRELOAD and SWARM_BLAS_ACTIVE set."""
+    """`env` with `blas` first in LD_PRELOAD, SWARM_BLAS_ACTIVE set, and OpenBLAS's spin shortened
+    (a value the user set is kept)."""
     new = dict(env)
+    new.setdefault("OPENBLAS_THREAD_TIMEOUT", SPIN_LOG2_CYCLES)
     new["LD_PRELOAD"] = ":".join([str(blas), *_preloaded(env)])
     new["SWARM_BLAS_ACTIVE"] = str(blas)
     return new
