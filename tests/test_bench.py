@@ -54,6 +54,10 @@ def test_quick_bench_two_swarm_sizes(tmp_path: Path) -> None:
     two = next(r for r in data["results"] if r["name"] == "swarm, 2 nodes")
     assert two["per_hop_ms"] is not None and two["prefill_mb_s"] > 0
     assert two["decode_tps"] > 0 and two["aggregate_tps"]["1"] > 0
+    # at c > 1 each round is paired with mlx-lm's batch generation of the same round
+    (pair,) = two["raw"]["concurrent_2"]["rounds"]
+    assert pair["mlx_lm_tps"] > 0 and pair["swarm_tps"] == two["aggregate_tps"]["2"]
+    assert two["paired_ratio"]["2"] == pair["swarm_tps"] / pair["mlx_lm_tps"]
     # the entry node timed its decode steps: 2 hops each, compute and overhead split out
     timing = two["raw"]["decode_timing"]
     assert timing["hops"] == 2 and timing["decode_steps"] >= 7, timing

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import statistics
 import time
+from collections.abc import Callable
 
 import mlx.core as mx
 
@@ -62,6 +63,10 @@ class MlxLmAlone:
                              return_token_ids=True)
         return sum(len(t) for t in out.token_ids), time.perf_counter() - t0
 
+    def batch_tps(self, prompt: list[int], max_tokens: int, n: int) -> float:
+        tokens, wall = self.batch(prompt, max_tokens, n)
+        return tokens / wall
+
     def measure(self, prompt: list[int], max_tokens: int, concurrency: list[int],
                 runs: int) -> tuple[SetupResult, list[int]]:
         self.generate(prompt, WARMUP_TOKENS)
@@ -98,19 +103,23 @@ def _batching(cluster: LocalCluster) -> tuple[int, ...]:
 
 
 def measure_swarm(cluster: LocalCluster, prompt_text: str, prompt_tokens: int, max_tokens: int,
-                  concurrency: list[int], runs: int, reference: str) -> SetupResult:
+                  concurrency: list[int], runs: int, reference: str,
+                  mlx_batch_tps: Callable[[int], float] | None = None) -> SetupResult:
+    """Single streams `runs` times, then each concurrency `runs` rounds, each paired with mlx-lm's
+    batch generation if `mlx_batch_tps` is given."""
     url = cluster.entry.url
     stream_completion(url, prompt_text, WARMUP_TOKENS)
     singles: list[StreamRun] = [stream_completion(url, prompt_text, max_tokens) for _ in range(runs)]
     r, texts = _swarm_result(cluster, singles, prompt_tokens)
     for c in concurrency:
-        _concurrent(cluster, r, texts, c, prompt_text, max_tokens)
+        _concurrent(cluster, r, texts, c, prompt_text, max_tokens, runs, mlx_batch_tps)
     r.same_tokens = _same(texts, reference)
     return r
 
 
 def measure_swarm_pair(a: LocalCluster, b: LocalCluster, prompt_text: str, prompt_tokens: int, max_tokens: int,
-                       concurrency: list[int], runs: int, reference: str) -> tuple[SetupResult, SetupResult]:
+                       concurrency: list[int], runs: int, reference: str,
+                       mlx_batch_tps: Callable[[int], float] | None = None) -> tuple[SetupResult, SetupResult]:
     """`measure_swarm` of two swarms that are up at once, in alternating rounds (a b, b a, a b, ...),
     so the machine's drift and the order within a round land on both alike; each concurrency too
     (a then b). Keeps each round's pair of single-stream runs in b's raw["paired_rounds"]."""
@@ -125,8 +134,8 @@ def measure_swarm_pair(a: LocalCluster, b: LocalCluster, prompt_text: str, promp
     rb.raw["paired_rounds"] = [{"a_decode_tps": x.decode_tps, "b_decode_tps": y.decode_tps,
                                 "b_first": i % 2 == 1} for i, (x, y) in enumerate(zip(singles[id(a)], singles[id(b)]))]
     for c in concurrency:
-        _concurrent(a, ra, texts_a, c, prompt_text, max_tokens)
-        _concurrent(b, rb, texts_b, c, prompt_text, max_tokens)
+        _concurrent(a, ra, texts_a, c, prompt_text, max_tokens, runs, mlx_batch_tps)
+        _concurrent(b, rb, texts_b, c, prompt_text, max_tokens, runs, mlx_batch_tps)
     ra.same_tokens, rb.same_tokens = _same(texts_a, reference), _same(texts_b, reference)
     return ra, rb
 
@@ -149,26 +158,42 @@ def _swarm_result(cluster: LocalCluster, singles: list[StreamRun], prompt_tokens
 
 
 def _concurrent(cluster: LocalCluster, r: SetupResult, texts: list, c: int, prompt_text: str,
-                max_tokens: int) -> None:
-    """`c` simultaneous streams on `cluster`: aggregate tokens/s and what batching did, into `r`."""
+                max_tokens: int, rounds: int = 1, mlx_batch_tps: Callable[[int], float] | None = None) -> None:
+    """`c` simultaneous streams on `cluster`, `rounds` times: aggregate tokens/s (median) and what
+    batching did, into `r`. With `mlx_batch_tps`, each round also runs mlx-lm's batch generation of
+    c streams right before or after the swarm's (the order alternating), and the ratio of the pair is
+    kept: the machine's speed drifts over a run by more than the differences measured."""
     if c == 1:  # the single-stream runs'
         r.aggregate_tps[1] = _median([s["tokens"] / s["wall_s"] for s in r.raw["single_runs"]])
         return
     url = cluster.entry.url
     before = _batching(cluster)
-    wall, runs_c = concurrent_completions(url, prompt_text, max_tokens, c)
-    r.aggregate_tps[c] = sum(s.tokens for s in runs_c) / wall
+    rounds_raw = []
+    for i in range(rounds):
+        mlx_first = mlx_batch_tps is not None and i % 2 == 1
+        mlx_tps = mlx_batch_tps(c) if mlx_first else None
+        wall, runs_c = concurrent_completions(url, prompt_text, max_tokens, c)
+        if mlx_batch_tps is not None and not mlx_first:
+            mlx_tps = mlx_batch_tps(c)
+        rounds_raw.append({"tokens": [s.tokens for s in runs_c], "wall_s": wall,
+                           "swarm_tps": sum(s.tokens for s in runs_c) / wall, "mlx_lm_tps": mlx_tps,
+                           "last_first_token_s": max(s.ttft_s for s in runs_c)})  # every stream has its first token
+        texts += [s.text for s in runs_c]
+    r.aggregate_tps[c] = _median([x["swarm_tps"] for x in rounds_raw])
+    ratios = [x["swarm_tps"] / x["mlx_lm_tps"] for x in rounds_raw if x["mlx_lm_tps"]]
+    if ratios:
+        r.paired_ratio[c] = statistics.median(ratios)
     passes, rows, prompt_passes, prompt_rows, kept = (a - b for a, b in zip(_batching(cluster), before))
-    first_tokens_in = max(s.ttft_s for s in runs_c)  # the prompts' phase: every stream has its first token
-    r.raw[f"concurrent_{c}"] = {"tokens": [s.tokens for s in runs_c], "wall_s": wall,
-                                "batched_passes": passes, "batched_rows": rows, "prompt_passes": prompt_passes,
-                                "prompt_rows": prompt_rows, "kept_passes": kept,
-                                "last_first_token_s": first_tokens_in}
+    r.raw[f"concurrent_{c}"] = {"rounds": rounds_raw, "batched_passes": passes, "batched_rows": rows,
+                                "prompt_passes": prompt_passes, "prompt_rows": prompt_rows, "kept_passes": kept}
     parts = [f"{rows / passes:.1f} rows/batched pass"] if passes else []
     if passes and kept:
         parts.append(f"{100 * kept / passes:.0f}% of them on a batch kept as it was")
     if prompt_passes:
         parts.append(f"{prompt_rows / prompt_passes:.1f} prompts/shared prompt pass")
-    parts.append(f"all first tokens in at {100 * first_tokens_in / wall:.0f}% of the wall")
+    parts.append(f"all first tokens in at {100 * _median([x['last_first_token_s'] / x['wall_s'] for x in rounds_raw]):.0f}%"
+                 f" of the wall")
+    if ratios:
+        parts.append(f"vs mlx-lm's batch generation in the same round {min(ratios):.2f}-{max(ratios):.2f}x over "
+                     f"{len(ratios)} round(s)")
     r.note = "; ".join(x for x in (r.note, f"@{c}: " + ", ".join(parts)) if x)
-    texts += [s.text for s in runs_c]

@@ -15,6 +15,8 @@ class SetupResult:
     ttft_s: float | None = None  # median over single-stream runs
     decode_tps: float | None = None  # one stream, first token -> last
     aggregate_tps: dict[int, float | None] = field(default_factory=dict)  # concurrency -> tokens/s
+    # concurrency -> median over rounds of (this / mlx-lm's batch generation run in the same round)
+    paired_ratio: dict[int, float] = field(default_factory=dict)
     same_tokens: str = "n/a"  # "yes" | "no (...)" | "ref" | "n/a"
     note: str = ""
     measured: bool = True

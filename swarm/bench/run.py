@@ -8,6 +8,7 @@ import platform
 import secrets
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,7 +87,6 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
     ring_sizes = [k for k in nodes if k > 1] if with_ring else []
     if ring_sizes:
         ring_ref = alone.generate(ring.ring_prompt(tokenizer, len(prompt)), RING_HEAD)[0]
-    alone.close()
     reference = reference_text(tokenizer, ref_ids)
     results: list[SetupResult] = [ref]
 
@@ -99,21 +99,25 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
                          None))
     if baseline:
         variants.append(((), f", baseline ({_install_of(baseline)})", "swarm-baseline", baseline))
+    def mlx_batch_tps(c: int) -> float:
+        return alone.batch_tps(prompt, max_tokens, c)
+
     for n in nodes:
         if with_secret:
             results += _open_and_secret(n, workdir, str(model.path), memory_limit, len(prompt), max_tokens,
-                                        concurrency, runs, reference)
+                                        concurrency, runs, reference, mlx_batch_tps)
         for extra, suffix, kind, python in variants:
             progress(f"swarm with {n} node(s){suffix}: starting")
             with LocalCluster(n, workdir, str(model.path), memory_limit, extra_args=extra, python=python) as cluster:
                 load = loadavg()
                 progress(f"swarm with {n} node(s): plan {cluster.topology['plan']['plan_id']} stages "
                          + ", ".join(f"{s['node_id']}[{s['start']},{s['end']})" for s in cluster.stages))
-                r = measure_swarm(cluster, PROMPT, len(prompt), max_tokens, concurrency, runs, reference)
+                r = measure_swarm(cluster, PROMPT, len(prompt), max_tokens, concurrency, runs, reference, mlx_batch_tps)
                 r.name += suffix
                 r.kind = kind
                 results.append(_with_load(r, load))
 
+    alone.close()  # (kept until here: each swarm's concurrent rounds are paired with its batch generation)
     if with_ring:
         for k in ring_sizes:
             progress(f"mlx-lm ring pipeline with {k} ranks")
@@ -129,7 +133,9 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
     notes = (
         "\nRatios in parentheses are to mlx-lm alone (TTFT: time ratio, lower is better).\n"
         "Decode tok/s: one stream, first token to last. Aggregate tok/s: all tokens of c simultaneous "
-        "streams / wall time, prefill included.\n"
+        "streams / wall time, prefill included; at c > 1 a swarm row's is the median of --runs rounds, and its "
+        "ratio the median of each round's ratio to mlx-lm's batch generation of c streams run in the same round "
+        "(right before or after it, the order alternating), since the machine's speed drifts over a run.\n"
         f"Per-hop decode ms: (s/token with K stages - s/token with 1 stage) / hops, hops = K "
         f"(K-1 activations + 1 token back; entry = stage 0); swarm vs the 1-node swarm, ring vs mlx-lm alone.\n"
         "Decode step ms: the median decode step of one stream, split by the entry node into the time the "
@@ -155,7 +161,8 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
 
 
 def _open_and_secret(n: int, workdir: Path, model: str, memory_limit: str, prompt_tokens: int, max_tokens: int,
-                     concurrency: list[int], runs: int, reference: str) -> list[SetupResult]:
+                     concurrency: list[int], runs: int, reference: str,
+                     mlx_batch_tps: Callable[[int], float]) -> list[SetupResult]:
     """The open swarm of n nodes and one with a swarm secret, both up at once, in alternating rounds."""
     progress(f"swarm with {n} node(s), open and with a secret side by side: starting")
     secret = ("--secret", secrets.token_urlsafe(32))
@@ -165,7 +172,8 @@ def _open_and_secret(n: int, workdir: Path, model: str, memory_limit: str, promp
     with LocalCluster(n, workdir / "open", model, memory_limit) as open_, \
             LocalCluster(n, workdir / "secret", model, memory_limit, extra_args=secret) as sealed:
         load = loadavg()
-        ro, rs = measure_swarm_pair(open_, sealed, PROMPT, prompt_tokens, max_tokens, concurrency, runs, reference)
+        ro, rs = measure_swarm_pair(open_, sealed, PROMPT, prompt_tokens, max_tokens, concurrency, runs, reference,
+                                    mlx_batch_tps)
     rs.name += ", secret"
     rs.kind = "swarm-secret"
     for r in (ro, rs):

@@ -15,6 +15,13 @@ def _with_ratio(x: float | None, ref: float | None, fmt: str = "{:.1f}") -> str:
     return f"{fmt.format(x)} ({x / ref:.2f}x)" if ref else fmt.format(x)
 
 
+def _aggregate(r: SetupResult, ref: SetupResult | None, c: int) -> str:
+    x = r.aggregate_tps.get(c)
+    if x is not None and c in r.paired_ratio:  # against mlx-lm's run of the same round, not the first row's
+        return f"{x:.1f} ({r.paired_ratio[c]:.2f}x)"
+    return _with_ratio(x, ref.aggregate_tps.get(c) if ref else None)
+
+
 def _step(r: SetupResult) -> str:
     if r.step_compute_ms is not None and r.step_overhead_ms is not None:
         return f"{r.step_compute_ms:.1f} + {r.step_overhead_ms:.1f}"
@@ -35,8 +42,7 @@ def markdown_table(results: list[SetupResult], concurrency: list[int]) -> str:
             cells = [r.name, f"{r.stages} ({r.split})",
                      _with_ratio(r.ttft_s * 1e3 if r.ttft_s else None, ref.ttft_s * 1e3 if ref else None, "{:.0f}"),
                      _with_ratio(r.decode_tps, ref.decode_tps if ref else None),
-                     *[_with_ratio(r.aggregate_tps.get(c), ref.aggregate_tps.get(c) if ref else None)
-                       for c in concurrency],
+                     *[_aggregate(r, ref, c) for c in concurrency],
                      _step(r), _num(r.per_hop_ms, "{:.2f}"), _num(r.hop_overhead_ms, "{:.2f}"), _num(r.prefill_mb_s), r.same_tokens, r.note]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
