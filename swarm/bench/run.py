@@ -99,6 +99,7 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
                          None))
     if baseline:
         variants.append(((), f", baseline ({_install_of(baseline)})", "swarm-baseline", baseline))
+
     def mlx_batch_tps(c: int) -> float:
         return alone.batch_tps(prompt, max_tokens, c)
 
