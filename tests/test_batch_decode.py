@@ -21,6 +21,7 @@ from swarm.bench.cluster import LocalCluster, get_json
 from swarm.engine.sampling import SamplingParams
 from swarm.engine.shard import load_shard
 from swarm.engine.shard_runner import ShardRunner
+from swarm.node_config import DEFAULT_BATCH_DECODE
 from model_zoo import build_random_model
 
 from reference import reference_chat
@@ -106,5 +107,5 @@ def test_concurrent_requests_batch_across_a_two_node_swarm(model: Path, tmp_path
             answers = list(pool.map(lambda p: _chat(cluster.entry.url, p), PROMPTS))
         batching = [get_json(n.url + "/health")[1]["decode_batching"] for n in cluster.nodes]
     assert dict(zip(PROMPTS, answers)) == expected
-    assert all(b["max_batch"] == 8 for b in batching), batching  # batching is on by default
+    assert all(b["max_batch"] == DEFAULT_BATCH_DECODE for b in batching), batching  # batching is on by default
     assert sum(b["batched_passes"] for b in batching) > 0, f"no step was batched: {batching}"
