@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
 from .client import StreamRun, concurrent_completions, stream_completion
 from .cluster import LocalCluster, get_json
@@ -62,6 +63,9 @@ class MlxLmAlone:
         out = batch_generate(self.model, self.tokenizer, [prompt] * n, max_tokens=max_tokens,
                              return_token_ids=True)
         return sum(len(t) for t in out.token_ids), time.perf_counter() - t0
+
+    def weight_bytes(self) -> int:
+        return sum(v.nbytes for _, v in tree_flatten(self.model.parameters()))
 
     def batch_tps(self, prompt: list[int], max_tokens: int, n: int) -> float:
         tokens, wall = self.batch(prompt, max_tokens, n)

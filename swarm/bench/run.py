@@ -10,9 +10,12 @@ import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import mlx.core as mx
+
+from discovery.memory import measure_memory
 
 from . import ring
 from .cluster import LocalCluster
@@ -100,8 +103,14 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
     if baseline:
         variants.append(((), f", baseline ({_install_of(baseline)})", "swarm-baseline", baseline))
 
-    def mlx_batch_tps(c: int) -> float:
-        return alone.batch_tps(prompt, max_tokens, c)
+    # Pairing each swarm's concurrent rounds with a batch generation keeps mlx-lm's copy of the model
+    # loaded beside the nodes' copy: only with room for both; else its ratios are to the first row's.
+    paired = any(c > 1 for c in concurrency) and 2 * alone.weight_bytes() < measure_memory()[1]
+    mlx_batch_tps = partial(alone.batch_tps, prompt, max_tokens) if paired else None
+    if not paired:
+        alone.close()
+        if any(c > 1 for c in concurrency):
+            progress("no room for mlx-lm's copy of the model beside the nodes': concurrent ratios are to its first row")
 
     for n in nodes:
         if with_secret:
@@ -118,7 +127,8 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
                 r.kind = kind
                 results.append(_with_load(r, load))
 
-    alone.close()  # (kept until here: each swarm's concurrent rounds are paired with its batch generation)
+    if paired:
+        alone.close()  # (kept until here: each swarm's concurrent rounds are paired with its batch generation)
     if with_ring:
         for k in ring_sizes:
             progress(f"mlx-lm ring pipeline with {k} ranks")
@@ -136,7 +146,8 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
         "Decode tok/s: one stream, first token to last. Aggregate tok/s: all tokens of c simultaneous "
         "streams / wall time, prefill included; at c > 1 a swarm row's is the median of --runs rounds, and its "
         "ratio the median of each round's ratio to mlx-lm's batch generation of c streams run in the same round "
-        "(right before or after it, the order alternating), since the machine's speed drifts over a run.\n"
+        "(right before or after it, the order alternating), since the machine's speed drifts over a run "
+        "(unless mlx-lm's copy of the model does not fit beside the nodes': then to the first row's).\n"
         f"Per-hop decode ms: (s/token with K stages - s/token with 1 stage) / hops, hops = K "
         f"(K-1 activations + 1 token back; entry = stage 0); swarm vs the 1-node swarm, ring vs mlx-lm alone.\n"
         "Decode step ms: the median decode step of one stream, split by the entry node into the time the "
@@ -163,7 +174,7 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
 
 def _open_and_secret(n: int, workdir: Path, model: str, memory_limit: str, prompt_tokens: int, max_tokens: int,
                      concurrency: list[int], runs: int, reference: str,
-                     mlx_batch_tps: Callable[[int], float]) -> list[SetupResult]:
+                     mlx_batch_tps: Callable[[int], float] | None) -> list[SetupResult]:
     """The open swarm of n nodes and one with a swarm secret, both up at once, in alternating rounds."""
     progress(f"swarm with {n} node(s), open and with a secret side by side: starting")
     secret = ("--secret", secrets.token_urlsafe(32))
