@@ -3,7 +3,8 @@
 The padded pass runs the model's own forward on mlx-lm's BatchKVCache; its rows differ from a
 lone prefill in the last bits (padding changes the attention's reduction), so this compares
 greedy tokens and hidden states to a tolerance, and checks that each row's caches then decode
-exactly like a lone request's caches would (same positions, no padding left in them).
+exactly like a lone request's caches would (same positions, no padding left in them), and that
+prompts prefilled together decode on the batch they were prefilled in (engine/kept_batches.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
+from swarm.engine.cache_budget import CacheLimits
 from swarm.engine.sampling import SamplingParams
 from swarm.engine.shard import load_shard
 from swarm.engine.shard_runner import CacheMismatch, ShardRunner
@@ -63,3 +65,51 @@ def test_padded_prompt_pass_equals_each_prompt_alone(family_model, bounds) -> No
     small = ShardRunner(load_shard(model, *bounds), context=4)
     out = small.prefill_batch([("r0", given(0, 8, 0)), ("r1", given(1, 2, 0))], ["", ""])
     assert isinstance(out[0], CacheMismatch) and not isinstance(out[1], Exception)
+
+
+@pytest.mark.parametrize("bounds", [(0, None), (2, 5)])
+def test_prompts_prefilled_together_decode_on_the_batch_they_were_prefilled_in(family_model, bounds) -> None:
+    """No split into each row's caches and merge back at the first decode step (it cost a cohort of 8
+    on the default model ~120 ms, a step and a half): the prefill's batch is kept, its padding counted."""
+    family, model = family_model
+    first, last = bounds[0] == 0, bounds[1] is None
+    prompts = [[5, 9, 13, 2, 7, 1, 3, 9], [3, 3], [11, 4, 8, 1, 9, 6, 2, 10, 5, 7, 7, 8]]
+    per_position = 10
+
+    def given(i: int, n: int, at: int, token: int = 1) -> mx.array:
+        if first:
+            return mx.array([prompts[i][at:at + n]]) if at < len(prompts[i]) else mx.array([[token]])
+        return mx.random.normal((1, n, 128), key=mx.random.key(10 * i + at))
+
+    single = ShardRunner(load_shard(model, *bounds))
+    batched = ShardRunner(load_shard(model, *bounds), limits=CacheLimits(bytes_per_position=per_position))
+    items = [(f"r{i}", given(i, len(p), 0)) for i, p in enumerate(prompts)]
+    alone = [single.forward(rid, x, 0) for rid, x in items]
+    batched.prefill_batch(items, ["", "", ""])
+    keys = [("", f"r{i}") for i in range(3)]
+    batch = batched.batches.batch_of(keys[0])
+    assert batch is not None and batch.members == keys, family
+    assert all(batched._requests[k].caches is None for k in keys), "held once, in the batch"
+    width = max(len(p) for p in prompts)
+    assert batched.kv_bytes == 3 * width * per_position, "every row counted the batch's width"
+    tokens = [int(mx.argmax(a)) if last else 1 for a in alone]
+    for step in range(4):
+        rows = [(f"r{i}", given(i, 1, len(p) + step, t), len(p) + step, GREEDY if last else None)
+                for i, (p, t) in enumerate(zip(prompts, tokens))]
+        expected = [single.forward(*row) for row in rows]
+        got = batched.decode_batch(rows[::-1], ["", "", ""])[::-1]  # any row order
+        if last:
+            assert got == expected, f"{family} step {step}"
+            tokens = expected
+        else:
+            assert all(mx.allclose(g, e, atol=1e-4, rtol=1e-4) for g, e in zip(got, expected)), family
+        assert batched.batches.batch_of(keys[1]) is batch
+    assert batched.batches.reused == 4, "the prefill's batch as it was, every step"
+
+    own = sum(len(p) for p in prompts)  # a cap the prompts fit but their padding does not
+    tight = ShardRunner(load_shard(model, *bounds),
+                        limits=CacheLimits(bytes_per_position=per_position, kv_bytes_per_entry=(own + 2) * per_position))
+    out = tight.prefill_batch(items, ["", "", ""])
+    assert not any(isinstance(o, Exception) for o in out)
+    assert keys[0] not in tight.batches and tight._requests[keys[0]].caches is not None, "each on its own caches"
+    assert tight.kv_bytes == own * per_position

@@ -240,18 +240,22 @@ class Shard(nn.Module):
         rows = [self(x[b:b + 1], c) for b, c in enumerate(caches)]
         return mx.stack(rows) if self.range.is_last else mx.concatenate(rows, axis=0)
 
-    def prefill_batch(self, x: mx.array, left_padding: list[int]) -> tuple[mx.array, list[ShardCaches]]:
+    def prefill_batch(self, x: mx.array, left_padding: list[int]) -> tuple[mx.array, list[BatchKVCache]]:
         """The first positions of B prompts as one left-padded pass (only when can_batch).
 
         x: ids (B, L) or hidden states (B, L, D), row b's first left_padding[b] positions padding.
-        Runs the model's own forward on mlx-lm's BatchKVCache (its mask hides the padding), then
-        gives each row its own caches without the padding (`BatchKVCache.extract`). Returns the
-        hidden states (B, L, D) (the last shard: the last position's logits) and each row's caches.
+        Runs the model's own forward on mlx-lm's BatchKVCache (its mask hides the padding). Returns
+        the hidden states (B, L, D) (the last shard: the last position's logits) and the batch's
+        caches, one BatchKVCache per owned layer: kept as they are for the rows' next decode steps
+        (kept_batches.py), or split into each row's own (`rows_of`).
         """
         batch = [BatchKVCache(left_padding) for _ in self._cache_slots]
         out = self._forward(x, self._batch_slots(batch))
-        rows = [self.own_caches([b.extract(r) for b in batch]) for r in range(x.shape[0])]
-        return (out[:, -1] if self.range.is_last else out), rows
+        return (out[:, -1] if self.range.is_last else out), batch
+
+    def rows_of(self, batch: list[BatchKVCache], n: int) -> list[ShardCaches]:
+        """Each of a batch's `n` rows as its own caches, without the padding (`BatchKVCache.extract`)."""
+        return [self.own_caches([b.extract(r) for b in batch]) for r in range(n)]
 
     def decode_kept(self, x: mx.array, batch: list[BatchKVCache]) -> mx.array:
         """One new position for each row of a kept batch (kept_batches.py; only when can_batch):

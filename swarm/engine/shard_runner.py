@@ -8,14 +8,16 @@ A request's position is counted here, not read from a cache: some cache kinds
 (ArraysCache of linear-attention and state-space layers) have no offset.
 
 Decode passes of several requests run on batches kept across steps (kept_batches.py) where the
-shard can batch: while a request's rows are in one, its own caches are None and it is counted
-the batch's width (its positions and its left padding).
+shard can batch, and prompts prefilled in one pass start in that pass's batch: while a request's
+rows are in one, its own caches are None and it is counted the batch's width (its positions and
+its left padding).
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -183,10 +185,7 @@ class ShardRunner:
         """The kept batch of exactly these requests (kept_batches.py), or None when the padding it
         would add passes an entry's or the stage's cap (they then run on their own caches)."""
         width = self.batches.width_if_joined(keys, [st.offset for st in states])
-        more: dict[str, int] = defaultdict(int)
-        for key, st in zip(keys, states):
-            more[key[0]] += max(0, width - st.offset - st.padding)
-        if any(n and self.budget.refusal(entry, False, n) for entry, n in more.items()):
+        if not self._padding_fits((key, max(0, width - st.offset - st.padding)) for key, st in zip(keys, states)):
             return None
         touched = self.batches.touched(keys)
         own = {k: st.caches.owned for k, st in zip(keys, states) if st.caches is not None}
@@ -201,6 +200,13 @@ class ShardRunner:
             if b.members:
                 self._count_padding(b)
         return batch
+
+    def _padding_fits(self, more_padding: Iterable[tuple[Key, int]]) -> bool:
+        """Would every entry's cap hold this much more padding for these requests (a kept batch counts it)?"""
+        more: dict[str, int] = defaultdict(int)
+        for key, n in more_padding:
+            more[key[0]] += n
+        return not any(n and self.budget.refusal(entry, False, n) for entry, n in more.items())
 
     def decode_batch(self, items: list[tuple], entries: list[str] | None = None) -> list:
         """One decode position for several requests in one pass (see Shard.decode_batch).
@@ -302,16 +308,20 @@ class ShardRunner:
         x = mx.concatenate([mx.pad(items[i][1], [(0, 0), (p, 0)] + [(0, 0)] * (items[i][1].ndim - 2))
                             for i, p in zip(rows, pads)], axis=0)
         try:
-            out, caches = self.shard.prefill_batch(x, pads)
-            mx.eval(out, [c.arrays() for c in caches])
+            out, batch = self.shard.prefill_batch(x, pads)
+            keep = self.keep_batches and len(keys) > 1 and self._padding_fits(zip(keys, pads))
+            own = None if keep else self.shard.rows_of(batch, len(keys))
+            mx.eval(out, [(c.keys, c.values, c.offset) for c in batch] if keep else [c.arrays() for c in own])
         except Exception:
             for key in keys:
                 self._drop(key)
             raise
         for j, (i, key) in enumerate(zip(rows, keys)):
             state = self._requests[key]
-            state.caches, state.offset = caches[j], lengths[j]
+            state.caches, state.offset = (None if keep else own[j]), lengths[j]
             results[i] = out[j] if self.range.is_last else out[j:j + 1, pads[j]:]
+        if keep:  # their decode steps come back together: the batch they were prefilled in serves them
+            self._count_padding(self.batches.adopt(keys, batch))
         return results
 
     def release(self, request_id: str, entry: str = "") -> bool:
