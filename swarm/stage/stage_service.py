@@ -28,7 +28,7 @@ frames in order downstream. Different requests still overlap across nodes: while
 compute one request, the next stage computes another.
 
 Decode steps of different requests that queued up while we computed run as one pass,
-up to max_batch (`--batch-decode`, 8 by default): the weights are read once for all of
+up to max_batch (`--batch-decode`, 16 by default): the weights are read once for all of
 them, which is what bounds decode speed; their caches stay one batch across steps while the same
 requests come back together (engine/kept_batches.py). A step with nothing queued beside it runs
 alone through the model's own forward, so a request alone stays exactly one machine's;
