@@ -18,6 +18,7 @@ import mlx.core as mx
 from discovery.memory import measure_memory
 
 from . import ring
+from ..node_config import DEFAULT_BATCH_DECODE
 from .cluster import LocalCluster
 from .measure import MlxLmAlone, measure_swarm, measure_swarm_pair
 from .prompts import PROMPT
@@ -158,7 +159,7 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
         f"Prefill act. MB/s: computed, prompt_tokens x hidden x {act_bytes} B x (stages-1) / TTFT "
         "(not read from the transport).\n"
         "Batch-decode rows: nodes started with --batch-decode N (decode steps of up to N concurrent requests "
-        "share a pass; the default is 8); batched rows may differ from a lone request in the last bits, so "
+        f"share a pass; the default is {DEFAULT_BATCH_DECODE}); batched rows may differ from a lone request in the last bits, so "
         "greedy text can differ.\n"
         "Baseline rows: the same nodes run by another install's python (--baseline), with its defaults.\n"
         "Same tokens: the streamed text of every swarm request equals mlx-lm alone's greedy tokens, "
