@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 
+from ..engine.model_bytes import loaded_bytes
 from .client import StreamRun, concurrent_completions, stream_completion
 from .cluster import LocalCluster, get_json
 from .results import SetupResult
@@ -65,7 +65,7 @@ class MlxLmAlone:
         return sum(len(t) for t in out.token_ids), time.perf_counter() - t0
 
     def weight_bytes(self) -> int:
-        return sum(v.nbytes for _, v in tree_flatten(self.model.parameters()))
+        return loaded_bytes(self.model)
 
     def batch_tps(self, prompt: list[int], max_tokens: int, n: int) -> float:
         tokens, wall = self.batch(prompt, max_tokens, n)

@@ -27,6 +27,11 @@ from .model_outline import BETWEEN, POST, PRE, outline
 from .quantized import QUANTIZED
 
 
+def loaded_bytes(module: nn.Module) -> int:
+    """The bytes a loaded (evaluated) module's parameters hold."""
+    return sum(v.nbytes for _, v in tree_flatten(module.parameters()))
+
+
 @dataclass(frozen=True)
 class LayerCache:
     per_token: int = 0  # bytes per cached position

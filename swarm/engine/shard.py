@@ -37,6 +37,7 @@ from ..models.errors import ModelFormatError, UnsplittableModel
 from . import families
 from .input_limits import InputLimits
 from .layer_hooks import LayerHook, hidden_of, hook, strip_arrays, with_hidden
+from .model_bytes import loaded_bytes
 from .model_outline import BETWEEN, POST, PRE, Outline, outline
 from .quantized import cast_floats, dequantize, weights_run_as
 from .shard_caches import ShardCaches
@@ -281,7 +282,7 @@ class Shard(nn.Module):
         return ShardCaches(caches, self._cache_slots)
 
     def weight_bytes(self) -> int:
-        return sum(v.nbytes for _, v in tree_flatten(self.parameters()))
+        return loaded_bytes(self)
 
 
 def check_splittable(model_dir: Path) -> str:
