@@ -21,6 +21,11 @@ class SamplingParams:
     top_k: int = 0  # 0 means no top-k filter
     seed: int = 0
 
+    @property
+    def greedy(self) -> bool:
+        """The most likely token, always (no draw)."""
+        return self.temperature <= 0
+
     def to_dict(self) -> dict:
         return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed}
 
@@ -39,7 +44,7 @@ def position_key(seed: int, position: int) -> mx.array:
 
 def sample(logits: mx.array, params: SamplingParams, position: int) -> int:
     """Pick the token at sequence `position` from the logits (vocab,) of the previous one."""
-    if params.temperature <= 0:
+    if params.greedy:
         return int(mx.argmax(logits))
     logits = logits.astype(mx.float32) / params.temperature
     if params.top_k > 0 and params.top_k < logits.shape[-1]:
