@@ -7,10 +7,11 @@ new requests' prompts queue together), then B-row greedy decode steps (decode_ba
 whole model in float32 with the optimized BLAS, as a node runs it. Prints each round's prefill,
 first decode step and the median of the later ones, and where a later step's time goes: the
 graph built before the evaluation, the evaluation, and what follows it (sampling).
-Showed (stop 27, the default model, 8 rows): the first step took 199-226 ms against ~85 for
-the rest while each row's caches were split out of the prefill's batch and merged back; 78-84
-once the prefill's batch was kept; and 1.1 ms after the evaluation for 8 greedy rows sampled one
-small eval each, 0.1 ms once they were taken in the pass's evaluation.
+Showed (stop 27, the default model, 8 rows, the code before and after side by side): the first
+step took 141-180 ms against 80-86 for the rest while each row's caches were split out of the
+prefill's batch and merged back, 79-113 once the prefill's batch was kept; and 0.85-1.06 ms after
+the evaluation for 8 greedy rows sampled one small eval each, 0.10-0.11 once they were taken in
+the pass's evaluation (docs/performance.md).
 """
 
 from __future__ import annotations
