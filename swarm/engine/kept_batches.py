@@ -16,7 +16,7 @@ same set of requests comes back (in any order), and changed only when the set do
 
 Prompts prefilled in one padded pass start in the batch of that pass (`adopt`), so their first
 decode step finds it as it is (splitting it into each row's caches and merging them back cost a
-cohort of 8 on the default model ~120 ms, a step and a half, measured).
+cohort of 8 on the default model 60-140 ms more than a later step, in two measurements).
 
 A request's rows live in at most one batch, and while they do its own caches are gone
 (ShardRunner sets them to None), so memory is held once. Each row of a batch holds the
