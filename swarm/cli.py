@@ -22,7 +22,7 @@ from pathlib import Path  # noqa: E402
 from discovery.memory import parse_size  # noqa: E402
 
 from .engine.blas import maybe_reexec_with_blas  # noqa: E402
-from .node_config import (DEFAULT_API_PORT, DEFAULT_BATCH_DECODE, DEFAULT_MAX_ACTIVE, DEFAULT_MAX_QUEUE,  # noqa: E402
+from .node_config import (DEFAULT_API_PORT, DEFAULT_BATCH_DECODE, DEFAULT_PROMPT_GATHER_MS, DEFAULT_MAX_ACTIVE, DEFAULT_MAX_QUEUE,  # noqa: E402
                           DEFAULT_PEER_PORT, NodeConfig, default_state_dir)
 from .node_ports import PortError, check_port  # noqa: E402
 
@@ -98,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "more tokens/s under concurrency; a request alone runs exactly as one machine "
                         "would, batched ones may differ in rare near-ties (README) (default: %(default)s; "
                         "1 never batches)")
+    p.add_argument("--prompt-gather", type=_gather_ms, default=DEFAULT_PROMPT_GATHER_MS, metavar="MS",
+                   help="when new requests arrive at an idle node, wait for more as long as they keep coming "
+                        "within MS ms of each other (8 x MS in all), so a burst shares one prompt pass; a "
+                        "request alone waits MS ms (default: %(default)s; 0 never waits)")
     p.add_argument("--max-active", type=_count(1), default=DEFAULT_MAX_ACTIVE, metavar="N",
                    help="requests this node generates for at once as their entry node; more wait in a "
                         "queue (default: %(default)s)")
@@ -180,6 +184,10 @@ def _number_in(text: str, lo: float, hi: float, what: str) -> float:
     return value
 
 
+def _gather_ms(text: str) -> float:
+    return _number_in(text, 0.0, 1000.0, "milliseconds from 0 to 1000")
+
+
 def _speed(text: str) -> float:
     try:
         value = float(text)
@@ -209,7 +217,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
                       interfaces=args.interfaces, peers=args.peers, mdns=not args.no_mdns,
                       memory_limit=args.memory_limit, speed=args.speed, strategy=args.strategy,
                       recovery_timeout=args.recovery_timeout, peer_host=args.peer_host,
-                      batch_decode=args.batch_decode, max_active=args.max_active, max_queue=args.max_queue,
+                      batch_decode=args.batch_decode, prompt_gather_ms=args.prompt_gather, max_active=args.max_active, max_queue=args.max_queue,
                       api_key=args.api_key, http_timeout=args.http_timeout)
 
 

@@ -292,7 +292,7 @@ class Node:
         rules = SenderRules(node_id, host.known_plan, lambda peer: discovery.endpoint_of(peer) is not None, own,
                             vocab_size(model.config))
         stage_service = StageService(host, lane, worker, pending, run_ahead, asyncio.get_running_loop(), rules,
-                                     max_batch=cfg.batch_decode)
+                                     max_batch=cfg.batch_decode, prompt_gather_s=cfg.prompt_gather_ms / 1000)
 
         # Planning: the plan from the view, our layers loaded, agreement.
         events = EventBus()

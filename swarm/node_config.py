@@ -11,6 +11,8 @@ DEFAULT_PEER_PORT = 8801
 # Decode steps of up to this many requests run as one pass at a stage (measured: docs/performance.md, issue 18:
 # at 16 streams one pass of 16 rows reads 0.99-1.00x of mlx-lm's batch generation, two cohorts of 8 0.77-0.78x).
 DEFAULT_BATCH_DECODE = 16
+# An idle first stage waits this long after each new prompt for more to share its pass (stage_service.py).
+DEFAULT_PROMPT_GATHER_MS = 3.0
 # Admission at an entry node (api/admission.py): one full batch of active requests; the queue holds
 # only prompt ids.
 DEFAULT_MAX_ACTIVE = 16
@@ -54,6 +56,7 @@ class NodeConfig:
     recovery_timeout: float = 30.0  # how long a request waits for a whole pipeline
     token_timeout: float = 120.0  # last-resort bound on one step when no failure is seen
     batch_decode: int = DEFAULT_BATCH_DECODE  # most decode steps of different requests run as one pass (1: never)
+    prompt_gather_ms: float = DEFAULT_PROMPT_GATHER_MS  # a burst's prompts share a pass (0: never wait)
     max_active: int = DEFAULT_MAX_ACTIVE  # requests this node generates for at once, as their entry
     max_queue: int = DEFAULT_MAX_QUEUE  # requests waiting for a slot; beyond that, 429
     # the HTTP API

@@ -48,3 +48,25 @@ async def test_the_heap_is_tidied_once_after_work_not_while_idle(monkeypatch) ->
 
 def test_merge_freed_blocks_runs_here() -> None:
     worker_module._merge_freed_blocks()  # glibc: one malloc/free; elsewhere a no-op
+
+
+async def test_a_recheck_runs_the_after_events_callbacks_by_its_deadline_with_nothing_arriving() -> None:
+    worker = MlxWorker()
+    try:
+        calls: list[float] = []
+        deadline: list[float] = []
+
+        def after_events() -> None:
+            calls.append(time.monotonic())
+            if len(calls) == 1:  # the first round asks to be called again in 20 ms
+                deadline.append(time.monotonic() + 0.02)
+                worker.mlx_recheck_at(deadline[0])
+
+        await worker.run(worker.after_events, after_events)  # that round of jobs ends with its first call
+        time.sleep(0.2)
+        assert len(calls) == 2, f"after_events ran {len(calls)} time(s): the recheck did not come"
+        assert calls[1] >= deadline[0] - 0.001  # not before it was due
+        time.sleep(0.05)
+        assert len(calls) == 2  # one recheck, not a loop
+    finally:
+        worker.close()

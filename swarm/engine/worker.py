@@ -17,6 +17,7 @@ import selectors
 import socket
 import sys
 import threading
+import time
 from collections import deque
 from concurrent.futures import Future
 from typing import Callable, TypeVar
@@ -38,6 +39,7 @@ class MlxWorker:
         self._after_events: list[Callable[[], None]] = []
         self._closing = False
         self._untidy = False
+        self._recheck_at: float | None = None  # mlx_recheck_at's
         self._thread = threading.Thread(target=self._serve, name="mlx", daemon=True)
         self._thread.start()
 
@@ -94,6 +96,11 @@ class MlxWorker:
         """Call fn() after each round of socket events and jobs (to act on what they queued)."""
         self._after_events.append(fn)
 
+    def mlx_recheck_at(self, deadline: float) -> None:
+        """Run the after_events callbacks by `deadline` (time.monotonic) even if nothing arrives: for one
+        that left work queued on purpose, to see whether more comes (stage_service.py's prompt gather)."""
+        self._recheck_at = deadline if self._recheck_at is None else min(self._recheck_at, deadline)
+
     def _post(self, fn: Callable, args: tuple, done: Future | None) -> None:
         if self._closing:
             if done is not None:
@@ -110,16 +117,27 @@ class MlxWorker:
 
     def _serve(self) -> None:
         while not self._closing:
-            events = self._selector.select(TIDY_AFTER_S if self._untidy else None)
-            if not events:
-                self._untidy = False
-                _merge_freed_blocks()
+            events = self._selector.select(self._wait_s())
+            recheck = self._recheck_at is not None and time.monotonic() >= self._recheck_at
+            if not events and not recheck:
+                if self._untidy:
+                    self._untidy = False
+                    _merge_freed_blocks()
                 continue
             for key, _ in events:
                 self._call(key.data)
+            self._recheck_at = None  # a callback that still waits asks again
             for fn in self._after_events:
                 self._call(fn)
             self._untidy = True
+
+    def _wait_s(self) -> float | None:
+        """How long select() may wait: until the heap tidy is due, or a recheck; else for ever."""
+        wait = TIDY_AFTER_S if self._untidy else None
+        if self._recheck_at is not None:
+            left = max(0.0, self._recheck_at - time.monotonic())
+            wait = left if wait is None else min(wait, left)
+        return wait
         for _, _, done in self._jobs:
             if done is not None:
                 done.cancel()

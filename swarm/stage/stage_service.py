@@ -67,14 +67,17 @@ refused_log = logging.getLogger("swarm.refused")
 IDLE_CACHE_S = 600.0  # caches of a request nobody touched this long are freed (its entry died)
 GC_EVERY_S = 60.0
 PROMPT_BATCH_POSITIONS = 2048  # padded positions of one prompt pass (its attention scores grow with the square)
+PROMPT_GATHER_MAX_GAPS = 8  # a gather for a burst's prompts lasts this many of its gaps at most (_mlx_gathering)
 LOG_EVERY_S = 10.0  # a flood of bad frames or failing requests: one line per kind this often, with a count
 
 
 class StageService:
     def __init__(self, host: StageHost, lane: DataLane, worker: MlxWorker, pending: PendingTokens,
-                 run_ahead: RunAhead, loop: asyncio.AbstractEventLoop, rules: SenderRules, max_batch: int = 1):
+                 run_ahead: RunAhead, loop: asyncio.AbstractEventLoop, rules: SenderRules, max_batch: int = 1,
+                 prompt_gather_s: float = 0.0):
         self.host, self.lane, self.worker, self.pending = host, lane, worker, pending
         self.run_ahead, self.loop, self.rules, self.max_batch = run_ahead, loop, rules, max_batch
+        self.prompt_gather_s = prompt_gather_s  # `--prompt-gather`, in seconds
         self.node_id = lane.node_id
         self.refusals = LogLimiter(refused_log)  # frames from senders that may not send them
         self.failures = LogLimiter(log, logging.INFO)  # requests this stage could not serve
@@ -86,6 +89,8 @@ class StageService:
         self._queue: deque[tuple[str, Forward | Release]] = deque()
         self.joins = CohortJoin(self.node_id)  # our requests' first decode steps join the cohort out; MLX thread
         self.carried = LinkRequests(self.node_id)  # whose entry to tell when a link breaks; MLX thread only
+        self._gather_since: float | None = None  # the first and the latest new prompt of a gather; MLX thread
+        self._last_prompt_at = 0.0
         self._last_gc = time.monotonic()
 
     def start(self) -> None:
@@ -121,6 +126,10 @@ class StageService:
             why = self.rules.mlx_forward(sender, message)
             if why is None:
                 self._queue.append((sender, message))
+                if _is_new_prompt(message):
+                    self._last_prompt_at = time.monotonic()
+                    if self._gather_since is None:
+                        self._gather_since = self._last_prompt_at
             else:
                 self._mlx_refuse(sender, describe(message), why)
         elif isinstance(message, Release):
@@ -193,6 +202,8 @@ class StageService:
     def _mlx_serve_queue(self) -> None:
         """Compute every message queued for our stage (called after each round of socket events),
         taking in what arrived meanwhile between passes."""
+        if self._mlx_gathering():
+            return
         while self._queue and not self.worker.closed:  # (a node stopping computes no more)
             sender, message = self._queue.popleft()
             try:
@@ -206,10 +217,41 @@ class StageService:
                                     "from %s", type(message).__name__, sender, exc_info=True)
             if self._queue:  # on a node that is its own next stage a request's steps follow each other on
                 self.worker.mlx_take_in()  # this thread: new requests' prompts would wait for its stream to end
+        self._gather_since = None  # (what came meanwhile was served in this run)
         now = time.monotonic()
         if now - self._last_gc > GC_EVERY_S and self.host.stage is not None:
             self._last_gc = now
             self.host.stage.release_idle(IDLE_CACHE_S)
+
+    def _mlx_gathering(self) -> bool:
+        """Leave new requests' prompts queued a moment longer, for more to share their pass?
+
+        A burst (an agent's parallel calls, a benchmark's clients) reaches the entry over a few ms, and
+        an idle first stage used to start the first prompt's pass alone the moment it came: the rest
+        waited out that pass, and the first row's caches then had to join theirs for the decode steps.
+        So while the queue holds nothing but new requests (their prompt chunks and the last tokens
+        queued behind them) and the batch is not full, this stage waits as long as prompts keep coming
+        `prompt_gather_s` apart, PROMPT_GATHER_MAX_GAPS times that at most: a prompt alone pays one gap.
+        Only the first stage: later ones get a pass's prompts together, sent side by side."""
+        since, gap = self._gather_since, self.prompt_gather_s
+        stage = self.host.stage
+        if (since is None or gap <= 0 or not self._queue or self.max_batch < 2 or stage is None or stage.range.start != 0
+                or not stage.shard.can_batch):
+            return False
+        prompts, new = 0, set()
+        for _, message in self._queue:
+            if _is_new_prompt(message):
+                prompts += 1
+                new.add((message.entry, message.rid))
+            elif not (isinstance(message, Forward) and (message.entry, message.rid) in new):
+                return False  # other work waits: go
+        if prompts >= self.max_batch:
+            return False
+        until = min(self._last_prompt_at + gap, since + PROMPT_GATHER_MAX_GAPS * gap)
+        if time.monotonic() >= until:
+            return False
+        self.worker.mlx_recheck_at(until)
+        return True
 
     def _mlx_release(self, sender: str, message: Release) -> None:
         stage = self.host.stage
