@@ -12,6 +12,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
+from swarm.engine import row_streams
 from swarm.engine.cache_budget import CacheLimits
 from swarm.engine.sampling import SamplingParams
 from swarm.engine.shard import load_shard
@@ -113,3 +114,33 @@ def test_prompts_prefilled_together_decode_on_the_batch_they_were_prefilled_in(f
     assert not any(isinstance(o, Exception) for o in out)
     assert keys[0] not in tight.batches and tight._requests[keys[0]].caches is not None, "each on its own caches"
     assert tight.kv_bytes == own * per_position
+
+
+@pytest.mark.parametrize("bounds", [(0, None), (2, 5)])
+@pytest.mark.parametrize("groups", [[(0, 2), (2, 4)], [(0, 1), (1, 3), (3, 4)]])
+def test_a_prompt_pass_cut_by_rows_across_cpu_streams_is_the_whole_pass_bit_for_bit(family_model, bounds, groups,
+                                                                                       monkeypatch) -> None:
+    """engine/row_streams.py: each group of rows on its own CPU stream, evaluated layer by layer, the
+    caches joined into one batch; the same output and caches as one pass over all rows, and the same
+    decode step on them."""
+    family, model = family_model
+    first, last = bounds[0] == 0, bounds[1] is None
+    shard = load_shard(model, *bounds)
+    pads, width = [0, 3, 1, 5], 9
+    x = (mx.array([[3 + (7 * r + i) % 50 for i in range(width)] for r in range(4)]) if first
+         else mx.random.normal((4, width, 128), key=mx.random.key(3)))
+    step = mx.array([[5], [6], [7], [8]]) if first else mx.random.normal((4, 1, 128), key=mx.random.key(4))
+    results = []
+    for cut in ([], groups):
+        monkeypatch.setattr(row_streams, "row_groups", lambda rows, cut=cut: cut)
+        out, batch = shard.prefill_batch(x, pads)
+        mx.eval(out, [(c.keys, c.values) for c in batch])
+        results.append((out, batch, shard.decode_kept(step, batch)))
+    (whole, whole_batch, whole_next), (cut_out, cut_batch, cut_next) = results
+    assert whole.shape == cut_out.shape and mx.array_equal(whole, cut_out).item(), f"{family} {bounds}"
+    for w, c in zip(whole_batch, cut_batch):
+        assert c.left_padding.tolist() == w.left_padding.tolist() and c.offset.tolist() == w.offset.tolist()
+        assert c._idx == w._idx and all(mx.array_equal(a, b).item() for a, b in zip(w.keys_and_values(),
+                                                                                     c.keys_and_values()))
+    assert mx.array_equal(whole_next, cut_next).item(), f"{family} {bounds}: the decode step on the joined batch"
+    assert last or whole_next.shape == (4, 1, 128)

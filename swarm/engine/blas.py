@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 _SYMBOL = "cblas_sgemm"
+BUNDLED_BLAS = "bundled reference BLAS"  # what blas_in_use says when nothing is preloaded
 
 # OpenBLAS's idle workers spin 2^28 cycles (~0.1 s) after each call before they sleep. A pipeline
 # stage waits for its peers most of every decode step, so by default its workers spin through the
@@ -148,4 +149,4 @@ def blas_in_use() -> str:
         real = os.path.realpath(p)
         if real in mapped and exports_sgemm(Path(real)):
             return f"{_family(p)} ({p})"
-    return "bundled reference BLAS"
+    return BUNDLED_BLAS

@@ -34,7 +34,7 @@ from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 from mlx_lm.utils import load_model
 
 from ..models.errors import ModelFormatError, UnsplittableModel
-from . import families
+from . import families, row_streams
 from .input_limits import InputLimits
 from .layer_hooks import LayerHook, hidden_of, hook, strip_arrays, with_hidden
 from .model_bytes import loaded_bytes
@@ -250,9 +250,30 @@ class Shard(nn.Module):
         caches, one BatchKVCache per owned layer: kept as they are for the rows' next decode steps
         (kept_batches.py), or split into each row's own (`rows_of`).
         """
-        batch = [BatchKVCache(left_padding) for _ in self._cache_slots]
-        out = self._forward(x, self._batch_slots(batch))
+        groups = row_streams.row_groups(len(left_padding))
+        if groups:
+            out, batch = self._prefill_by_row_groups(x, left_padding, groups)
+        else:
+            batch = [BatchKVCache(left_padding) for _ in self._cache_slots]
+            out = self._forward(x, self._batch_slots(batch))
         return (out[:, -1] if self.range.is_last else out), batch
+
+    def _prefill_by_row_groups(self, x: mx.array, left_padding: list[int],
+                               groups: list[tuple[int, int]]) -> tuple[mx.array, list[BatchKVCache]]:
+        """prefill_batch's pass, each group of rows on a CPU stream of its own (row_streams.py), its
+        caches then joined into one batch (the rows share the batch's width, so that is a concatenation)."""
+        parts = []
+        for (start, end), stream in zip(groups, row_streams.streams(len(groups))):
+            caches = [BatchKVCache(left_padding[start:end]) for _ in self._cache_slots]
+            with mx.stream(stream):
+                parts.append((self._forward(x[start:end], self._batch_slots(caches)), caches))
+        row_streams.evaluate_in_lockstep([list(layer) for layer in zip(*(caches for _, caches in parts))],
+                                         [out for out, _ in parts])
+        batch = parts[0][1]
+        for _, caches in parts[1:]:
+            for joined, more in zip(batch, caches):
+                joined.extend(more)
+        return mx.concatenate([out for out, _ in parts]), batch
 
     def rows_of(self, batch: list[BatchKVCache], n: int) -> list[ShardCaches]:
         """Each of a batch's `n` rows as its own caches, without the padding (`BatchKVCache.extract`)."""
