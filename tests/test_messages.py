@@ -62,6 +62,14 @@ def test_every_message_round_trips(message) -> None:
         assert got == message
 
 
+def test_a_prompt_sent_on_beside_others_says_how_many_and_one_sent_alone_says_nothing() -> None:
+    prompt = Forward.of_tokens("r1", "plan1", 0, "entry", None, [1, 2, 3])
+    onward = prompt.onward(10, encode_array(mx.ones((1, 3, 8))), compute_us=5, together=4)
+    assert decode(on_the_wire(onward)).together == 4
+    alone = prompt.onward(10, encode_array(mx.ones((1, 3, 8))), compute_us=5)
+    assert "tg" not in alone.to_frame()[0] and decode(on_the_wire(alone)).together == 0
+
+
 def test_a_forward_knows_its_step() -> None:
     f = tokens_in()
     assert f.length == 3 and not f.is_decode_step and f.array().tolist() == [[1, 2, 3]]
@@ -130,6 +138,10 @@ BAD = [
     (token_with_logprobs(), {"lp": [2, 2]}, "'lp'"),  # 2 x 3 in the payload
     (token_with_logprobs(), {"lp": [2, 22]}, "'lp'"),
     (token_with_logprobs(), {"lp": "2x3"}, "'lp'"),
+    (tokens_in(), {"tg": 1}, "'tg'"),  # sent alone: no field
+    (tokens_in(), {"tg": 1025}, "'tg'"),
+    (tokens_in(), {"tg": "4"}, "'tg'"),
+    (with_rules(), {"tg": True}, "'tg'"),
 ]
 
 

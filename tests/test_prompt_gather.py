@@ -1,9 +1,11 @@
-"""A burst of new requests at an idle node shares one prompt pass, on a real node with the official openai client.
+"""A burst of new requests shares one prompt pass at every stage, on real nodes with the official openai client.
 
 The requests of a burst reach the entry a few ms apart. An idle first stage used to start the first
 one's prompt pass alone the moment it came; the others waited out that pass and then had to join its
 caches for the decode steps. Now it waits for prompts that keep coming close together
-(`--prompt-gather`, stage/stage_service.py `_mlx_gathering`).
+(`--prompt-gather`, stage/stage_service.py `_mlx_gathering`). A later stage used to run the prompts
+a pass sent on side by side one by one, each as its frame came in; now each frame says how many
+were sent with it (Forward.together) and the stage waits for them.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def model(tmp_path_factory) -> Path:
                               heads=8, kv_heads=2, intermediate=768, seed=11)
 
 
-def _burst(url: str, prompts: list[str]) -> list[str]:
+def _burst(url: str, prompts: list[str], max_tokens: int = 4) -> list[str]:
     """One client per prompt, all released at once (each thread's request leaves when the last is ready)."""
     clients = [openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120) for _ in prompts]
     model_id = clients[0].models.list().data[0].id
@@ -36,7 +38,7 @@ def _burst(url: str, prompts: list[str]) -> list[str]:
 
     def ask(i: int) -> str:
         go.wait()
-        reply = clients[i].chat.completions.create(model=model_id, max_tokens=4, temperature=0,
+        reply = clients[i].chat.completions.create(model=model_id, max_tokens=max_tokens, temperature=0,
                                                    messages=[{"role": "user", "content": prompts[i]}])
         return reply.choices[0].message.content
 
@@ -64,3 +66,20 @@ def test_a_burst_of_requests_at_an_idle_node_is_prefilled_in_one_pass(model: Pat
                 f"{BURST} requests sent at once were prefilled in {passes} shared pass(es) of {rows} prompts in all "
                 "(the rest alone): the first did not wait for the others")
             assert all(text is not None for text in texts)
+
+
+def test_the_prompts_a_pass_sent_on_side_by_side_are_one_pass_at_every_later_stage(model: Path, tmp_path: Path) -> None:
+    # Prompts of ~420 positions (4 fit one pass of PROMPT_BATCH_POSITIONS): each frame of hidden states is
+    # ~0.4 MB, so they reach the next stage one after another.
+    prompts = [" ".join(f"word{(i * 31 + k) % 97}" for k in range(70)) for i in range(BURST)]
+    with LocalCluster(3, tmp_path, str(model), memory_limit="1G", ready_timeout=120,
+                      extra_args=("--prompt-gather", "300")) as cluster:
+        alone = [_burst(cluster.entry.url, [p], max_tokens=6)[0] for p in prompts[:2]]
+        before = {node.node_id: _prompt_passes(node.url) for node in cluster.nodes}
+        together = _burst(cluster.entry.url, prompts, max_tokens=6)
+        passes = {node.node_id: tuple(a - b for a, b in zip(_prompt_passes(node.url), before[node.node_id]))
+                  for node in cluster.nodes}
+    assert set(passes.values()) == {(1, BURST)}, (
+        f"(shared prompt passes, their prompts) per node for {BURST} requests sent at once: {passes}; a later "
+        "stage ran some of the prompts the first stage's pass sent on alone")
+    assert together[:2] == alone, "the batched requests answered what each answers alone"

@@ -68,6 +68,7 @@ IDLE_CACHE_S = 600.0  # caches of a request nobody touched this long are freed (
 GC_EVERY_S = 60.0
 PROMPT_BATCH_POSITIONS = 2048  # padded positions of one prompt pass (its attention scores grow with the square)
 PROMPT_GATHER_MAX_GAPS = 8  # a gather for a burst's prompts lasts this many of its gaps at most (_mlx_gathering)
+TOGETHER_WAIT_S = 1.0  # a later stage waits this long at most for the prompts a pass sent side by side
 LOG_EVERY_S = 10.0  # a flood of bad frames or failing requests: one line per kind this often, with a count
 
 
@@ -226,28 +227,38 @@ class StageService:
     def _mlx_gathering(self) -> bool:
         """Leave new requests' prompts queued a moment longer, for more to share their pass?
 
-        A burst (an agent's parallel calls, a benchmark's clients) reaches the entry over a few ms, and
-        an idle first stage used to start the first prompt's pass alone the moment it came: the rest
-        waited out that pass, and the first row's caches then had to join theirs for the decode steps.
-        So while the queue holds nothing but new requests (their prompt chunks and the last tokens
-        queued behind them) and the batch is not full, this stage waits as long as prompts keep coming
-        `prompt_gather_s` apart, PROMPT_GATHER_MAX_GAPS times that at most: a prompt alone pays one gap.
-        Only the first stage: later ones get a pass's prompts together, sent side by side."""
-        since, gap = self._gather_since, self.prompt_gather_s
+        Only while the queue holds nothing but new requests (their prompt chunks and the last tokens
+        queued behind them) and the batch is not full; other work waiting ends it.
+        - The first stage: a burst (an agent's parallel calls, a benchmark's clients) reaches the entry
+          over a few ms, and an idle first stage used to start the first prompt's pass alone the moment
+          it came: the rest waited out that pass, and the first row's caches then had to join theirs for
+          the decode steps. So it waits as long as prompts keep coming `prompt_gather_s` apart,
+          PROMPT_GATHER_MAX_GAPS times that at most: a prompt alone pays one gap.
+        - A later stage: a pass's prompts reach it side by side, but a frame of hidden states is MBs
+          and the first one in used to start its pass alone while the rest were on the wire, then the
+          next, one by one. Each carries how many were sent with it (Forward.together): it waits for
+          them, TOGETHER_WAIT_S at most (one lost with its sender, say)."""
+        since = self._gather_since
         stage = self.host.stage
-        if (since is None or gap <= 0 or not self._queue or self.max_batch < 2 or stage is None or stage.range.start != 0
-                or not stage.shard.can_batch):
+        if since is None or not self._queue or self.max_batch < 2 or stage is None or not stage.shard.can_batch:
             return False
-        prompts, new = 0, set()
+        prompts, new, together = 0, set(), 0
         for _, message in self._queue:
             if _is_new_prompt(message):
                 prompts += 1
                 new.add((message.entry, message.rid))
+                together = max(together, message.together)
             elif not (isinstance(message, Forward) and (message.entry, message.rid) in new):
                 return False  # other work waits: go
         if prompts >= self.max_batch:
             return False
-        until = min(self._last_prompt_at + gap, since + PROMPT_GATHER_MAX_GAPS * gap)
+        if stage.range.start == 0:
+            gap = self.prompt_gather_s
+            until = min(self._last_prompt_at + gap, since + PROMPT_GATHER_MAX_GAPS * gap)
+        elif prompts < together:
+            until = since + TOGETHER_WAIT_S
+        else:
+            return False
         if time.monotonic() >= until:
             return False
         self.worker.mlx_recheck_at(until)
@@ -322,17 +333,19 @@ class StageService:
                 out, took_s = _compute(stage, forward)
                 self._mlx_deliver(forward, out, took_s, stage, plan, index)
             return
+        together = 0
         if _is_new_prompt(accepted[0]):
             outs = _compute_prompts(stage, accepted)
             self.prompt_passes += 1
             self.prompt_rows += len(accepted)
+            together = sum(1 for out, _ in outs if not isinstance(out, Exception))  # what goes on side by side
         else:
             outs = _compute_batch(stage, accepted)
             self.batched_passes += 1
             self.batched_rows += len(accepted)
         with self.lane.mlx_sending_together():
             for forward, (out, took_s) in zip(accepted, outs):
-                self._mlx_deliver(forward, out, took_s, stage, plan, index)
+                self._mlx_deliver(forward, out, took_s, stage, plan, index, together)
 
     def _mlx_accept(self, forward: Forward, stage: ShardRunner | None, plan) -> bool:
         """Can our stage serve it? If not, its entry is told (the sender was one that may send it)."""
@@ -347,7 +360,8 @@ class StageService:
             return False
         return True
 
-    def _mlx_deliver(self, forward: Forward, out, took_s: float, stage: ShardRunner, plan, index: int) -> None:
+    def _mlx_deliver(self, forward: Forward, out, took_s: float, stage: ShardRunner, plan, index: int,
+                     together: int = 0) -> None:
         if isinstance(out, (CacheMismatch, CacheFull, ProtocolError)):
             kind = "protocol" if isinstance(out, ProtocolError) else "cache"
             self._mlx_fail(forward, kind, f"node {self.node_id}: {out}" if isinstance(out, CacheFull) else str(out))
@@ -364,7 +378,7 @@ class StageService:
                     log.info("request %s: its token could not reach entry %s (%s)", forward.rid, forward.entry, e)
             return
         nxt = plan.stages[index + 1]
-        self._mlx_send_or_fail(nxt.node_id, forward.onward(nxt.start, out, compute_us))
+        self._mlx_send_or_fail(nxt.node_id, forward.onward(nxt.start, out, compute_us, together))
 
 
 def _is_new_prompt(message) -> bool:

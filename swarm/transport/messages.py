@@ -43,6 +43,7 @@ MAX_TEXT_CHARS = 4096  # error messages
 MAX_TOKEN_ID = 2**31 - 1  # token ids travel as int32
 MAX_POSITION = 2**31 - 1
 MAX_COMPUTE_US = 2**62
+MAX_TOGETHER = 1024  # prompts one pass may have sent side by side (Forward.together)
 _U64 = 2**64
 _HIDDEN_DTYPES = frozenset(WIRE_DTYPES) - {"int32"}
 
@@ -128,6 +129,7 @@ class Forward(NamedTuple):
     compute_us: int = 0  # what the stages so far spent computing this step (entry/hop_timing.py)
     rules: DecodingRules | None = None
     ids: bytes | None = None  # int32 token ids of positions [pos, pos + length), for a request with rules
+    together: int = 0  # a new prompt: how many a pass sent on side by side with it (the next stage waits for them)
 
     @classmethod
     def of_tokens(cls, rid: str, plan_id: str, pos: int, entry: str, sampling: SamplingParams | None,
@@ -136,12 +138,13 @@ class Forward(NamedTuple):
         return cls(rid, plan_id, pos, 0, entry, sampling, "int32", (1, len(tokens)), data, 0, rules,
                    data if with_ids else None)
 
-    def onward(self, start: int, hidden: tuple[str, list[int], memoryview], compute_us: int) -> Forward:
+    def onward(self, start: int, hidden: tuple[str, list[int], memoryview], compute_us: int,
+               together: int = 0) -> Forward:
         """The same step into the next stage, carrying this stage's output as `arrays.encode_array` gave it
-        (the memoryview keeps the array alive until sent)."""
+        (the memoryview keeps the array alive until sent); `together`: see the field."""
         dtype, shape, data = hidden
         return Forward(self.rid, self.plan_id, self.pos, start, self.entry, self.sampling, dtype, tuple(shape),
-                       data, compute_us, self.rules, self.ids)
+                       data, compute_us, self.rules, self.ids, together)
 
     def token_ids(self) -> list[int] | None:
         """The token ids a request with rules carries (None for a plain request)."""
@@ -164,6 +167,8 @@ class Forward(NamedTuple):
         header = {"t": "fwd", "rid": self.rid, "plan": self.plan_id, "pos": self.pos, "start": self.start,
                   "entry": self.entry, "sampling": None if sampling is None else sampling.to_dict(),
                   "cu": self.compute_us, "dtype": self.dtype, "shape": list(self.shape)}
+        if self.together > 1:
+            header["tg"] = self.together
         if self.ids is not None:
             header["ids"] = bytes(self.ids)
             if self.rules is not None:
@@ -185,6 +190,12 @@ class Forward(NamedTuple):
                 and len(payload) == shape[1] * (1 if start == 0 else shape[2]) * WIRE_DTYPES[dtype]):
             forward = cls(rid, plan, pos, start, entry, sampling_from_wire(h.get("sampling")), dtype, tuple(shape),
                           payload, cu)
+            together = h.get("tg")
+            if together is not None:
+                if type(together) is not int or not 2 <= together <= MAX_TOGETHER:
+                    raise ProtocolError(f"'fwd' message: 'tg' must be a whole number from 2 to {MAX_TOGETHER}, "
+                                        f"got {_brief(together)}")
+                forward = forward._replace(together=together)
             if h.get("ids") is None and h.get("rules") is None:
                 return forward  # a plain request (the hot path)
             return forward._with_rules(h)
