@@ -70,3 +70,14 @@ async def test_a_recheck_runs_the_after_events_callbacks_by_its_deadline_with_no
         assert len(calls) == 2  # one recheck, not a loop
     finally:
         worker.close()
+
+
+def test_close_cancels_the_jobs_not_started_and_closes_the_wake_up_sockets() -> None:
+    worker = MlxWorker()
+    gate = threading.Event()
+    worker.post(gate.wait, 10)  # the thread is busy with this one
+    waiting = worker.submit(lambda: 1)  # queued behind it
+    threading.Timer(0.2, gate.set).start()
+    worker.close()  # the job under way finishes; the queued one never starts
+    assert waiting.cancelled(), "a job queued at close was left pending: its waiter would wait for ever"
+    assert worker._wake_r.fileno() == -1 and worker._wake_w.fileno() == -1

@@ -130,6 +130,12 @@ class MlxWorker:
             for fn in self._after_events:
                 self._call(fn)
             self._untidy = True
+        for _, _, done in self._jobs:
+            if done is not None:
+                done.cancel()
+        self._selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
 
     def _wait_s(self) -> float | None:
         """How long select() may wait: until the heap tidy is due, or a recheck; else for ever."""
@@ -138,12 +144,6 @@ class MlxWorker:
             left = max(0.0, self._recheck_at - time.monotonic())
             wait = left if wait is None else min(wait, left)
         return wait
-        for _, _, done in self._jobs:
-            if done is not None:
-                done.cancel()
-        self._selector.close()
-        self._wake_r.close()
-        self._wake_w.close()
 
     def _run_jobs(self) -> None:
         try:
