@@ -22,8 +22,8 @@ from pathlib import Path  # noqa: E402
 from discovery.memory import parse_size  # noqa: E402
 
 from .engine.blas import maybe_reexec_with_blas  # noqa: E402
-from .node_config import (DEFAULT_API_PORT, DEFAULT_BATCH_DECODE, DEFAULT_PROMPT_GATHER_MS, DEFAULT_MAX_ACTIVE, DEFAULT_MAX_QUEUE,  # noqa: E402
-                          DEFAULT_PEER_PORT, NodeConfig, default_state_dir)
+from .node_config import (DEFAULT_API_PORT, DEFAULT_BATCH_DECODE, DEFAULT_MAX_ACTIVE, DEFAULT_MAX_QUEUE,  # noqa: E402
+                          DEFAULT_PEER_PORT, DEFAULT_PROMPT_GATHER_MS, NodeConfig, default_state_dir)
 from .node_ports import PortError, check_port  # noqa: E402
 
 
@@ -217,7 +217,8 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
                       interfaces=args.interfaces, peers=args.peers, mdns=not args.no_mdns,
                       memory_limit=args.memory_limit, speed=args.speed, strategy=args.strategy,
                       recovery_timeout=args.recovery_timeout, peer_host=args.peer_host,
-                      batch_decode=args.batch_decode, prompt_gather_ms=args.prompt_gather, max_active=args.max_active, max_queue=args.max_queue,
+                      batch_decode=args.batch_decode, prompt_gather_ms=args.prompt_gather,
+                      max_active=args.max_active, max_queue=args.max_queue,
                       api_key=args.api_key, http_timeout=args.http_timeout)
 
 

@@ -145,7 +145,8 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
     notes = (
         "\nRatios in parentheses are to mlx-lm alone (TTFT: time ratio, lower is better).\n"
         "Decode tok/s: one stream, first token to last. Aggregate tok/s: all tokens of c simultaneous "
-        "streams / wall time, prefill included (the c clients connect first and send at once); at c > 1 a swarm row's is the median of --runs rounds, and its "
+        "streams / wall time, prefill included (the c clients connect first and send at once); at c > 1 a "
+        "swarm row's is the median of --runs rounds, and its "
         "ratio the median of each round's ratio to mlx-lm's batch generation of c streams run in the same round "
         "(right before or after it, the order alternating), since the machine's speed drifts over a run "
         "(unless mlx-lm's copy of the model does not fit beside the nodes': then to the first row's).\n"
