@@ -3,7 +3,7 @@
 The requests of a burst reach the entry a few ms apart. An idle first stage used to start the first
 one's prompt pass alone the moment it came; the others waited out that pass and then had to join its
 caches for the decode steps. Now it waits for prompts that keep coming close together
-(`--prompt-gather`, stage/stage_service.py `_mlx_gathering`). A later stage used to run the prompts
+(`--prompt-gather`, stage/prompt_gather.py). A later stage used to run the prompts
 a pass sent on side by side one by one, each as its frame came in; now each frame says how many
 were sent with it (Forward.together) and the stage waits for them.
 """
@@ -11,6 +11,7 @@ were sent with it (Forward.together) and the stage waits for them.
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -83,3 +84,38 @@ def test_the_prompts_a_pass_sent_on_side_by_side_are_one_pass_at_every_later_sta
         f"(shared prompt passes, their prompts) per node for {BURST} requests sent at once: {passes}; a later "
         "stage ran some of the prompts the first stage's pass sent on alone")
     assert together[:2] == alone, "the batched requests answered what each answers alone"
+
+
+def test_when_a_stage_waits_for_more_prompts_and_when_it_goes() -> None:
+    from swarm.stage.prompt_gather import TOGETHER_WAIT_S, PromptGather
+    from swarm.transport.arrays import encode_array
+    from swarm.transport.messages import Forward
+    import mlx.core as mx
+
+    def prompt(rid: str, together: int = 0) -> Forward:
+        tokens = Forward.of_tokens(rid, "plan", 0, "entry", None, [1, 2, 3])
+        return tokens.onward(4, encode_array(mx.ones((1, 3, 8))), 0, together) if together else tokens
+
+    last_token = Forward.of_tokens("a", "plan", 3, "entry", None, [4])  # queued right behind its prompt
+    other = Forward.of_tokens("b", "plan", 9, "entry", None, [5])  # another request's decode step
+    gather = PromptGather(0.003)
+    queue = [("e", prompt("a"))]
+    gather.queued(queue[0][1])
+    first = gather.wait_until(queue, first_stage=True, max_batch=16)
+    assert first is not None and 0 < first - time.monotonic() <= 0.003, "a prompt alone waits one gap"
+    assert gather.wait_until(queue + [("e", last_token)], True, 16) is not None, "its own last token may queue"
+    assert gather.wait_until(queue + [("e", other)], True, 16) is None, "other work waiting: go"
+    assert gather.wait_until(queue, True, 1) is None, "no batching: nothing to wait for"
+    time.sleep(0.004)
+    assert gather.wait_until(queue, True, 16) is None, "the gap passed"
+    gather.served()
+    later = PromptGather(0.003)  # a later stage: waits for what the pass sent beside it, nothing else
+    queue = [("s0", prompt(f"r{i}", together=3)) for i in range(2)]
+    for _, message in queue:
+        later.queued(message)
+    until = later.wait_until(queue, first_stage=False, max_batch=16)
+    assert until is not None and until - time.monotonic() > TOGETHER_WAIT_S - 0.1
+    assert later.wait_until(queue + [("s0", prompt("r2", together=3))], False, 16) is None, "all three are in"
+    alone = PromptGather(0.003)
+    alone.queued(prompt("x"))
+    assert alone.wait_until([("s0", prompt("x"))], False, 16) is None, "a prompt sent on alone: go"

@@ -35,7 +35,7 @@ alone through the model's own forward, so a request alone stays exactly one mach
 batched rows may differ from a lone request's in the last bits (README, The engine).
 New requests' first prompt chunks queued together run as one left-padded pass the same way
 (ShardRunner.prefill_batch), taken from anywhere in the queue as long as nothing of their own
-request was queued before them.
+request was queued before them; an idle stage waits a moment for more of them (prompt_gather.py).
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ from ..transport.lane import DataLane
 from ..transport.log_limit import LogLimiter
 from ..transport.messages import Error, Forward, Message, Release, Token
 from .link_requests import LinkRequests
+from .prompt_gather import PromptGather, is_new_prompt
 from .sender_rules import LATE, SenderRules, describe
 from .stage_host import StageHost
 
@@ -67,8 +68,6 @@ refused_log = logging.getLogger("swarm.refused")
 IDLE_CACHE_S = 600.0  # caches of a request nobody touched this long are freed (its entry died)
 GC_EVERY_S = 60.0
 PROMPT_BATCH_POSITIONS = 2048  # padded positions of one prompt pass (its attention scores grow with the square)
-PROMPT_GATHER_MAX_GAPS = 8  # a gather for a burst's prompts lasts this many of its gaps at most (_mlx_gathering)
-TOGETHER_WAIT_S = 1.0  # a later stage waits this long at most for the prompts a pass sent side by side
 LOG_EVERY_S = 10.0  # a flood of bad frames or failing requests: one line per kind this often, with a count
 
 
@@ -78,7 +77,7 @@ class StageService:
                  prompt_gather_s: float = 0.0):
         self.host, self.lane, self.worker, self.pending = host, lane, worker, pending
         self.run_ahead, self.loop, self.rules, self.max_batch = run_ahead, loop, rules, max_batch
-        self.prompt_gather_s = prompt_gather_s  # `--prompt-gather`, in seconds
+        self.gather = PromptGather(prompt_gather_s)  # `--prompt-gather`; MLX thread only
         self.node_id = lane.node_id
         self.refusals = LogLimiter(refused_log)  # frames from senders that may not send them
         self.failures = LogLimiter(log, logging.INFO)  # requests this stage could not serve
@@ -90,8 +89,6 @@ class StageService:
         self._queue: deque[tuple[str, Forward | Release]] = deque()
         self.joins = CohortJoin(self.node_id)  # our requests' first decode steps join the cohort out; MLX thread
         self.carried = LinkRequests(self.node_id)  # whose entry to tell when a link breaks; MLX thread only
-        self._gather_since: float | None = None  # the first and the latest new prompt of a gather; MLX thread
-        self._last_prompt_at = 0.0
         self._last_gc = time.monotonic()
 
     def start(self) -> None:
@@ -127,10 +124,7 @@ class StageService:
             why = self.rules.mlx_forward(sender, message)
             if why is None:
                 self._queue.append((sender, message))
-                if _is_new_prompt(message):
-                    self._last_prompt_at = time.monotonic()
-                    if self._gather_since is None:
-                        self._gather_since = self._last_prompt_at
+                self.gather.queued(message)
             else:
                 self._mlx_refuse(sender, describe(message), why)
         elif isinstance(message, Release):
@@ -203,66 +197,30 @@ class StageService:
     def _mlx_serve_queue(self) -> None:
         """Compute every message queued for our stage (called after each round of socket events),
         taking in what arrived meanwhile between passes."""
-        if self._mlx_gathering():
-            return
+        stage = self.host.stage
+        if stage is not None and stage.shard.can_batch:  # (only a pass of several rows is worth waiting for)
+            until = self.gather.wait_until(self._queue, stage.range.start == 0, self.max_batch)
+            if until is not None:
+                self.worker.mlx_recheck_at(until)
+                return
         while self._queue and not self.worker.closed:  # (a node stopping computes no more)
             sender, message = self._queue.popleft()
             try:
                 if isinstance(message, Release):
                     self._mlx_release(sender, message)
                 else:
-                    self._mlx_forward(self._with_queued_prompts(sender, message) if _is_new_prompt(message)
+                    self._mlx_forward(self._with_queued_prompts(sender, message) if is_new_prompt(message)
                                       else self._with_queued_decode_steps(message))
             except Exception:
                 self.failures.every(("bug", type(message).__name__), LOG_EVERY_S, "failed to serve a %s message "
                                     "from %s", type(message).__name__, sender, exc_info=True)
             if self._queue:  # on a node that is its own next stage a request's steps follow each other on
                 self.worker.mlx_take_in()  # this thread: new requests' prompts would wait for its stream to end
-        self._gather_since = None  # (what came meanwhile was served in this run)
+        self.gather.served()  # (what came meanwhile was served in this run too)
         now = time.monotonic()
         if now - self._last_gc > GC_EVERY_S and self.host.stage is not None:
             self._last_gc = now
             self.host.stage.release_idle(IDLE_CACHE_S)
-
-    def _mlx_gathering(self) -> bool:
-        """Leave new requests' prompts queued a moment longer, for more to share their pass?
-
-        Only while the queue holds nothing but new requests (their prompt chunks and the last tokens
-        queued behind them) and the batch is not full; other work waiting ends it.
-        - The first stage: a burst (an agent's parallel calls, a benchmark's clients) reaches the entry
-          over a few ms, and an idle first stage used to start the first prompt's pass alone the moment
-          it came: the rest waited out that pass, and the first row's caches then had to join theirs for
-          the decode steps. So it waits as long as prompts keep coming `prompt_gather_s` apart,
-          PROMPT_GATHER_MAX_GAPS times that at most: a prompt alone pays one gap.
-        - A later stage: a pass's prompts reach it side by side, but a frame of hidden states is MBs
-          and the first one in used to start its pass alone while the rest were on the wire, then the
-          next, one by one. Each carries how many were sent with it (Forward.together): it waits for
-          them, TOGETHER_WAIT_S at most (one lost with its sender, say)."""
-        since = self._gather_since
-        stage = self.host.stage
-        if since is None or not self._queue or self.max_batch < 2 or stage is None or not stage.shard.can_batch:
-            return False
-        prompts, new, together = 0, set(), 0
-        for _, message in self._queue:
-            if _is_new_prompt(message):
-                prompts += 1
-                new.add((message.entry, message.rid))
-                together = max(together, message.together)
-            elif not (isinstance(message, Forward) and (message.entry, message.rid) in new):
-                return False  # other work waits: go
-        if prompts >= self.max_batch:
-            return False
-        if stage.range.start == 0:
-            gap = self.prompt_gather_s
-            until = min(self._last_prompt_at + gap, since + PROMPT_GATHER_MAX_GAPS * gap)
-        elif prompts < together:
-            until = since + TOGETHER_WAIT_S
-        else:
-            return False
-        if time.monotonic() >= until:
-            return False
-        self.worker.mlx_recheck_at(until)
-        return True
 
     def _mlx_release(self, sender: str, message: Release) -> None:
         stage = self.host.stage
@@ -312,7 +270,7 @@ class StageService:
             item = self._queue.popleft()
             by, nxt = item
             key = (nxt.entry, nxt.rid) if isinstance(nxt, Forward) else (by, nxt.rid)
-            if (key not in seen and _is_new_prompt(nxt) and (nxt.dtype, nxt.shape[2:]) == (first.dtype, first.shape[2:])
+            if (key not in seen and is_new_prompt(nxt) and (nxt.dtype, nxt.shape[2:]) == (first.dtype, first.shape[2:])
                     and max(width, nxt.length) * (len(steps) + 1) <= PROMPT_BATCH_POSITIONS):
                 width = max(width, nxt.length)
                 steps.append(nxt)
@@ -334,7 +292,7 @@ class StageService:
                 self._mlx_deliver(forward, out, took_s, stage, plan, index)
             return
         together = 0
-        if _is_new_prompt(accepted[0]):
+        if is_new_prompt(accepted[0]):
             outs = _compute_prompts(stage, accepted)
             self.prompt_passes += 1
             self.prompt_rows += len(accepted)
@@ -379,12 +337,6 @@ class StageService:
             return
         nxt = plan.stages[index + 1]
         self._mlx_send_or_fail(nxt.node_id, forward.onward(nxt.start, out, compute_us, together))
-
-
-def _is_new_prompt(message) -> bool:
-    """A new request's first prompt chunk, nothing sampled, no decoding rules: may share a padded pass."""
-    return (isinstance(message, Forward) and message.pos == 0 and message.length > 1 and message.sampling is None
-            and message.rules is None)
 
 
 def _compute_prompts(stage: ShardRunner, accepted: list[Forward]):
