@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from model_zoo import build_random_model
 
 
@@ -91,3 +93,11 @@ def test_lean_pipeline_measures_every_variant(tmp_path: Path) -> None:
     for name, step, compute, hop, _ in rows:
         assert 0 < float(compute) <= float(step), (name, step, compute)
         assert float(hop) >= 0, (name, hop)
+
+
+@pytest.mark.timeout(30)
+def test_concurrent_clients_that_cannot_connect_say_why_at_once() -> None:
+    from swarm.bench.client import concurrent_completions
+    from swarm.bench.cluster import free_port
+    with pytest.raises(ConnectionRefusedError):  # not the start barrier's error after its 60 s
+        concurrent_completions(f"http://127.0.0.1:{free_port()}", "hi", 4, 4)

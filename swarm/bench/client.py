@@ -33,7 +33,11 @@ def stream_completion(url: str, prompt: str, max_tokens: int, timeout: float = 6
     u = urlsplit(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
     if start is not None:
-        conn.connect()
+        try:
+            conn.connect()
+        except BaseException:
+            start.abort()  # the other clients and the caller stop waiting for this one
+            raise
         start.wait()
     parts: list[str] = []
     tokens, t_first, t_last = 0, None, None
@@ -79,6 +83,12 @@ def concurrent_completions(url: str, prompt: str, max_tokens: int, n: int) -> tu
     start = threading.Barrier(n + 1, action=lambda: t0.append(time.perf_counter()))
     with ThreadPoolExecutor(n) as pool:
         futures = [pool.submit(stream_completion, url, prompt, max_tokens, 600.0, start) for _ in range(n)]
-        start.wait(timeout=60)
+        try:
+            start.wait(timeout=60)
+        except threading.BrokenBarrierError:
+            for f in futures:  # a client that could not connect: its own error, not the barrier's
+                if not isinstance(f.exception(), threading.BrokenBarrierError):
+                    f.result()
+            raise
         runs = [f.result() for f in futures]
         return time.perf_counter() - t0[0], runs
