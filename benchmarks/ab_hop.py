@@ -5,7 +5,8 @@
 
 Starts one local swarm per interpreter (each runs `swarm.cli` from its own checkout:
 loopback, static peers, even split, as swarm-bench does), then alternates: a batch of
-greedy streams on A, the same on B, A, B, ... After each batch it reads the entry's
+greedy streams on A, the same on B, then B, A, ... (A first in odd rounds, B in even ones,
+unless --no-alternate). After each batch it reads the entry's
 own per-step measurement (/health decode_timing: step wall time minus the stages'
 compute, per hop, median over the batch's steps). Alternating batches within one
 run keeps the machine's drift (other processes, the hour) out of the ratio, which
@@ -69,6 +70,9 @@ def main() -> int:
     p.add_argument("--model", default=None)
     p.add_argument("--a-args", default="", help="extra swarm-node arguments for A's nodes (one string)")
     p.add_argument("--b-args", default="", help="extra swarm-node arguments for B's nodes, e.g. --secret ...")
+    p.add_argument("--alternate", action=argparse.BooleanOptionalAction, default=True,
+                   help="B's batch first in every other round (default): whichever runs second in a round "
+                        "reads ~0.02 ms/hop cheaper (docs/performance.md), so a fixed order biases B - A")
     args = p.parse_args()
     # A kill (SIGTERM) unwinds like Ctrl-C, so both swarms' nodes are stopped, not left running.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -81,25 +85,34 @@ def main() -> int:
                 for c in (a, b):  # warm up: connections made, code paths run once
                     stream_completion(c.entry.url, PROMPT, 8)
                 rows = []
-                print(f"{'round':>5} {'A ms/hop':>9} {'B ms/hop':>9} {'B/A':>6} {'A step':>8} {'B step':>8}")
+                print(f"{'round':>5} {'first':>5} {'A ms/hop':>9} {'B ms/hop':>9} {'B/A':>6} {'A step':>8} {'B step':>8}")
                 for r in range(args.rounds):
-                    ta, tb = batch(a, args.tokens), batch(b, args.tokens)
+                    b_first = args.alternate and r % 2 == 1
+                    if b_first:
+                        tb = batch(b, args.tokens)
+                        ta = batch(a, args.tokens)
+                    else:
+                        ta, tb = batch(a, args.tokens), batch(b, args.tokens)
                     ha, hb = ta["overhead_per_hop_ms"], tb["overhead_per_hop_ms"]
-                    rows.append((ha, hb, ta["step_ms"], tb["step_ms"]))
-                    print(f"{r + 1:>5} {ha:9.3f} {hb:9.3f} {hb / ha:6.2f} {ta['step_ms']:8.1f} {tb['step_ms']:8.1f}",
-                          flush=True)
+                    rows.append((ha, hb, ta["step_ms"], tb["step_ms"], b_first))
+                    print(f"{r + 1:>5} {'B' if b_first else 'A':>5} {ha:9.3f} {hb:9.3f} {hb / ha:6.2f} "
+                          f"{ta['step_ms']:8.1f} {tb['step_ms']:8.1f}", flush=True)
             finally:
                 b.stop()
         finally:
             a.stop()
-    med = [statistics.median(col) for col in zip(*rows)]
-    ratios = statistics.median(hb / ha for ha, hb, _, _ in rows)
-    diffs = sorted(hb - ha for ha, hb, _, _ in rows)
+    med = [statistics.median(col) for col in list(zip(*rows))[:4]]
+    ratios = statistics.median(hb / ha for ha, hb, *_ in rows)
+    diffs = sorted(hb - ha for ha, hb, *_ in rows)
     print(f"median: A {med[0]:.3f} ms/hop, B {med[1]:.3f} ms/hop, B/A {ratios:.2f} (median of rounds); "
           f"decode step A {med[2]:.1f} ms, B {med[3]:.1f} ms")
     print(f"B - A per hop: median of rounds {statistics.median(diffs):+.3f} ms, rounds from {diffs[0]:+.3f} to "
           f"{diffs[-1]:+.3f} ms (middle half {diffs[len(diffs) // 4]:+.3f} to {diffs[(3 * len(diffs)) // 4]:+.3f}); "
           f"1-min load {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
+    if args.alternate and len(rows) > 1:  # the order's own effect: the build that runs second tends to read cheaper
+        by_order = [statistics.median(hb - ha for ha, hb, *_, bf in rows if bf == first) for first in (False, True)]
+        print(f"B - A by order: A first {by_order[0]:+.3f} ms, B first {by_order[1]:+.3f} ms; "
+              f"their mean {(by_order[0] + by_order[1]) / 2:+.3f} ms (the order's effect cancelled)")
     return 0
 
 

@@ -9,7 +9,9 @@ each candidate after each decode step of a real stage ("after a pass") and after
 idle sleep of --idle-ms ("after idle": the receiver's case), rotating the candidates
 step by step so all see the same machine, plus a 2.3 kB memcpy as the control for
 "the caches are cold". Candidates: AES-GCM and ChaCha20-Poly1305 (`cryptography`),
-encrypt_into / decrypt_into a kept buffer, and decrypt allocating the plaintext.
+encrypt_into / decrypt_into a kept buffer, and decrypt allocating the plaintext; the same
+through libsodium and OpenSSL called directly (ctypes); and the parts an encrypt-then-MAC of
+our own would need (a numpy XOR, a BLAKE2b or HMAC tag).
 Run it with OPENSSL_ia32cap set to see what a narrower instruction set changes, and with
 LD_PRELOAD=<OpenBLAS> (what a node's re-exec does) and OPENBLAS_NUM_THREADS / OPENBLAS_THREAD_TIMEOUT
 to see what OpenBLAS's spinning workers change; the thread-CPU column says whether a slow call
@@ -51,6 +53,7 @@ def candidates(n: int):
         ways[f"{name} decrypt (new bytes)"] = (lambda a=aead, nn=nonce, s=sealed: a.decrypt(nn, s, ASSOCIATED))
         ways[f"{name} decrypt_into"] = (lambda a=aead, nn=nonce, s=sealed: a.decrypt_into(nn, s, ASSOCIATED, back))
     ways.update(_c_library_ways(key, plain, out))
+    ways.update(_composition_ways(key, plain, out))
     src = bytearray(os.urandom(n))
     dst = bytearray(n)
     ways["control: memcpy of the frame"] = lambda: memoryview(dst).__setitem__(slice(None), src)
@@ -99,15 +102,36 @@ def _c_library_ways(key: bytes, plain: bytes, out: bytearray) -> dict:
     return ways
 
 
+def _composition_ways(key: bytes, plain: bytes, out: bytearray) -> dict:
+    """The parts an encrypt-then-MAC of our own would run after a pass instead of one AEAD call (a keystream
+    made ahead of time, XORed in, then a MAC over the result): each part's cold price alone. Measurement
+    only (stop 29: the two together cost more than AES-GCM's one call, so none was built)."""
+    import hashlib
+    import hmac
+
+    import numpy as np
+    n = len(plain)
+    keystream = np.frombuffer(os.urandom(n), np.uint8)
+    source, target = np.frombuffer(plain, np.uint8), np.frombuffer(out, np.uint8)[:n]
+    return {
+        "XOR with a kept keystream (numpy, into a kept buffer)": lambda: np.bitwise_xor(source, keystream, out=target),
+        "BLAKE2b keyed MAC, 16 B (hashlib)": lambda: hashlib.blake2b(out, key=key, digest_size=16).digest(),
+        "HMAC-SHA256 (hmac.digest)": lambda: hmac.digest(key, out, "sha256"),
+    }
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--idle-ms", type=float, default=3.0)
+    p.add_argument("--only", default="", help="comma-separated parts of candidate names to run (default: all)")
     args = p.parse_args()
     model, stage, hidden = middle_stage(args.model, args.layers)
     ways = candidates(4 * hidden)
+    wanted = [w for w in args.only.split(",") if w]
+    ways = {k: f for k, f in ways.items() if not wanted or any(w in k for w in wanted)}
     names = list(ways)
     for f in ways.values():  # once each: first-call setup out of the way
         f()

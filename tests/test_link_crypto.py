@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import platform
+
 import pytest
 
+from swarm.transport import sodium_gcm
 from swarm.transport.link_crypto import (
     FrameOpener,
     FrameSealer,
@@ -96,6 +100,52 @@ def test_replayed_reordered_or_altered_frames_do_not_open():
     sealer, opener = link()
     with pytest.raises(LinkAuthError):
         opener.open(b"q", sealer.seal(b"p", b"payload"))  # altered length prefix
+
+
+def test_a_hops_frames_are_sealed_and_opened_by_libsodium_here():
+    """The fast path is in use where the guide's machines run (x86-64 with AES-NI and PCLMUL):
+    PyNaCl installed, its bundled libsodium's AES-256-GCM available (sodium_gcm.py)."""
+    flags = open("/proc/cpuinfo").read().split() if os.path.exists("/proc/cpuinfo") else []
+    if platform.machine() != "x86_64" or "aes" not in flags or "pclmulqdq" not in flags:
+        pytest.skip("not an x86-64 machine with AES-NI and PCLMUL")
+    assert sodium_gcm.SEALS_IN_PLACE
+
+
+@pytest.mark.parametrize("sender,receiver", [("libsodium", "cryptography"), ("cryptography", "libsodium")])
+def test_libsodium_and_cryptography_open_each_others_frames_and_refuse_the_same_attacks(sender, receiver,
+                                                                                          monkeypatch):
+    """Nodes with and without libsodium's AES-GCM talk to each other: the same cipher, the same bytes."""
+    if not sodium_gcm.SEALS_IN_PLACE:
+        pytest.skip("libsodium's AES-GCM is not available on this machine")
+
+    def use(implementation: str) -> None:
+        monkeypatch.setattr(sodium_gcm, "SEALS_IN_PLACE", implementation == "libsodium")
+
+    def wire(sealer: FrameSealer, body: bytes) -> bytearray:
+        use(sender)
+        prefix = len(body).to_bytes(8, "big")
+        return bytearray(prefix + bytes(sealer.seal_into(prefix, body[:10], memoryview(body[10:]))))
+
+    def opens(opener: FrameOpener, frame: bytearray) -> bytes:
+        use(receiver)
+        opener.open_in_place(frame, 8, len(frame) - 8)
+        return bytes(frame[8:-16])
+
+    sealer, opener = link()
+    bodies = [os.urandom(n) for n in (10, 100, 2304, 40_000)]
+    for body in bodies:
+        assert opens(opener, wire(sealer, body)) == body
+    sealer, opener = link()
+    first, second = bytes(wire(sealer, bodies[1])), bytes(wire(sealer, bodies[2]))
+    for attack in (second,  # reordered (the first one dropped)
+                   first[:20] + bytes([first[20] ^ 1]) + first[21:],  # altered body
+                   bytes([first[0] ^ 1]) + first[1:],  # altered prefix (the associated data)
+                   first[:-1] + bytes([first[-1] ^ 1])):  # altered tag
+        with pytest.raises(LinkAuthError):
+            opens(opener, bytearray(attack))
+    assert opens(opener, bytearray(first)) == bodies[1]
+    with pytest.raises(LinkAuthError):
+        opens(opener, bytearray(first))  # replayed
 
 
 def test_an_empty_secret_is_refused():

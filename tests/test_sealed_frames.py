@@ -11,6 +11,7 @@ import os
 
 import pytest
 
+from swarm.transport import sodium_gcm
 from swarm.transport.errors import ProtocolError
 from swarm.transport.frames import PREFIX, FrameParser, encode_frame
 from swarm.transport.link_crypto import TAG_BYTES, FrameOpener, FrameSealer
@@ -20,6 +21,18 @@ KEY = os.urandom(32)
 MAX = 8 * 1024 * 1024
 # empty, a decode step's hidden states, both sides of the boundary between the two shapes, a prefill chunk
 SIZES = [0, 2304, JOIN_MAX_PAYLOAD, JOIN_MAX_PAYLOAD + 1, 1 << 20]
+
+
+@pytest.fixture(autouse=True, params=["libsodium", "cryptography"])
+def aead(request, monkeypatch) -> str:
+    """Every test twice: a hop's frames sealed and opened by libsodium (sodium_gcm.py), then by
+    `cryptography` alone (what a node without libsodium's AES-GCM runs). The helpers below seal the
+    allocating way (`cryptography` always), so the parser also opens what the other one sealed."""
+    if request.param == "libsodium" and not sodium_gcm.SEALS_IN_PLACE:
+        pytest.skip("libsodium's AES-GCM is not available on this machine")
+    if request.param == "cryptography":
+        monkeypatch.setattr(sodium_gcm, "SEALS_IN_PLACE", False)
+    return request.param
 
 
 def header(i: int) -> dict:
@@ -221,3 +234,30 @@ def test_a_large_payload_opens_a_piece_at_a_time_and_is_refused_at_its_end_if_al
     thread.join()
     receiver.close()
     a.close()
+
+
+@pytest.mark.parametrize("size", [0, 2304, JOIN_MAX_PAYLOAD])
+def test_a_hops_frames_sealed_in_place_are_the_allocating_seals_bytes_and_open_everywhere(size) -> None:
+    """seal_frame(reuse=True), the data lane's (libsodium's when it can), against the allocating seal
+    (`cryptography`'s): the same bytes, frame after frame; opened by the parser (in place) and by the
+    stream reader (`cryptography`'s open)."""
+    in_place, allocating = FrameSealer(KEY), FrameSealer(KEY)
+    payloads = [os.urandom(size) for _ in range(3)]
+    wire = b""
+    for i, payload in enumerate(payloads):
+        frame = b"".join(bytes(p) for p in seal_frame(in_place, header(i), memoryview(payload), reuse=True))
+        assert frame == sealed_with(allocating, i, payload)
+        wire += frame
+    _, parser = fresh()
+    assert [(f.header, bytes(f.payload)) for f in parser.feed(wire)] == list(zip(map(header, range(3)), payloads))
+
+    async def read_all() -> list:
+        reader = asyncio.StreamReader()
+        reader.feed_data(wire)
+        opener = FrameOpener(KEY)
+        return [await read_sealed_frame(reader, opener, MAX) for _ in range(3)]
+    assert [bytes(f.payload) for f in asyncio.run(read_all())] == payloads
+
+
+def sealed_with(sealer: FrameSealer, i: int, payload: bytes) -> bytes:
+    return b"".join(bytes(p) for p in seal_frame(sealer, header(i), payload))
