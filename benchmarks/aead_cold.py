@@ -10,7 +10,8 @@ idle sleep of --idle-ms ("after idle": the receiver's case), rotating the candid
 step by step so all see the same machine, plus a 2.3 kB memcpy as the control for
 "the caches are cold". Candidates: AES-GCM and ChaCha20-Poly1305 (`cryptography`),
 encrypt_into / decrypt_into a kept buffer, and decrypt allocating the plaintext; the same
-through libsodium and OpenSSL called directly (ctypes); and the parts an encrypt-then-MAC of
+through libsodium and OpenSSL called directly (ctypes), and libsodium through PyNaCl's compiled
+module as transport/sodium_gcm.py calls it; and the parts an encrypt-then-MAC of
 our own would need (a numpy XOR, a BLAKE2b or HMAC tag).
 Run it with OPENSSL_ia32cap set to see what a narrower instruction set changes, and with
 LD_PRELOAD=<OpenBLAS> (what a node's re-exec does) and OPENBLAS_NUM_THREADS / OPENBLAS_THREAD_TIMEOUT
@@ -53,6 +54,7 @@ def candidates(n: int):
         ways[f"{name} decrypt (new bytes)"] = (lambda a=aead, nn=nonce, s=sealed: a.decrypt(nn, s, ASSOCIATED))
         ways[f"{name} decrypt_into"] = (lambda a=aead, nn=nonce, s=sealed: a.decrypt_into(nn, s, ASSOCIATED, back))
     ways.update(_c_library_ways(key, plain, out))
+    ways.update(_sodium_ways(key, plain))
     ways.update(_composition_ways(key, plain, out))
     src = bytearray(os.urandom(n))
     dst = bytearray(n)
@@ -100,6 +102,41 @@ def _c_library_ways(key: bytes, plain: bytes, out: bytearray) -> dict:
     except OSError:
         pass
     return ways
+
+
+def _sodium_ways(key: bytes, plain: bytes) -> dict:
+    """libsodium through PyNaCl's compiled module, as transport/sodium_gcm.py calls it (stop 29): AES-256-GCM
+    sealed in place at a kept pointer (the sender), copied into a kept buffer and opened there (the
+    receiver: the parser's own buffer moves, and taking its address per frame costs more than the copy), and AEGIS-256, a faster AEAD libsodium has that `cryptography` has not."""
+    try:
+        from nacl._sodium import ffi, lib
+    except ImportError:
+        return {}
+    if lib.sodium_init() < 0 or lib.crypto_aead_aes256gcm_is_available() != 1:
+        return {}
+    n, null, nonce = len(plain), ffi.NULL, bytes(12)
+    work = bytearray(plain) + bytearray(32)
+    at = ffi.from_buffer(work)
+    sealed = bytearray(n + 16)
+    lib.crypto_aead_aes256gcm_encrypt(ffi.from_buffer(sealed), null, plain, n, ASSOCIATED, 8, null, nonce, key)
+    frame = ASSOCIATED + bytes(sealed)  # as it lies in the parser's buffer
+    kept = memoryview(bytearray(len(frame)))
+    kept_at = ffi.from_buffer(kept)
+    body_at = kept_at + len(ASSOCIATED)
+
+    def open_kept():  # FrameOpener.open_kept: copied into a kept buffer, opened there at kept addresses
+        kept[:] = frame
+        return lib.crypto_aead_aes256gcm_decrypt(body_at, null, null, body_at, n + 16, kept_at, 8, nonce, key)
+    assert open_kept() == 0
+    aegis_nonce, aegis_out = bytes(32), bytearray(n + 32)
+    aegis_at = ffi.from_buffer(aegis_out)
+    return {
+        "libsodium AES-256-GCM sealed in place, kept pointer (sodium_gcm)":
+            lambda: lib.crypto_aead_aes256gcm_encrypt(at, null, at, n, ASSOCIATED, 8, null, nonce, key),
+        "libsodium AES-256-GCM copied to a kept buffer, opened there (sodium_gcm)": open_kept,
+        "libsodium AEGIS-256 encrypt, kept pointer":
+            lambda: lib.crypto_aead_aegis256_encrypt(aegis_at, null, plain, n, ASSOCIATED, 8, null, aegis_nonce, key),
+    }
 
 
 def _composition_ways(key: bytes, plain: bytes, out: bytearray) -> dict:

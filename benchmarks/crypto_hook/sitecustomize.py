@@ -50,6 +50,7 @@ if _DIR:
             return frames_
 
         seal_into, open_ = link_crypto.FrameSealer.seal_into, link_crypto.FrameOpener.open
+        open_kept = getattr(link_crypto.FrameOpener, "open_kept", None)  # the hop's open since stop 29
 
         def timed(fn, what: str, sealed: bool, size):
             """`fn`, timed (wall and this thread's CPU) and noted with size(args, result) bytes."""
@@ -72,6 +73,8 @@ if _DIR:
         timed_open = timed(open_, "aead-open", True, lambda args, out: len(out))
 
         link_crypto.FrameSealer.seal_into, link_crypto.FrameOpener.open = timed_seal_into, timed_open
+        if open_kept is not None:
+            link_crypto.FrameOpener.open_kept = timed(open_kept, "aead-open", True, lambda args, out: args[1].nbytes)
         connection.PeerConnection.write_frame = write_frame
         connection.PeerConnection.read_frames = read_frames
         connection.encode_frame, connection.seal_frame = encode_frame, seal_frame

@@ -50,6 +50,7 @@ _SECRET_SALT = b"swarm secret v1"
 _SCRYPT_N = 2**15  # x 8 x 128 bytes = 32 MiB
 _COUNTER = struct.Struct(">4xQ")  # AES-GCM's 96-bit nonce: 4 zero bytes and a 64-bit frame counter
 _NONCE = _COUNTER.pack
+_NULL = sodium_gcm.NULL
 # GCM's update_into wants room for a block more than it is given (a stream cipher: it never writes it)
 PIECE_SPARE = 15
 
@@ -170,8 +171,10 @@ class FrameSealer:
         buffer[h:n] = payload
         number = self._sent
         self._sent = number + 1
-        if self._at is not None:
-            sodium_gcm.seal_in_place(self._at, n, associated, _NONCE(number), self._key)
+        at = self._at
+        if at is not None:
+            if sodium_gcm.encrypt(at, _NULL, at, n, associated, len(associated), _NULL, _NONCE(number), self._key):
+                raise ValueError(f"libsodium refused to seal {n} bytes")
         else:
             self._aead.encrypt_into(_NONCE(number), buffer[:n], associated, buffer[:n + TAG_BYTES])
         return buffer[:n + TAG_BYTES]
@@ -183,6 +186,7 @@ class FrameOpener:
     def __init__(self, key: bytes) -> None:
         self._key, self._aead = key, AESGCM(key)
         self._received = 0
+        self._kept, self._kept_split, self._kept_at = memoryview(bytearray()), 0, None  # open_kept's
 
     def open_in_pieces(self, associated: bytes) -> StreamedOpen:
         """The next frame's payload opened a piece at a time (StreamedOpen, below; authentic only once its
@@ -198,26 +202,37 @@ class FrameOpener:
         self._received += 1
         return plaintext
 
-    def open_in_place(self, buffer: bytearray, associated_len: int, sealed_len: int) -> None:
-        """Open the frame at the start of `buffer` where it is: `associated_len` bytes of associated
-        data (its prefix), then `sealed_len` sealed bytes, whose plaintext then starts where they did.
+    def open_kept(self, frame: memoryview, associated_len: int) -> memoryview:
+        """Open a whole frame, `associated_len` bytes of associated data (its prefix) then sealed bytes,
+        in a buffer this opener keeps: the plaintext, valid until the next call.
+
         For a hop's frames, opened cold right after the receiver woke: by libsodium where it can
-        (sodium_gcm.py), and no new object made."""
-        nonce = _NONCE(self._received)
-        if sodium_gcm.SEALS_IN_PLACE:
-            opened = sodium_gcm.open_in_place(buffer, associated_len, sealed_len, nonce, self._key)
+        (sodium_gcm.py), at an address kept from frame to frame (taking one costs more than this
+        copy), and no new object made."""
+        n = frame.nbytes
+        kept = self._kept
+        if kept.nbytes < n or associated_len != self._kept_split:
+            raw = bytearray(2 * n)
+            kept = self._kept = memoryview(raw)
+            self._kept_split = associated_len
+            at = sodium_gcm.pointer_to(raw) if sodium_gcm.SEALS_IN_PLACE else None
+            self._kept_at = None if at is None else (at, at + associated_len)
+        kept[:n] = frame
+        nonce, sealed_len = _NONCE(self._received), n - associated_len
+        if self._kept_at is not None:
+            at, body = self._kept_at
+            opened = not sodium_gcm.decrypt(body, _NULL, _NULL, body, sealed_len, at, associated_len, nonce, self._key)
         else:
-            with memoryview(buffer) as view:
-                body = view[associated_len:associated_len + sealed_len]
-                try:
-                    self._aead.decrypt_into(nonce, body, view[:associated_len], body[:sealed_len - TAG_BYTES])
-                    opened = True
-                except InvalidTag:
-                    opened = False
-                body.release()
+            body = kept[associated_len:n]
+            try:
+                self._aead.decrypt_into(nonce, body, kept[:associated_len], body[:sealed_len - TAG_BYTES])
+                opened = True
+            except InvalidTag:
+                opened = False
         if not opened:
             raise LinkAuthError(f"frame {self._received} did not open: altered, replayed or out of order")
         self._received += 1
+        return kept[associated_len:n - TAG_BYTES]
 
     def open_into(self, associated: bytes, sealed: bytes | bytearray | memoryview, out: memoryview) -> memoryview:
         """`open` into `out` (the plaintext's length, not `sealed`'s memory), no new bytes: for bulk payloads,

@@ -106,15 +106,14 @@ class SealedFrameParser(FrameParser):
     def _take(self, view: memoryview, header_len: int, payload_len: int, end: int) -> Frame:
         if payload_len > JOIN_MAX_PAYLOAD:
             return open_body(self.opener, bytes(view[:PREFIX.size]), view[PREFIX.size:end], header_len, payload_len)
-        # A hop's frame: opened where it lies in the buffer (FrameOpener.open_in_place), then taken
-        # as the plain parser takes a frame.
+        # A hop's frame: opened in the opener's kept buffer (FrameOpener.open_kept), then taken as the
+        # plain parser takes a frame.
         try:
-            self.opener.open_in_place(self._buf, PREFIX.size, end - PREFIX.size)
+            plain = self.opener.open_kept(view[:end], PREFIX.size)
         except LinkAuthError as e:
             raise ProtocolError(str(e)) from None
-        split = end - payload_len - TAG_BYTES
-        header = decode_header(bytes(view[PREFIX.size:split]))
-        return Frame(header, bytes(view[split:end - TAG_BYTES]) if payload_len else b"")
+        split = header_len - TAG_BYTES
+        return Frame(decode_header(bytes(plain[:split])), bytes(plain[split:]) if payload_len else b"")
 
 
 async def read_sealed_frame(reader: asyncio.StreamReader, opener: FrameOpener, max_payload: int) -> Frame:

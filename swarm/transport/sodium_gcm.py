@@ -26,20 +26,12 @@ except ImportError:  # no PyNaCl, or a build without this module
 SEALS_IN_PLACE = (lib is not None and os.environ.get("SWARM_SODIUM", "").lower() != "off"
                   and lib.sodium_init() >= 0 and lib.crypto_aead_aes256gcm_is_available() == 1)
 
+# libsodium's functions themselves, called inline by link_crypto.py (a Python call around them would cost a
+# few µs more, cold):
+#   encrypt(c, NULL, m, mlen, ad, adlen, NULL, nonce, key) -> 0     c: mlen + 16 bytes (tag last); c may be m
+#   decrypt(m, NULL, NULL, c, clen, ad, adlen, nonce, key) -> 0, or -1 if it does not open;       m may be c
+# The buffers are pointers (`pointer_to(a bytearray)`, kept: taking one costs a third of a cold seal) or bytes.
+encrypt = decrypt = pointer_to = NULL = None
 if SEALS_IN_PLACE:
-    _encrypt, _decrypt, _NULL = lib.crypto_aead_aes256gcm_encrypt, lib.crypto_aead_aes256gcm_decrypt, ffi.NULL
-    pointer_to = ffi.from_buffer
-
-
-def seal_in_place(at, n: int, associated: bytes, nonce: bytes, key: bytes) -> None:
-    """The `n` bytes at pointer `at` sealed where they are, the 16-byte tag after them."""
-    if _encrypt(at, _NULL, at, n, associated, len(associated), _NULL, nonce, key) != 0:
-        raise ValueError(f"libsodium refused to seal {n} bytes")
-
-
-def open_in_place(buffer: bytearray, associated_len: int, sealed_len: int, nonce: bytes, key: bytes) -> bool:
-    """Open the sealed bytes that follow `associated_len` bytes of associated data at the start of
-    `buffer`, where they are (the plaintext then starts at the same place); False if they do not."""
-    at = pointer_to(buffer)
-    body = at + associated_len
-    return _decrypt(body, _NULL, _NULL, body, sealed_len, at, associated_len, nonce, key) == 0
+    encrypt, decrypt = lib.crypto_aead_aes256gcm_encrypt, lib.crypto_aead_aes256gcm_decrypt
+    pointer_to, NULL = ffi.from_buffer, ffi.NULL
