@@ -110,18 +110,18 @@ def test_a_hops_frames_are_sealed_and_opened_by_libsodium_here():
         pytest.skip("not an x86-64 machine with AES-NI and PCLMUL")
     if os.environ.get("SWARM_SODIUM", "").lower() == "off":
         pytest.skip("SWARM_SODIUM=off turns it off")
-    assert sodium_gcm.SEALS_IN_PLACE
+    assert sodium_gcm.IN_USE
 
 
 @pytest.mark.parametrize("sender,receiver", [("libsodium", "cryptography"), ("cryptography", "libsodium")])
 def test_libsodium_and_cryptography_open_each_others_frames_and_refuse_the_same_attacks(sender, receiver,
                                                                                           monkeypatch):
     """Nodes with and without libsodium's AES-GCM talk to each other: the same cipher, the same bytes."""
-    if not sodium_gcm.SEALS_IN_PLACE:
+    if not sodium_gcm.IN_USE:
         pytest.skip("libsodium's AES-GCM is not available on this machine")
 
     def use(implementation: str) -> None:
-        monkeypatch.setattr(sodium_gcm, "SEALS_IN_PLACE", implementation == "libsodium")
+        monkeypatch.setattr(sodium_gcm, "IN_USE", implementation == "libsodium")
 
     def wire(sealer: FrameSealer, body: bytes) -> bytearray:
         use(sender)

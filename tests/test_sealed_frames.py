@@ -28,10 +28,10 @@ def aead(request, monkeypatch) -> str:
     """Every test twice: a hop's frames sealed and opened by libsodium (sodium_gcm.py), then by
     `cryptography` alone (what a node without libsodium's AES-GCM runs). The helpers below seal the
     allocating way (`cryptography` always), so the parser also opens what the other one sealed."""
-    if request.param == "libsodium" and not sodium_gcm.SEALS_IN_PLACE:
+    if request.param == "libsodium" and not sodium_gcm.IN_USE:
         pytest.skip("libsodium's AES-GCM is not available on this machine")
     if request.param == "cryptography":
-        monkeypatch.setattr(sodium_gcm, "SEALS_IN_PLACE", False)
+        monkeypatch.setattr(sodium_gcm, "IN_USE", False)
     return request.param
 
 

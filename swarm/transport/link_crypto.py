@@ -165,7 +165,7 @@ class FrameSealer:
         buffer = self._buffer
         if buffer.nbytes < n + TAG_BYTES:  # a new buffer, not a resized one: a caller may still hold a view
             raw = bytearray(2 * n + TAG_BYTES)
-            buffer, self._at = memoryview(raw), sodium_gcm.pointer_to(raw) if sodium_gcm.SEALS_IN_PLACE else None
+            buffer, self._at = memoryview(raw), sodium_gcm.pointer_to(raw) if sodium_gcm.IN_USE else None
             self._buffer = buffer
         buffer[:h] = header  # a memoryview copies in place (a bytearray slice would copy first)
         buffer[h:n] = payload
@@ -215,7 +215,7 @@ class FrameOpener:
             raw = bytearray(2 * n)
             kept = self._kept = memoryview(raw)
             self._kept_split = associated_len
-            at = sodium_gcm.pointer_to(raw) if sodium_gcm.SEALS_IN_PLACE else None
+            at = sodium_gcm.pointer_to(raw) if sodium_gcm.IN_USE else None
             self._kept_at = None if at is None else (at, at + associated_len)
         kept[:n] = frame
         nonce, sealed_len = _NONCE(self._received), n - associated_len

@@ -9,7 +9,7 @@ with the other, so nodes that use either talk to each other (tests/test_link_cry
 
 libsodium is the copy PyNaCl bundles, reached through its compiled cffi module (`nacl._sodium`: the C
 functions themselves, without PyNaCl's checking wrappers, which allocate the output and cost more
-than the call). `SEALS_IN_PLACE` is False when that module or the CPU's AES instructions are missing
+than the call). `IN_USE` is False when that module or the CPU's AES instructions are missing
 (libsodium's AES-GCM needs AES-NI and PCLMUL, or ARMv8's crypto extensions), or when
 SWARM_SODIUM=off; link_crypto.py then uses `cryptography` for these frames too.
 """
@@ -23,7 +23,7 @@ try:
 except ImportError:  # no PyNaCl, or a build without this module
     ffi = lib = None
 
-SEALS_IN_PLACE = (lib is not None and os.environ.get("SWARM_SODIUM", "").lower() != "off"
+IN_USE = (lib is not None and os.environ.get("SWARM_SODIUM", "").lower() != "off"
                   and lib.sodium_init() >= 0 and lib.crypto_aead_aes256gcm_is_available() == 1)
 
 # libsodium's functions themselves, called inline by link_crypto.py (a Python call around them would cost a
@@ -32,6 +32,6 @@ SEALS_IN_PLACE = (lib is not None and os.environ.get("SWARM_SODIUM", "").lower()
 #   decrypt(m, NULL, NULL, c, clen, ad, adlen, nonce, key) -> 0, or -1 if it does not open;       m may be c
 # The buffers are pointers (`pointer_to(a bytearray)`, kept: taking one costs a third of a cold seal) or bytes.
 encrypt = decrypt = pointer_to = NULL = None
-if SEALS_IN_PLACE:
+if IN_USE:
     encrypt, decrypt = lib.crypto_aead_aes256gcm_encrypt, lib.crypto_aead_aes256gcm_decrypt
     pointer_to, NULL = ffi.from_buffer, ffi.NULL
