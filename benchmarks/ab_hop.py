@@ -72,7 +72,7 @@ def main() -> int:
     p.add_argument("--b-args", default="", help="extra swarm-node arguments for B's nodes, e.g. --secret ...")
     p.add_argument("--alternate", action=argparse.BooleanOptionalAction, default=True,
                    help="B's batch first in every other round (default): whichever runs second in a round "
-                        "reads ~0.02 ms/hop cheaper (docs/performance.md), so a fixed order biases B - A")
+                        "read up to ~0.02 ms/hop cheaper (docs/performance.md), so a fixed order biases B - A")
     args = p.parse_args()
     # A kill (SIGTERM) unwinds like Ctrl-C, so both swarms' nodes are stopped, not left running.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

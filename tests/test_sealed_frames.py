@@ -40,7 +40,11 @@ def header(i: int) -> dict:
 
 
 def sealed(sealer: FrameSealer, i: int, size: int) -> bytes:
-    return b"".join(bytes(p) for p in seal_frame(sealer, header(i), os.urandom(size) if size else b""))
+    return sealed_with(sealer, i, os.urandom(size) if size else b"")
+
+
+def sealed_with(sealer: FrameSealer, i: int, payload: bytes) -> bytes:
+    return b"".join(bytes(p) for p in seal_frame(sealer, header(i), payload))
 
 
 def fresh() -> tuple[FrameSealer, SealedFrameParser]:
@@ -239,8 +243,8 @@ def test_a_large_payload_opens_a_piece_at_a_time_and_is_refused_at_its_end_if_al
 @pytest.mark.parametrize("size", [0, 2304, JOIN_MAX_PAYLOAD])
 def test_a_hops_frames_sealed_in_place_are_the_allocating_seals_bytes_and_open_everywhere(size) -> None:
     """seal_frame(reuse=True), the data lane's (libsodium's when it can), against the allocating seal
-    (`cryptography`'s): the same bytes, frame after frame; opened by the parser (in place) and by the
-    stream reader (`cryptography`'s open)."""
+    (`cryptography`'s): the same bytes, frame after frame; opened by the parser (FrameOpener.open_kept)
+    and by the stream reader (`cryptography`'s open)."""
     in_place, allocating = FrameSealer(KEY), FrameSealer(KEY)
     payloads = [os.urandom(size) for _ in range(3)]
     wire = b""
@@ -257,7 +261,3 @@ def test_a_hops_frames_sealed_in_place_are_the_allocating_seals_bytes_and_open_e
         opener = FrameOpener(KEY)
         return [await read_sealed_frame(reader, opener, MAX) for _ in range(3)]
     assert [bytes(f.payload) for f in asyncio.run(read_all())] == payloads
-
-
-def sealed_with(sealer: FrameSealer, i: int, payload: bytes) -> bytes:
-    return b"".join(bytes(p) for p in seal_frame(sealer, header(i), payload))
