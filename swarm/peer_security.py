@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 
 from .node_secrets import Secret, readable_by_others
+from .transport import sodium_gcm
 
 log = logging.getLogger("swarm.security")
 
@@ -32,7 +33,10 @@ def log_at_start(secret: Secret) -> None:
                     "swarm, read every prompt and answer, and change them. Make one with `swarm-node "
                     "--new-secret` and give it to every node (README.md, Security)")
         return
-    log.info("swarm secret from %s: peers must prove it, and every peer link is encrypted", secret.source)
+    log.info("swarm secret from %s: peers must prove it, and every peer link is encrypted (AES-256-GCM; a "
+             "hop's frames by %s)", secret.source,
+             "libsodium" if sodium_gcm.IN_USE else "cryptography: libsodium's AES-GCM is not available here "
+             "(no PyNaCl, no AES instructions, or SWARM_SODIUM=off), ~0.03 ms more per hop")
     if len(secret.value) < SHORT_SECRET_CHARS:
         log.warning("the swarm secret is short (%d characters): a stranger who records one handshake can try "
                     "guesses against it offline; `swarm-node --new-secret` makes a random one",

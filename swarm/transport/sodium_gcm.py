@@ -23,8 +23,17 @@ try:
 except ImportError:  # no PyNaCl, or a build without this module
     ffi = lib = None
 
-IN_USE = (lib is not None and os.environ.get("SWARM_SODIUM", "").lower() != "off"
-                  and lib.sodium_init() >= 0 and lib.crypto_aead_aes256gcm_is_available() == 1)
+
+def _usable() -> bool:
+    if lib is None or os.environ.get("SWARM_SODIUM", "").lower() == "off":
+        return False
+    try:
+        return lib.sodium_init() >= 0 and lib.crypto_aead_aes256gcm_is_available() == 1
+    except AttributeError:  # a PyNaCl whose module does not declare these functions
+        return False
+
+
+IN_USE = _usable()
 
 # libsodium's functions themselves, called inline by link_crypto.py (a Python call around them would cost a
 # few µs more, cold):
