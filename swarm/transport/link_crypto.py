@@ -51,7 +51,6 @@ _KEY_INFO = b"swarm link keys v1"
 _SECRET_SALT = b"swarm secret v1"
 _SCRYPT_N = 2**15  # x 8 x 128 bytes = 32 MiB
 _COUNTER = struct.Struct(">4xQ")  # AES-GCM's 96-bit nonce: 4 zero bytes and a 64-bit frame counter
-_NONCE = _COUNTER.pack
 _NULL = sodium_gcm.NULL
 # GCM's update_into wants room for a block more than it is given (a stream cipher: it never writes it)
 PIECE_SPARE = 15
@@ -171,14 +170,12 @@ class FrameSealer:
             self._buffer = buffer
         buffer[:h] = header  # a memoryview copies in place (a bytearray slice would copy first)
         buffer[h:n] = payload
-        number = self._sent
-        self._sent = number + 1
         at = self._at
         if at is not None:
-            if sodium_gcm.encrypt(at, _NULL, at, n, associated, len(associated), _NULL, _NONCE(number), self._key):
+            if sodium_gcm.encrypt(at, _NULL, at, n, associated, len(associated), _NULL, self._next_nonce(), self._key):
                 raise ValueError(f"libsodium refused to seal {n} bytes")
         else:
-            self._aead.encrypt_into(_NONCE(number), buffer[:n], associated, buffer[:n + TAG_BYTES])
+            self._aead.encrypt_into(self._next_nonce(), buffer[:n], associated, buffer[:n + TAG_BYTES])
         return buffer[:n + TAG_BYTES]
 
 
@@ -220,7 +217,7 @@ class FrameOpener:
             at = sodium_gcm.pointer_to(raw) if sodium_gcm.IN_USE else None
             self._kept_at = None if at is None else (at, at + associated_len)
         kept[:n] = frame
-        nonce, sealed_len = _NONCE(self._received), n - associated_len
+        nonce, sealed_len = _COUNTER.pack(self._received), n - associated_len
         if self._kept_at is not None:
             at, body = self._kept_at
             opened = not sodium_gcm.decrypt(body, _NULL, _NULL, body, sealed_len, at, associated_len, nonce, self._key)
