@@ -35,9 +35,13 @@ def build_local_profile(
     model_id: str = "",
     model_fingerprint: str = "",
     memory_limit: int | None = None,
+    memory: tuple[int, int] | None = None,
+    memory_kind: str = "ram",
     extra: Mapping[str, str] | None = None,
 ) -> NodeProfile:
-    total, available = measure_memory(memory_limit)
+    """`memory`: (total, available) bytes of the memory the model lives in, with `memory_kind` saying
+    which ("gpu", "working_set"); None measures the RAM. --memory-limit caps either."""
+    total, available = measure_memory(memory_limit, memory)
     return NodeProfile(
         node_id=load_or_mint_node_id(state_dir),
         name=name or socket.gethostname(),
@@ -47,6 +51,7 @@ def build_local_profile(
         backend=backend or detect_backend(),
         memory_total=total,
         memory_available=available,
+        memory_kind=memory_kind,
         speed=speed,
         model_id=model_id,
         model_fingerprint=model_fingerprint,

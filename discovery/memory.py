@@ -5,15 +5,21 @@ from __future__ import annotations
 import psutil
 
 
-def measure_memory(memory_limit: int | None = None) -> tuple[int, int]:
-    """(total, available) bytes; `memory_limit` caps what is offered to the model."""
-    vm = psutil.virtual_memory()
-    available = int(vm.available)
+def measure_memory(memory_limit: int | None = None, device: tuple[int, int] | None = None) -> tuple[int, int]:
+    """(total, available) bytes; `memory_limit` caps what is offered to the model.
+
+    `device`: (total, available) of the memory the model lives in when it is not this host's RAM (a
+    GPU's own, told by the engine); None: the RAM."""
+    if device is None:
+        vm = psutil.virtual_memory()
+        total, available = int(vm.total), int(vm.available)
+    else:
+        total, available = int(device[0]), int(device[1])
     if memory_limit is not None:
         if memory_limit < 0:
             raise ValueError("memory_limit must be >= 0")
         available = min(available, int(memory_limit))
-    return int(vm.total), available
+    return total, available
 
 
 def parse_size(text: str) -> int:

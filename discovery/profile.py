@@ -20,6 +20,8 @@ PROTOCOL_VERSION = 3  # 3: sealed frames of one AEAD call each when small (seale
 # Versions this build can work with; a peer outside this set is never admitted.
 COMPATIBLE_PROTOCOL_VERSIONS = frozenset({3})
 BACKENDS = frozenset({"metal", "cpu", "cuda"})
+# What memory_total/memory_available count: the host's RAM, a GPU's own memory, Metal's working set.
+MEMORY_KINDS = frozenset({"ram", "gpu", "working_set"})
 
 # An mDNS record that only names an endpoint (NodeProfile.as_hint) says so in this extra field.
 HINT_KEY = "hint"
@@ -46,6 +48,7 @@ _TXT_KEYS = {
     "backend": "be",
     "memory_total": "mt",
     "memory_available": "ma",
+    "memory_kind": "mk",
     "speed": "spd",
     "instance": "inst",
     "started_at": "st",
@@ -63,6 +66,7 @@ class NodeProfile:
     backend: str = "cpu"
     memory_total: int = 0  # bytes
     memory_available: int = 0  # bytes usable for the model (after memory_limit)
+    memory_kind: str = "ram"  # which memory those bytes are (MEMORY_KINDS)
     speed: float = 0.0  # seconds per layer per token, measured by the engine
     model_id: str = ""
     model_fingerprint: str = ""
@@ -87,6 +91,8 @@ class NodeProfile:
                 problems.append(f"{port_field}={port!r} out of range")
         if self.backend not in BACKENDS:
             problems.append(f"backend {self.backend!r} not one of {sorted(BACKENDS)}")
+        if self.memory_kind not in MEMORY_KINDS:
+            problems.append(f"memory_kind {self.memory_kind!r} not one of {sorted(MEMORY_KINDS)}")
         if not math.isfinite(self.speed) or self.speed < 0:
             problems.append(f"speed {self.speed!r} must be finite and >= 0")
         if self.memory_total < 0 or self.memory_available < 0:

@@ -18,11 +18,11 @@ import contextlib
 import logging
 import time
 
-import mlx.core as mx
 from aiohttp import web
 from mlx_lm.utils import load_tokenizer
 
 from discovery import Discovery, build_local_profile
+from discovery.memory import measure_memory
 from discovery.node_id import machine_id, remint_node_id
 from discovery.profile import NodeProfile
 from discovery.view import PeerEvent
@@ -32,6 +32,7 @@ from .api.admission import Admission
 from .api.app import make_app
 from .api.connection_cap import CappedAppRunner
 from .api.request_gate import RequestGate
+from .engine.backend import describe_memory, this_backend
 from .engine.blas import blas_in_use
 from .engine.constraints import GrammarVocab
 from .engine.model_bytes import ModelBytes, measure_model_bytes
@@ -86,17 +87,6 @@ class DuplicateNodeId(Exception):
     """The id given by --node-id is another node's too: the node cannot run with it."""
 
 
-def backend_name() -> str:
-    return "metal" if mx.metal.is_available() else "cpu"
-
-
-def weights_dtype(choice: str, backend: str):
-    if choice == "auto":
-        # float16/bfloat16 matmuls on the CPU backend are several times slower than float32
-        return mx.float32 if backend == "cpu" else None
-    return None if choice == "native" else getattr(mx, choice)
-
-
 def vocab_size(config: dict) -> int | None:
     """The logits' width: every token id a last stage may send back is below it."""
     for source in (config, config.get("text_config") or {}):
@@ -116,8 +106,8 @@ def model_spec(b: ModelBytes, context_tokens: int) -> ModelSpec:
 class Node:
     def __init__(self, config: NodeConfig):
         self.config = config
-        self.backend = backend_name()
-        self.dtype = weights_dtype(config.dtype, self.backend)
+        self.backend = this_backend()
+        self.dtype = self.backend.weights_dtype(config.dtype)
         # Quantized weights stay packed unless asked: on a CPU backend dequantizing makes prefill ~7-15x
         # faster but a 4-bit layer 7x bigger (benchmarks/cpu_quantized.py), and memory is what a swarm pools.
         self.dequantize = config.dequantize
@@ -146,7 +136,7 @@ class Node:
         if self.config.join or (spec is not None and not is_local_spec(spec)):
             self.model, self.tokenizer = None, None
             return
-        self.model = resolve_model(spec, self.config.cache_dir, self.backend)
+        self.model = resolve_model(spec, self.config.cache_dir, self.backend.kind)
         self._check_model()
 
     def _check_model(self) -> None:
@@ -160,7 +150,7 @@ class Node:
         place, which compute at the same speed."""
         cfg, worker = self.config, self.worker
         sizes = await worker.run(measure_model_bytes, model.path, self.dtype, self.dequantize)
-        key = f"{machine_id()}:{model.fingerprint}:{self.dtype}:{self.dequantize}:{self.backend}:{blas_in_use()}"
+        key = f"{machine_id()}:{model.fingerprint}:{self.dtype}:{self.dequantize}:{self.backend.kind}:{blas_in_use()}"
         speed = cfg.speed or await worker.run(
             cached_speed, cfg.state_dir, key,
             lambda: measure_speed(model.path, model.n_layers, self.dtype, self.dequantize))
@@ -240,7 +230,8 @@ class Node:
         sizes, speed = await self._measure(model) if model is not None else (None, 0.0)
         profile = build_local_profile(
             state_dir=cfg.state_dir, swarm=cfg.swarm, name=cfg.name, api_port=cfg.api_port,
-            peer_port=cfg.peer_port, backend=self.backend, speed=speed,
+            peer_port=cfg.peer_port, backend=self.backend.kind, speed=speed,
+            memory=self.backend.offered_memory(*measure_memory()), memory_kind=self.backend.memory_kind,
             model_id=model.model_id if model else (cfg.model or ""),
             model_fingerprint=model.fingerprint if model else "", memory_limit=cfg.memory_limit,
             extra={"state": "joining" if model else "looking"})
@@ -340,9 +331,11 @@ class Node:
             await self._start(discovery.start, discovery.stop)
         peer_stats.start()
         self._stops.append(peer_stats.stop)
-        log.info("node %s (%s): API on %s:%d, peers on %s:%d, %.2f ms/layer/token, swarm %r (%s)",
-                 node_id, profile.name, cfg.api_host, cfg.api_port, cfg.peer_host, listener.port, speed * 1e3,
-                 cfg.swarm, "with a secret" if link_key else "OPEN: no secret")
+        log.info("node %s (%s): API on %s:%d, peers on %s:%d, %.2f ms/layer/token, swarm %r (%s); backend %s, "
+                 "offering %.1f GiB of %s, weights %s", node_id, profile.name, cfg.api_host, cfg.api_port,
+                 cfg.peer_host, listener.port, speed * 1e3, cfg.swarm, "with a secret" if link_key else "OPEN: no secret",
+                 self.backend.describe(), profile.memory_available / 2**30, describe_memory(profile.memory_kind),
+                 "as stored" if self.dtype is None else str(self.dtype).removeprefix("mlx.core."))
         if key:
             log.info("the API requires its key (from %s) for everything but /health", key.source)
         else:

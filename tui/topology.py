@@ -75,6 +75,7 @@ class NodeInfo:
     backend: str = "?"
     memory_total: int | None = None
     memory_available: int | None = None
+    memory_kind: str = "ram"  # which memory: "ram", "gpu" (a card's own), "working_set" (Metal's)
     memory_used: int | None = None
     speed: float | None = None          # seconds per layer per token
     state: str = "?"
@@ -97,7 +98,8 @@ class NodeInfo:
                    addresses=[a for a in _l(d.get("addresses")) if isinstance(a, str)],
                    api_port=_i(d.get("api_port")), peer_port=_i(d.get("peer_port")),
                    backend=_s(d.get("backend"), "?"), memory_total=_i(d.get("memory_total")),
-                   memory_available=_i(d.get("memory_available")), memory_used=_i(d.get("memory_used")),
+                   memory_available=_i(d.get("memory_available")), memory_kind=_s(d.get("memory_kind"), "ram"),
+                   memory_used=_i(d.get("memory_used")),
                    speed=_f(d.get("speed")), state=_s(d.get("state"), "?"), layers=span,
                    is_self=d.get("self") is True, stats=Stats.parse(d.get("stats")),
                    fetch=Fetch.parse(d.get("fetch")))

@@ -12,6 +12,7 @@ import time
 
 from discovery import Discovery
 
+from ..engine.backend import Backend
 from ..engine.blas import blas_in_use
 from ..entry.hop_timing import HopTiming
 from ..entry.stats import RequestStats
@@ -25,7 +26,7 @@ from .peer_stats import PeerStats
 
 
 class NodeStatus:
-    def __init__(self, model: LocalModel, backend: str, discovery: Discovery, coordinator: Coordinator,
+    def __init__(self, model: LocalModel, backend: Backend, discovery: Discovery, coordinator: Coordinator,
                  host: StageHost, stage_service: StageService, links: PeerLinks, stats: RequestStats,
                  hop_timing: HopTiming, peer_stats: PeerStats, weights: PeerWeights, *, api_key: bool = False,
                  peers: dict | None = None):
@@ -50,7 +51,7 @@ class NodeStatus:
         stage, plan, service = self.host.stage, self.coordinator.plan, self.stage_service
         return {"status": "ok" if ok else reason, "security": self.security(), "node_id": self.discovery.node_id,
                 "model": self.model.model_id,
-                "backend": self.backend, "blas": blas_in_use(), "plan_id": plan.plan_id if plan else None,
+                "backend": self.backend.kind, "device": self._device(), "blas": blas_in_use(), "plan_id": plan.plan_id if plan else None,
                 "layers": [stage.range.start, stage.range.end] if stage else None,
                 "weights": stage.shard.weights_run_as if stage else None,
                 "cached_requests": stage.active_requests if stage else 0,
@@ -62,6 +63,11 @@ class NodeStatus:
                                     "prompt_rows": service.prompt_rows,
                                     "kept_passes": stage.batches.reused if stage else 0},
                 "peer_connections": self.links.snapshot(), "fetch": self.weights.status.to_dict()}
+
+    def _device(self) -> dict:
+        """The backend's device and the memory this node offers the swarm (its profile's, after --memory-limit)."""
+        p = self.discovery.profile
+        return {**self.backend.to_dict(), "memory_offered": p.memory_available, "memory_total": p.memory_total}
 
     def topology(self) -> dict:
         coordinator, discovery, model = self.coordinator, self.discovery, self.model
@@ -75,7 +81,7 @@ class NodeStatus:
             nodes.append({
                 "id": p.node_id, "name": p.name, "addresses": list(peer.addresses), "api_port": p.api_port,
                 "peer_port": p.peer_port, "backend": p.backend, "memory_total": p.memory_total,
-                "memory_available": p.memory_available,
+                "memory_available": p.memory_available, "memory_kind": p.memory_kind,
                 "memory_used": self.host.weight_bytes if own else int(p.extra.get("mem_used") or 0),
                 "speed": p.speed, "state": p.extra.get("state", "joining"), "plan_id": p.extra.get("plan") or None,
                 "layers": layers_of.get(p.node_id), "self": own, "model_id": p.model_id,

@@ -19,6 +19,8 @@ from .bars import fetch_bar, human_bytes, layer_bar, memory_bar
 STATE_STYLE = {"serving": "green", "loading": "yellow", "joining": "yellow", "idle": "blue",
                "gone": "red", "unreachable": "bold red", "fetching": "yellow", "looking": "yellow",
                "stuck": "bold red", "no_disk": "bold red", "mismatch": "bold red"}
+# Which memory a node offers when it is not the host's RAM: a GPU's own, Metal's recommended working set.
+MEMORY_WORDS = {"gpu": " vram", "working_set": " wset"}
 FIXED = {"#": 2, "node": 16, "memory": 14, "speed": 11, "live": 8}
 PADDING = 2 * len(FIXED)   # one space each side of every column but the table's edges
 
@@ -58,7 +60,8 @@ class NodeTable(Static):
         name = Text(node.name, "bold" if node.is_self else "")
         if node.is_self:
             name.append(" *", "cyan")
-        mem = Text(f"{node.backend} {human_bytes(node.memory_used)}/{human_bytes(node.memory_total)}")
+        mem = Text(f"{node.backend} {human_bytes(node.memory_used)}/{human_bytes(node.memory_total)}"
+                   f"{MEMORY_WORDS.get(node.memory_kind, '')}")
         tps = node.stats.tokens_per_second
         live = Text(f"{tps:.1f} t/s" if tps < 100 else f"{tps:.0f} t/s", "bold" if tps else "dim")
         reqs = Text(f"{node.stats.active_requests} req", "bold magenta" if node.stats.active_requests else "dim")

@@ -1,0 +1,140 @@
+"""The compute backend a node runs on (Metal, CUDA or the CPU), as MLX itself reports it, and what it decides.
+
+One place says per backend:
+- the weights' dtype that `--dtype auto` picks: the model's own on a GPU; float32 on the CPU, where
+  float16/bfloat16 matmuls are several times slower;
+- the memory the node offers the swarm: the card's memory on CUDA (a box with a 24 GB card and 64 GB of
+  RAM holds 24 GB of layers), MLX's recommended working set on Metal (unified memory, but the GPU may
+  not wire all of it), the RAM on the CPU; always capped by --memory-limit (discovery applies the cap);
+- the activations' dtype on the wire: the weights' (a stage computes in it and sends what it computed;
+  a peer of another backend takes any float dtype at its first layer);
+- whether the CPU-only tuning runs: the optimized-BLAS re-exec (blas.py), prompt rows across CPU
+  streams with BLAS thread switching (row_streams.py), the heap tidy when the MLX thread falls idle
+  (worker.py). Each tunes MLX's CPU device; on a GPU they only cost.
+
+`SWARM_DEVICE_STANDIN` (a JSON device description with a "kind") makes this process describe its device
+as given instead of asking MLX: tests run a stand-in node of another backend with it. The arithmetic
+still runs where MLX runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+KINDS = ("metal", "cuda", "cpu")
+STANDIN_ENV = "SWARM_DEVICE_STANDIN"
+
+# What a profile's memory_kind says the offered bytes are.
+MEMORY_KINDS = {"cuda": "gpu", "metal": "working_set", "cpu": "ram"}
+_MEMORY_WORDS = {"gpu": "GPU memory", "working_set": "Metal working set", "ram": "RAM"}
+
+
+@dataclass(frozen=True)
+class Backend:
+    kind: str  # "metal" | "cuda" | "cpu"
+    device: str  # the device's name, as MLX gives it
+    device_total: int | None = None  # bytes of the device's own memory (None: the host's RAM is the memory)
+    device_free: int | None = None  # of them, what the device can hold for us now
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"backend {self.kind!r} is not one of {KINDS}")
+
+    @classmethod
+    def from_device_info(cls, kind: str, info: Mapping[str, object]) -> Backend:
+        """From MLX's device description (`mx.device_info()`): CUDA gives total_memory and free_memory,
+        Metal memory_size and max_recommended_working_set_size; the CPU no memory at all."""
+        name = str(info.get("device_name") or info.get("architecture") or kind)
+        if kind == "cuda":
+            total = _int(info.get("total_memory")) or _int(info.get("memory_size"))
+            free = _int(info.get("free_memory"))
+            return cls(kind, name, total, free if free is not None else total)
+        if kind == "metal":
+            working_set = _int(info.get("max_recommended_working_set_size"))
+            return cls(kind, name, working_set, working_set)
+        return cls(kind, name)
+
+    # -- the choices ----------------------------------------------------
+    @property
+    def is_gpu(self) -> bool:
+        return self.kind != "cpu"
+
+    @property
+    def cpu_tuning(self) -> bool:
+        """Whether the CPU-only tuning runs (the module's docstring lists it)."""
+        return self.kind == "cpu"
+
+    def weights_dtype(self, choice: str) -> mx.Dtype | None:
+        """The dtype to cast floating weights to for `--dtype choice`; None keeps the model's own."""
+        if choice == "auto":
+            return mx.float32 if self.kind == "cpu" else None
+        return None if choice == "native" else getattr(mx, choice)
+
+    def wire_dtype(self, weights_dtype: mx.Dtype | None, model_dtype: mx.Dtype) -> mx.Dtype:
+        """The activations' dtype this node computes and sends: its weights' (see the module docstring)."""
+        return weights_dtype or model_dtype
+
+    @property
+    def gguf_keeps_quantized(self) -> bool:
+        """A GGUF converts to quantized MLX weights on a GPU (its quantized kernels are fast there), to
+        float32 on the CPU (4-bit matmuls there are ~30x slower than float32)."""
+        return self.is_gpu
+
+    @property
+    def memory_kind(self) -> str:
+        return MEMORY_KINDS[self.kind]
+
+    def offered_memory(self, ram_total: int, ram_available: int) -> tuple[int, int]:
+        """(total, available) bytes to offer the swarm, before --memory-limit: the device's where it has
+        memory of its own; on Metal also no more than the RAM free now (the working set is RAM)."""
+        if self.device_total is None:
+            return ram_total, ram_available
+        free = self.device_total if self.device_free is None else min(self.device_free, self.device_total)
+        if self.kind == "metal":
+            free = min(free, ram_available)
+        return self.device_total, free
+
+    def describe(self) -> str:
+        """E.g. "cuda (NVIDIA H100 80GB HBM3, 79.1 GiB GPU memory)", "cpu (Intel Xeon, RAM)"."""
+        words = _MEMORY_WORDS[self.memory_kind]
+        if self.device_total is None:
+            return f"{self.kind} ({self.device}, {words})"
+        return f"{self.kind} ({self.device}, {self.device_total / 2**30:.1f} GiB {words})"
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "device": self.device, "memory_kind": self.memory_kind,
+                "device_memory": self.device_total, "cpu_tuning": self.cpu_tuning}
+
+
+def describe_memory(kind: str) -> str:
+    return _MEMORY_WORDS.get(kind, kind)
+
+
+def _int(value: object) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def detect() -> Backend:
+    """This process's backend, from MLX: Metal, else CUDA, else the CPU (or the stand-in, see above)."""
+    standin = os.environ.get(STANDIN_ENV)
+    if standin:
+        info = json.loads(standin)
+        return Backend.from_device_info(info["kind"], info)
+    if mx.metal.is_available():
+        return Backend.from_device_info("metal", mx.device_info(mx.gpu))
+    cuda = getattr(mx, "cuda", None)  # (MLX builds before CUDA support have no mx.cuda)
+    if cuda is not None and cuda.is_available():
+        return Backend.from_device_info("cuda", mx.device_info(mx.gpu))
+    return Backend.from_device_info("cpu", mx.device_info(mx.cpu))
+
+
+@functools.lru_cache(maxsize=1)
+def this_backend() -> Backend:
+    """detect(), once per process (a GPU's free memory is read at the first call)."""
+    return detect()
