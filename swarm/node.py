@@ -211,7 +211,7 @@ class Node:
         self._start_over.set()
 
     async def start(self) -> None:
-        self.worker = MlxWorker()
+        self.worker = MlxWorker(tidy_heap=self.backend.cpu_tuning)
         self._stops = []
         cfg, model, worker = self.config, self.model, self.worker
         loop = self._loop = asyncio.get_running_loop()

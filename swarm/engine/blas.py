@@ -96,7 +96,8 @@ def maybe_reexec_with_blas(argv: list[str], module: str = "swarm.cli") -> None:
     """Re-exec `python -m <module> *argv` with an optimized BLAS preloaded, if useful.
 
     Returns (does nothing) when not on Linux, SWARM_BLAS=off, no optimized BLAS
-    is installed, it is already preloaded, or this process is the re-exec.
+    is installed, it is already preloaded, this process is the re-exec, or MLX
+    computes on a GPU here (CPU-only tuning: backend.py).
     Call it before importing mlx: it works after, too (execve replaces the
     whole image), but the first import is then wasted. The re-exec starts with
     SIGINT held: `module` calls release_interrupt() once it has its handler.
@@ -111,6 +112,9 @@ def maybe_reexec_with_blas(argv: list[str], module: str = "swarm.cli") -> None:
         return
     preloaded = {os.path.realpath(p) for p in _preloaded(env)}
     if os.path.realpath(blas) in preloaded:
+        return
+    from .backend import this_backend  # (imports MLX: the re-exec wastes that import, ~0.1 s)
+    if not this_backend().cpu_tuning:
         return
     for stream in (sys.stdout, sys.stderr):
         stream.flush()  # execve discards unflushed Python buffers

@@ -114,6 +114,15 @@ def _layer_caches(model: nn.Module, slots, act_bytes: int) -> tuple[LayerCache, 
     return tuple(out)
 
 
+def model_float_dtype(model) -> mx.Dtype:
+    """The dtype of the model's own floating weights (the first found; a quantized model's scales'),
+    which its activations take when the node keeps the weights as stored."""
+    for _, v in tree_flatten(model.parameters()):
+        if mx.issubdtype(v.dtype, mx.floating):
+            return v.dtype
+    return mx.float32
+
+
 def measure_model_bytes(model_dir: Path, dtype: mx.Dtype | None, dequantize: bool = False) -> ModelBytes:
     model, _ = load_model(Path(model_dir), lazy=True)  # lazy: shapes only, nothing read
     family = families.family_of(model)
@@ -128,5 +137,5 @@ def measure_model_bytes(model_dir: Path, dtype: mx.Dtype | None, dequantize: boo
             outside.update({prefix + key: size for key, size in _own_bytes(m, dtype, dequantize).items()})
     embedding = sum(b for p, b in outside.items() if plan.phases(p) & {PRE, BETWEEN})
     head = sum(b for p, b in outside.items() if plan.phases(p) & {POST, BETWEEN})
-    act_bytes = (dtype or (mx.float16 if mx.metal.is_available() else mx.float32)).size
+    act_bytes = (dtype or model_float_dtype(model)).size  # the caches hold what the layers compute in
     return ModelBytes(per_layer, embedding, head, _layer_caches(model, plan.cache_slots, act_bytes))

@@ -26,13 +26,15 @@ from typing import Iterator
 
 import mlx.core as mx
 
+from .backend import this_backend
 from .blas import BUNDLED_BLAS, blas_in_use
 
 
 def row_groups(rows: int) -> list[tuple[int, int]]:
     """[start, end) of each group of rows to run on a stream of its own, or [] to run the pass whole."""
     groups = min(rows, _cores())
-    if groups < 2 or mx.default_device() != mx.cpu or _single_threaded_calls() is None:
+    if groups < 2 or not this_backend().cpu_tuning or mx.default_device() != mx.cpu \
+            or _single_threaded_calls() is None:
         return []
     size, extra = divmod(rows, groups)
     bounds, start = [], 0

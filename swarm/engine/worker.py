@@ -29,7 +29,9 @@ TIDY_AFTER_S = 0.002  # idle this long after work: tidy the heap (see _merge_fre
 
 
 class MlxWorker:
-    def __init__(self) -> None:
+    def __init__(self, tidy_heap: bool = True) -> None:
+        """tidy_heap: tidy the heap when the thread falls idle (CPU-only tuning, engine/backend.py)."""
+        self._tidy_heap = tidy_heap
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -120,7 +122,7 @@ class MlxWorker:
             events = self._selector.select(self._wait_s())
             recheck = self._recheck_at is not None and time.monotonic() >= self._recheck_at
             if not events and not recheck:
-                if self._untidy:
+                if self._untidy and self._tidy_heap:
                     self._untidy = False
                     _merge_freed_blocks()
                 continue
@@ -139,7 +141,7 @@ class MlxWorker:
 
     def _wait_s(self) -> float | None:
         """How long select() may wait: until the heap tidy is due, or a recheck; else for ever."""
-        wait = TIDY_AFTER_S if self._untidy else None
+        wait = TIDY_AFTER_S if self._untidy and self._tidy_heap else None
         if self._recheck_at is not None:
             left = max(0.0, self._recheck_at - time.monotonic())
             wait = left if wait is None else min(wait, left)

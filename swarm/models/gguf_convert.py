@@ -239,7 +239,8 @@ def gguf_fingerprint(path: Path, chunk: int = 1 << 20) -> str:
 
 
 def _default_backend() -> str:
-    return "metal" if mx.metal.is_available() else "cpu"
+    from ..engine.backend import this_backend
+    return this_backend().kind
 
 
 def cached_conversion(
@@ -249,14 +250,14 @@ def cached_conversion(
 ) -> Path:
     """Convert once into <cache_root>/<stem>-<fingerprint>-<float32|q> and reuse it.
 
-    backend "cpu" gets float32 weights, "metal"/"gpu" keeps them quantized;
-    None picks by what this mlx build can use."""
+    backend "cpu" gets float32 weights, a GPU ("metal", "cuda", or "gpu") keeps them quantized
+    (engine/backend.py says why); None: this process's backend."""
     gguf_path = Path(gguf_path)
     if not gguf_path.is_file():
         raise ModelNotFoundError(f"GGUF file not found: {gguf_path}")
     backend = backend or _default_backend()
-    if backend not in ("cpu", "metal", "gpu"):
-        raise ValueError(f"backend must be 'cpu', 'metal' or 'gpu', not {backend!r}")
+    if backend not in ("cpu", "metal", "cuda", "gpu"):
+        raise ValueError(f"backend must be 'cpu', 'metal', 'cuda' or 'gpu', not {backend!r}")
     quantized = backend != "cpu"
     root = Path(cache_root) if cache_root is not None else default_cache_root() / "models"
     fingerprint = gguf_fingerprint(gguf_path)
