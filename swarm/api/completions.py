@@ -113,7 +113,7 @@ class CompletionRoutes:
         streams = [service.complete(prompt, replace(params.sampling, seed=(seed + i) % 2**64), max_tokens,
                                     params.stop, rules, make_output() if make_output else None)
                    for i in range(params.n)]
-        run = _Run(prompt, rules, echo, streams)
+        run = _Run(prompt, rules, echo, streams, params.token_ids)
         try:
             # The first events decide the HTTP status: no pipeline in time is a 503,
             # which a client can only see before the stream has started.
@@ -134,8 +134,10 @@ class CompletionRoutes:
 class _Run:
     """What every choice of one request shares."""
 
-    def __init__(self, prompt: list[int], rules: DecodingRules | None, echo: str | None, streams: list):
+    def __init__(self, prompt: list[int], rules: DecodingRules | None, echo: str | None, streams: list,
+                 token_ids: bool = False):
         self.prompt, self.echo, self.streams = prompt, echo, streams
+        self.token_ids = token_ids  # return_token_ids: each choice's generated ids beside its text
         self.wants_logprobs = rules is not None and rules.logprobs is not None
         self.echo_scored = rules is not None and rules.echo_logprobs
 
@@ -162,6 +164,7 @@ async def _events(first, stream):
 
 async def _collect(run: _Run, firsts: list, shape) -> web.Response:
     choices = [Collected(run.wants_logprobs) for _ in firsts]
+    ids: dict[int, list[int]] = {id(c): [] for c in choices}
 
     async def gather(c: Collected, first, stream) -> None:
         if run.echo is not None:
@@ -171,6 +174,7 @@ async def _collect(run: _Run, firsts: list, shape) -> web.Response:
                 c.text += ev.text
                 c.tool_calls += ev.tool_calls
                 c.scores += ev.logprobs
+                ids[id(c)] += ev.token_ids
             elif isinstance(ev, PromptScores):
                 c.scores = run.prompt_scores(ev) + c.scores
                 c.first_unscored = True
@@ -184,7 +188,11 @@ async def _collect(run: _Run, firsts: list, shape) -> web.Response:
             raise ApiError(503, str(r), "service_unavailable", code="no_pipeline")
         if isinstance(r, BaseException):
             raise r
-    return web.json_response(shape.whole(choices, len(run.prompt)))
+    whole = shape.whole(choices, len(run.prompt))
+    if run.token_ids:
+        for c, out in zip(choices, whole["choices"]):
+            out["token_ids"] = ids[id(c)]
+    return web.json_response(whole)
 
 
 async def _stream(request, run: _Run, firsts: list, shape, include_usage: bool) -> web.StreamResponse:
@@ -218,8 +226,10 @@ async def _send_all(resp, run: _Run, events, shape, finished: list, offsets: lis
             await send_event(resp, shape.delta(i, run.echo, [], [] if for_logprobs else None))  # echo, unscored
             offsets[i] = len(run.echo)
         if isinstance(ev, TextDelta):
-            await send_event(resp, shape.delta(i, ev.text, ev.tool_calls, ev.logprobs if for_logprobs else None,
-                                               offset=offsets[i]))
+            chunk = shape.delta(i, ev.text, ev.tool_calls, ev.logprobs if for_logprobs else None, offset=offsets[i])
+            if run.token_ids:
+                chunk["choices"][0]["token_ids"] = ev.token_ids
+            await send_event(resp, chunk)
             offsets[i] += len(ev.text)
         elif isinstance(ev, PromptScores):  # echo with logprobs: the prompt goes out with its scores
             await send_event(resp, shape.delta(i, run.echo, [], run.prompt_scores(ev), first_unscored=True))

@@ -18,7 +18,8 @@ CHAT_FIELDS = _SAMPLING | {"messages", "max_completion_tokens", "top_logprobs", 
                            # no effect on the answer (see _NO_EFFECT)
                            "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
                            "metadata", "store", "service_tier"}
-COMPLETION_FIELDS = _SAMPLING | {"prompt", "echo", "best_of", "suffix", "user"}
+# return_token_ids: vLLM's extension, each choice's generated token ids beside its text.
+COMPLETION_FIELDS = _SAMPLING | {"prompt", "echo", "best_of", "suffix", "user", "return_token_ids"}
 
 # Accepted with these values only: anything else would ask for something this server does not do.
 _ONLY = {

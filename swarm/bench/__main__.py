@@ -1,6 +1,6 @@
 """swarm-bench: start 1..N local nodes on loopback, run fixed greedy prompts, print one table.
 
-    swarm-bench [--model DIR|GGUF] [--nodes 1,2,3] [--tokens 64] [--concurrency 1,2,4]
+    swarm-bench [--model DIR|GGUF] [--nodes 1,2,3] [--tokens 64] [--concurrency 1,2,4] [--dtype auto]
                 [--batch-decode N] [--baseline PYTHON] [--secret] [--skip-mlx-ring] [--quick] [--json [PATH]]
 
 Setups on the same model in the same run: mlx-lm alone in this process, the swarm
@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--secret", action="store_true",
                    help="also run each swarm size with a swarm secret (proved hellos, sealed frames: one more "
                         "row per size) and print what it costs next to the open swarm of the same run")
+    p.add_argument("--dtype", default="auto", choices=["auto", "native", "float32", "float16", "bfloat16"],
+                   help="every node's --dtype, and mlx-lm alone's weights to match (auto: float32 on a CPU "
+                        "backend, the model's own on a GPU)")
     p.add_argument("--blas", choices=["auto", "off"], default="auto",
                    help="auto: preload the optimized BLAS for this process and every node (same for all setups)")
     p.add_argument("--blas-threads", type=int, default=None, metavar="N",
@@ -77,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = args.runs or (1 if args.quick else 3)
     with tempfile.TemporaryDirectory(prefix="swarm-bench-") as tmp:
         report = run_all(args.model, args.nodes, tokens, args.concurrency, runs, not args.skip_mlx_ring,
-                         args.memory_limit, Path(tmp), args.batch_decode, args.secret, args.baseline)
+                         args.memory_limit, Path(tmp), args.batch_decode, args.secret, args.baseline, args.dtype)
     print(report.text, flush=True)
     if args.json:
         dump = json.dumps(report.data, indent=2, default=str)

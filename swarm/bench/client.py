@@ -19,6 +19,7 @@ class StreamRun:
     ttft_s: float  # request sent -> first token's chunk
     decode_s: float  # first token's chunk -> last chunk
     wall_s: float  # request sent -> stream closed
+    token_ids: list[int] | None = None  # the generated ids (EOS too), or None from a node that gives none
 
     @property
     def decode_tps(self) -> float | None:
@@ -26,10 +27,29 @@ class StreamRun:
 
 
 def stream_completion(url: str, prompt: str, max_tokens: int, timeout: float = 600.0,
-                      start: threading.Barrier | None = None) -> StreamRun:
-    """One greedy stream; with `start`, connected first and sent when every party of the barrier is."""
-    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                       "stream_options": {"include_usage": True}})
+                      start: threading.Barrier | None = None, token_ids: bool = True) -> StreamRun:
+    """One greedy stream; with `start`, connected first and sent when every party of the barrier is.
+    `token_ids`: ask for the generated ids too (return_token_ids); a node of a build that refuses the
+    field is asked again without it (its run then carries text only)."""
+    try:
+        return _stream_completion(url, prompt, max_tokens, timeout, start, token_ids and url not in _REFUSE_IDS)
+    except IdsRefused:
+        _REFUSE_IDS.add(url)  # (asked once: later streams to it, timed, ask without)
+        return _stream_completion(url, prompt, max_tokens, timeout, None, False)
+
+
+_REFUSE_IDS: set[str] = set()  # nodes that refused return_token_ids
+
+
+class IdsRefused(RuntimeError):
+    """The node refused return_token_ids (a build before it)."""
+
+
+def _stream_completion(url: str, prompt: str, max_tokens: int, timeout: float, start: threading.Barrier | None,
+                       token_ids: bool) -> StreamRun:
+    fields = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+              "stream_options": {"include_usage": True}}
+    body = json.dumps({**fields, "return_token_ids": True} if token_ids else fields)
     u = urlsplit(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
     if start is not None:
@@ -40,11 +60,17 @@ def stream_completion(url: str, prompt: str, max_tokens: int, timeout: float = 6
             raise
         start.wait()
     parts: list[str] = []
+    ids: list[int] | None = [] if token_ids else None
     tokens, t_first, t_last = 0, None, None
     try:
         t0 = time.perf_counter()
         conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
         resp = conn.getresponse()
+        if resp.status == 400 and token_ids:
+            refusal = resp.read()[:500]
+            if b"return_token_ids" in refusal:
+                raise IdsRefused(refusal)
+            raise RuntimeError(f"{url}: HTTP 400: {refusal!r}")
         if resp.status != 200:
             raise RuntimeError(f"{url}: HTTP {resp.status}: {resp.read()[:500]!r}")
         for raw in resp:
@@ -60,6 +86,8 @@ def stream_completion(url: str, prompt: str, max_tokens: int, timeout: float = 6
             if event.get("usage"):
                 tokens = event["usage"]["completion_tokens"]
             for choice in event.get("choices", []):
+                if ids is not None:
+                    ids += choice.get("token_ids") or []
                 if choice.get("text"):
                     parts.append(choice["text"])
                     t_last = time.perf_counter()
@@ -69,7 +97,7 @@ def stream_completion(url: str, prompt: str, max_tokens: int, timeout: float = 6
         conn.close()
     if t_first is None:
         raise RuntimeError(f"{url}: the stream carried no text")
-    return StreamRun("".join(parts), tokens, t_first - t0, t_last - t_first, t_end - t0)
+    return StreamRun("".join(parts), tokens, t_first - t0, t_last - t_first, t_end - t0, ids)
 
 
 def concurrent_completions(url: str, prompt: str, max_tokens: int, n: int) -> tuple[float, list[StreamRun]]:

@@ -67,8 +67,10 @@ class LocalCluster:
 
     def __init__(self, n: int, workdir: Path, model: str | None, memory_limit: str = "2G",
                  ready_timeout: float = 300.0, log_level: str = "WARNING", extra_args: tuple[str, ...] = (),
-                 python: str | None = None):
+                 python: str | None = None, node_env: dict[int, dict[str, str]] | None = None):
+        """`node_env`: more environment for the node of an index (e.g. CUDA_VISIBLE_DEVICES, one card each)."""
         self.n, self.workdir, self.model, self.extra_args = n, workdir, model, tuple(extra_args)
+        self.node_env = node_env or {}
         self.python = os.path.abspath(python) if python else sys.executable  # another install's swarm
         self.memory_limit, self.ready_timeout, self.log_level = memory_limit, ready_timeout, log_level
         # One swarm name per cluster: a straggler from an earlier setup can never join this one.
@@ -107,7 +109,7 @@ class LocalCluster:
         with open(node.log, "w") as out:
             # cwd: `-m` puts it first on sys.path, so a source tree there would shadow the install's swarm
             node.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         cwd=self.workdir)
+                                         cwd=self.workdir, env={**os.environ, **self.node_env.get(node.index, {})})
 
     def _wait_ready(self) -> dict:
         """Every node serves the same plan, and that plan has n stages."""

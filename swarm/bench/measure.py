@@ -11,6 +11,7 @@ import gc
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import mlx.core as mx
 
@@ -27,19 +28,42 @@ def _median(xs: list[float | None]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def _same(texts: list[str], reference: str) -> str:
-    bad = sum(t != reference for t in texts)
-    return "yes" if not bad else f"no ({bad}/{len(texts)} differ)"
+@dataclass(frozen=True)
+class Expected:
+    """What every greedy stream must give: mlx-lm's token ids (EOS left out), compared with the ids a node
+    streams; its text only for a node that gives no ids (a build before return_token_ids)."""
+    ids: tuple[int, ...]
+    text: str
+    eos: frozenset[int] = frozenset()
+
+    def matches(self, run: StreamRun) -> bool:
+        if run.token_ids is not None:
+            return tuple(t for t in run.token_ids if t not in self.eos) == self.ids
+        return run.text == self.text
+
+
+def _same(runs: list[StreamRun], reference: Expected | str) -> str:
+    """"yes", or how many differ; a str reference compares text (ids by text: "by text")."""
+    if isinstance(reference, str):
+        bad = sum(r.text != reference for r in runs)
+        how = ""
+    else:
+        bad = sum(not reference.matches(r) for r in runs)
+        how = "" if all(r.token_ids is not None for r in runs) else ", by text"
+    return ("yes" if not bad else f"no ({bad}/{len(runs)} differ)") + how
 
 
 class MlxLmAlone:
     """mlx-lm on the full model in this process: stream_generate for one stream, batch_generate for more."""
 
-    def __init__(self, model_path, cast_float32: bool):
+    def __init__(self, model_path, cast_float32: bool = False, dtype: mx.Dtype | None = None):
+        """`dtype`: cast floating weights to it, as a node does for its --dtype (Backend.weights_dtype);
+        `cast_float32`: the same as float32 (what a node on a CPU backend does for --dtype auto)."""
         from mlx_lm.utils import load
         self.model, self.tokenizer = load(str(model_path))
-        if cast_float32:  # what a swarm node does on a CPU backend (dtype auto)
-            self.model.apply(lambda x: x.astype(mx.float32) if mx.issubdtype(x.dtype, mx.floating) else x)
+        dtype = dtype or (mx.float32 if cast_float32 else None)
+        if dtype is not None:
+            self.model.apply(lambda x: x.astype(dtype) if mx.issubdtype(x.dtype, mx.floating) else x)
             mx.eval(self.model.parameters())
 
     def close(self) -> None:
@@ -107,22 +131,22 @@ def _batching(cluster: LocalCluster) -> tuple[int, ...]:
 
 
 def measure_swarm(cluster: LocalCluster, prompt_text: str, prompt_tokens: int, max_tokens: int,
-                  concurrency: list[int], runs: int, reference: str,
+                  concurrency: list[int], runs: int, reference: Expected | str,
                   mlx_batch_tps: Callable[[int], float] | None = None) -> SetupResult:
     """Single streams `runs` times, then each concurrency `runs` rounds, each paired with mlx-lm's
-    batch generation if `mlx_batch_tps` is given."""
+    batch generation if `mlx_batch_tps` is given. `reference`: mlx-lm's ids (Expected), or a text."""
     url = cluster.entry.url
     stream_completion(url, prompt_text, WARMUP_TOKENS)
     singles: list[StreamRun] = [stream_completion(url, prompt_text, max_tokens) for _ in range(runs)]
-    r, texts = _swarm_result(cluster, singles, prompt_tokens)
+    r, streamed = _swarm_result(cluster, singles, prompt_tokens)
     for c in concurrency:
-        _concurrent(cluster, r, texts, c, prompt_text, max_tokens, runs, mlx_batch_tps)
-    r.same_tokens = _same(texts, reference)
+        _concurrent(cluster, r, streamed, c, prompt_text, max_tokens, runs, mlx_batch_tps)
+    r.same_tokens = _same(streamed, reference)
     return r
 
 
 def measure_swarm_pair(a: LocalCluster, b: LocalCluster, prompt_text: str, prompt_tokens: int, max_tokens: int,
-                       concurrency: list[int], runs: int, reference: str,
+                       concurrency: list[int], runs: int, reference: Expected | str,
                        mlx_batch_tps: Callable[[int], float] | None = None) -> tuple[SetupResult, SetupResult]:
     """`measure_swarm` of two swarms that are up at once, in alternating rounds (a b, b a, a b, ...),
     so the machine's drift and the order within a round land on both alike; each concurrency too
@@ -133,35 +157,36 @@ def measure_swarm_pair(a: LocalCluster, b: LocalCluster, prompt_text: str, promp
     for i in range(runs):
         for cluster in ((a, b) if i % 2 == 0 else (b, a)):
             singles[id(cluster)].append(stream_completion(cluster.entry.url, prompt_text, max_tokens))
-    ra, texts_a = _swarm_result(a, singles[id(a)], prompt_tokens)
-    rb, texts_b = _swarm_result(b, singles[id(b)], prompt_tokens)
+    ra, streamed_a = _swarm_result(a, singles[id(a)], prompt_tokens)
+    rb, streamed_b = _swarm_result(b, singles[id(b)], prompt_tokens)
     rb.raw["paired_rounds"] = [{"a_decode_tps": x.decode_tps, "b_decode_tps": y.decode_tps,
                                 "b_first": i % 2 == 1} for i, (x, y) in enumerate(zip(singles[id(a)], singles[id(b)]))]
     for c in concurrency:
-        _concurrent(a, ra, texts_a, c, prompt_text, max_tokens, runs, mlx_batch_tps)
-        _concurrent(b, rb, texts_b, c, prompt_text, max_tokens, runs, mlx_batch_tps)
-    ra.same_tokens, rb.same_tokens = _same(texts_a, reference), _same(texts_b, reference)
+        _concurrent(a, ra, streamed_a, c, prompt_text, max_tokens, runs, mlx_batch_tps)
+        _concurrent(b, rb, streamed_b, c, prompt_text, max_tokens, runs, mlx_batch_tps)
+    ra.same_tokens, rb.same_tokens = _same(streamed_a, reference), _same(streamed_b, reference)
     return ra, rb
 
 
-def _swarm_result(cluster: LocalCluster, singles: list[StreamRun], prompt_tokens: int) -> tuple[SetupResult, list]:
-    """The single-stream numbers of one swarm, and the texts it streamed so far."""
+def _swarm_result(cluster: LocalCluster, singles: list[StreamRun], prompt_tokens: int
+                  ) -> tuple[SetupResult, list[StreamRun]]:
+    """The single-stream numbers of one swarm, and the streams so far (to compare with mlx-lm's)."""
     url = cluster.entry.url
     split = ", ".join(f"{s['start']}-{s['end']}" for s in cluster.stages)
     r = SetupResult(f"swarm, {cluster.n} node{'s' if cluster.n > 1 else ''}", "swarm", len(cluster.stages),
                     split, prompt_tokens)
     r.ttft_s = _median([s.ttft_s for s in singles])
     r.decode_tps = _median([s.decode_tps for s in singles])
-    r.raw["single_runs"] = [vars(s) | {"text": None} for s in singles]
+    r.raw["single_runs"] = [vars(s) | {"text": None, "token_ids": None} for s in singles]
     r.raw["stages"] = cluster.stages
     timing = get_json(url + "/health")[1].get("decode_timing", {})
     r.raw["decode_timing"] = timing
     r.hop_overhead_ms = timing.get("overhead_per_hop_ms")
     r.step_compute_ms, r.step_overhead_ms = timing.get("compute_ms"), timing.get("overhead_ms")
-    return r, [s.text for s in singles]
+    return r, list(singles)
 
 
-def _concurrent(cluster: LocalCluster, r: SetupResult, texts: list, c: int, prompt_text: str,
+def _concurrent(cluster: LocalCluster, r: SetupResult, streamed: list[StreamRun], c: int, prompt_text: str,
                 max_tokens: int, rounds: int = 1, mlx_batch_tps: Callable[[int], float] | None = None) -> None:
     """`c` simultaneous streams on `cluster`, `rounds` times: aggregate tokens/s (median) and what
     batching did, into `r`. With `mlx_batch_tps`, each round also runs mlx-lm's batch generation of
@@ -182,7 +207,7 @@ def _concurrent(cluster: LocalCluster, r: SetupResult, texts: list, c: int, prom
         rounds_raw.append({"tokens": [s.tokens for s in runs_c], "wall_s": wall,
                            "swarm_tps": sum(s.tokens for s in runs_c) / wall, "mlx_lm_tps": mlx_tps,
                            "last_first_token_s": max(s.ttft_s for s in runs_c)})  # every stream has its first token
-        texts += [s.text for s in runs_c]
+        streamed += runs_c
     r.aggregate_tps[c] = _median([x["swarm_tps"] for x in rounds_raw])
     ratios = [x["swarm_tps"] / x["mlx_lm_tps"] for x in rounds_raw if x["mlx_lm_tps"]]
     if ratios:

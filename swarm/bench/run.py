@@ -20,7 +20,7 @@ from discovery.memory import measure_memory
 from . import ring
 from ..node_config import DEFAULT_BATCH_DECODE
 from .cluster import LocalCluster
-from .measure import MlxLmAlone, measure_swarm, measure_swarm_pair
+from .measure import Expected, MlxLmAlone, measure_swarm, measure_swarm_pair
 from .prompts import PROMPT
 from .results import SetupResult, derive, hops_per_token
 from .table import markdown_table
@@ -68,41 +68,47 @@ def reference_text(tokenizer, ids: list[int]) -> str:
 
 def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrency: list[int], runs: int,
             with_ring: bool, memory_limit: str, workdir: Path, batch_decode: int = 0,
-            with_secret: bool = False, baseline: str | None = None) -> Report:
+            with_secret: bool = False, baseline: str | None = None, dtype: str = "auto") -> Report:
     from mlx_lm.utils import load_tokenizer
 
+    from swarm.engine.backend import this_backend
     from swarm.engine.blas import blas_in_use
+    from swarm.engine.model_bytes import model_float_dtype
     from swarm.models.resolve import resolve_model
-    from swarm.node import backend_name
 
-    backend = backend_name()
-    model = resolve_model(model_arg, backend=backend)
+    backend = this_backend()
+    model = resolve_model(model_arg, backend=backend.kind)
     tokenizer = load_tokenizer(model.path, eos_token_ids=model.config.get("eos_token_id"))
     prompt = list(tokenizer.encode(PROMPT))  # what a node's /v1/completions does with the text
     hidden = int(model.config["hidden_size"])
-    act_bytes = 4 if backend == "cpu" else 2  # activations are float32 on CPU (dtype auto), 16-bit on Metal
 
-    progress(f"mlx-lm alone on {model.model_id} ({model.n_layers} layers), prompt {len(prompt)} tokens")
+    progress(f"mlx-lm alone on {model.model_id} ({model.n_layers} layers), prompt {len(prompt)} tokens, "
+             f"backend {backend.describe()}, --dtype {dtype}")
     load = loadavg()
-    alone = MlxLmAlone(model.path, cast_float32=backend == "cpu")
+    # mlx-lm's weights in the dtype the nodes run theirs (--dtype, as this backend reads it)
+    alone = MlxLmAlone(model.path, dtype=backend.weights_dtype(dtype))
+    act_dtype = model_float_dtype(alone.model)  # the activations' (and the wire's): what the layers compute in
+    act_bytes = act_dtype.size
     ref, ref_ids = alone.measure(prompt, max_tokens, concurrency, runs)
     _with_load(ref, load)
     ring_ref = None
     ring_sizes = [k for k in nodes if k > 1] if with_ring else []
     if ring_sizes:
         ring_ref = alone.generate(ring.ring_prompt(tokenizer, len(prompt)), RING_HEAD)[0]
-    reference = reference_text(tokenizer, ref_ids)
+    eos = frozenset(tokenizer.eos_token_ids)
+    reference = Expected(tuple(t for t in ref_ids if t not in eos), reference_text(tokenizer, ref_ids), eos)
     results: list[SetupResult] = [ref]
 
     # (extra node args, row name suffix, kind, python to run the nodes with: None is this install);
     # kinds other than "swarm" are no baseline for per-hop numbers. With --secret the open swarm and the
     # secret one of each size are up at once and measured in alternating rounds (_open_and_secret).
-    variants: list[tuple[tuple[str, ...], str, str, str | None]] = [] if with_secret else [((), "", "swarm", None)]
+    common = () if dtype == "auto" else ("--dtype", dtype)  # every node of every setup
+    variants: list[tuple[tuple[str, ...], str, str, str | None]] = [] if with_secret else [(common, "", "swarm", None)]
     if batch_decode > 0:
-        variants.append((("--batch-decode", str(batch_decode)), f", batch-decode {batch_decode}", "swarm-batched",
-                         None))
+        variants.append(((*common, "--batch-decode", str(batch_decode)), f", batch-decode {batch_decode}",
+                         "swarm-batched", None))
     if baseline:
-        variants.append(((), f", baseline ({_install_of(baseline)})", "swarm-baseline", baseline))
+        variants.append((common, f", baseline ({_install_of(baseline)})", "swarm-baseline", baseline))
 
     # Pairing each swarm's concurrent rounds with a batch generation keeps mlx-lm's copy of the model
     # loaded beside the nodes' copy: only with room for both; else its ratios are to the first row's.
@@ -116,7 +122,7 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
     for n in nodes:
         if with_secret:
             results += _open_and_secret(n, workdir, str(model.path), memory_limit, len(prompt), max_tokens,
-                                        concurrency, runs, reference, mlx_batch_tps)
+                                        concurrency, runs, reference, mlx_batch_tps, common)
         for extra, suffix, kind, python in variants:
             progress(f"swarm with {n} node(s){suffix}: starting")
             with LocalCluster(n, workdir, str(model.path), memory_limit, extra_args=extra, python=python) as cluster:
@@ -139,7 +145,9 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
     derive(results, hidden, act_bytes)
     header = (f"swarm-bench {datetime.datetime.now().isoformat(timespec='seconds')} on "
               f"{os.cpu_count()}-core {platform.machine()} {platform.system()}, mlx {mx.__version__} "
-              f"{backend}, BLAS: {blas_in_use()} threads={os.environ.get('OPENBLAS_NUM_THREADS', 'default')}, 1-min load average at the end {loadavg():.1f}\n"
+              f"backend {backend.describe()}, BLAS: {blas_in_use()} "
+              f"threads={os.environ.get('OPENBLAS_NUM_THREADS', 'default')}, 1-min load average at the end {loadavg():.1f}\n"
+              f"weights: --dtype {dtype} (activations {str(act_dtype).removeprefix('mlx.core.')})\n"
               f"model: {model.model_id} ({model.n_layers} layers, hidden {hidden}), prompt {len(prompt)} tokens, "
               f"max_tokens {max_tokens}, greedy, single-stream numbers are the median of {runs} run(s)\n")
     notes = (
@@ -163,8 +171,9 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
         f"share a pass; the default is {DEFAULT_BATCH_DECODE}); batched rows may differ from a lone request in the last bits, so "
         "greedy text can differ.\n"
         "Baseline rows: the same nodes run by another install's python (--baseline), with its defaults.\n"
-        "Same tokens: the streamed text of every swarm request equals mlx-lm alone's greedy tokens, "
-        "detokenized; the ring compares token ids of its own prompt.\n"
+        "Same tokens: the token ids of every swarm request (return_token_ids) equal mlx-lm alone's greedy ids, "
+        "EOS left out (a baseline build that gives no ids: its text, \"by text\"); the ring compares token ids "
+        "of its own prompt.\n"
         "Note: load a->b is the machine's 1-min load average before/after a setup; above the core count, "
         "other processes shared the CPU and the numbers of that row are skewed.\n")
     text = header + "\n" + markdown_table(results, concurrency) + "\n" + secret_summary(results) + notes
@@ -175,15 +184,15 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
 
 
 def _open_and_secret(n: int, workdir: Path, model: str, memory_limit: str, prompt_tokens: int, max_tokens: int,
-                     concurrency: list[int], runs: int, reference: str,
-                     mlx_batch_tps: Callable[[int], float] | None) -> list[SetupResult]:
+                     concurrency: list[int], runs: int, reference: Expected,
+                     mlx_batch_tps: Callable[[int], float] | None, common: tuple[str, ...] = ()) -> list[SetupResult]:
     """The open swarm of n nodes and one with a swarm secret, both up at once, in alternating rounds."""
     progress(f"swarm with {n} node(s), open and with a secret side by side: starting")
-    secret = ("--secret", secrets.token_urlsafe(32))
+    secret = (*common, "--secret", secrets.token_urlsafe(32))
     for sub in ("open", "secret"):
         (workdir / sub).mkdir(exist_ok=True)
     # each swarm its own state dirs: two nodes of one index may not share one
-    with LocalCluster(n, workdir / "open", model, memory_limit) as open_, \
+    with LocalCluster(n, workdir / "open", model, memory_limit, extra_args=common) as open_, \
             LocalCluster(n, workdir / "secret", model, memory_limit, extra_args=secret) as sealed:
         load = loadavg()
         ro, rs = measure_swarm_pair(open_, sealed, PROMPT, prompt_tokens, max_tokens, concurrency, runs, reference,

@@ -32,6 +32,7 @@ class TextDelta:
     text: str
     tool_calls: list[dict] = field(default_factory=list)  # complete calls in OpenAI's form (tool_call_output.py)
     logprobs: list[TokenScore] = field(default_factory=list)  # of the tokens since the last delta
+    token_ids: list[int] = field(default_factory=list)  # every token generated since the last delta (EOS too)
 
 
 @dataclass
@@ -107,6 +108,7 @@ class InferenceService:
                             rules=replace(rules, prompt_len=len(prompt)) if rules is not None else None)
         out = TextOutput(self.tokenizer, stop)
         scores: list[TokenScore] = []  # of tokens whose text has not gone out yet
+        ids: list[int] = []  # tokens not yet in a delta
         reason = "length"
         with self.stats.track(job.request_id):
             async with aclosing(generate_tokens(job, self.get_pipeline, self.recovery_timeout)) as tokens:
@@ -117,8 +119,9 @@ class InferenceService:
                     eos = token in self.eos_ids
                     if job.logprobs and not eos:
                         scores += _scores(job.logprobs[-1])
-                    if delta := _delta(out.add(token, eos=eos), tool_calls, scores):
-                        scores = []
+                    ids.append(token)
+                    if delta := _delta(out.add(token, eos=eos), tool_calls, scores, ids):
+                        scores, ids = [], []
                         yield delta
                     if eos or out.stopped:
                         reason = "stop"
@@ -129,20 +132,21 @@ class InferenceService:
                 tail, more = tool_calls.add(tail) if tail else ("", [])
                 rest, calls = tool_calls.finish()
                 tail, calls = tail + rest, more + calls
-            if tail or calls or scores:
-                yield TextDelta(tail, calls, scores)
+            if tail or calls or scores or ids:
+                yield TextDelta(tail, calls, scores, ids)
             if reason == "stop" and tool_calls is not None and tool_calls.count:
                 reason = "tool_calls"
             yield Finished(reason, len(prompt), len(job.generated), job.route)
 
 
-def _delta(text: str, tool_calls: ToolCallOutput | None, scores: list[TokenScore]) -> TextDelta | None:
+def _delta(text: str, tool_calls: ToolCallOutput | None, scores: list[TokenScore],
+           ids: list[int]) -> TextDelta | None:
     calls: list[dict] = []
     if tool_calls is not None and text:
         text, calls = tool_calls.add(text)
     if not text and not calls:
         return None
-    return TextDelta(text, calls, scores)
+    return TextDelta(text, calls, scores, ids)
 
 
 def _scores(rows: TokenLogprobs) -> list[TokenScore]:

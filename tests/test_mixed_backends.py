@@ -1,0 +1,52 @@
+"""A swarm of a CPU node and nodes of other backends plans by each node's own memory and answers exactly.
+
+No GPU here: two of the three nodes are stand-ins (SWARM_DEVICE_STANDIN): a CUDA box with a small card and
+a Mac, described as MLX describes them. Each tells the swarm its backend and the memory it offers (the card's,
+the working set), the plan follows those, and the greedy tokens through all three equal mlx-lm's alone.
+The stand-ins compute on this CPU in the model's own dtype (float32 here), so exactness is checkable."""
+
+from __future__ import annotations
+
+import json
+
+from model_fixtures import tiny_models  # noqa: F401
+
+from swarm.bench.client import stream_completion
+from swarm.bench.cluster import LocalCluster, get_json
+from swarm.bench.measure import Expected, MlxLmAlone
+from swarm.engine.backend import STANDIN_ENV
+
+MiB = 2**20
+CARD = {"kind": "cuda", "device_name": "stand-in RTX", "total_memory": 1024 * MiB, "free_memory": 900 * MiB}
+MAC = {"kind": "metal", "device_name": "stand-in M2", "memory_size": 4096 * MiB,
+       "max_recommended_working_set_size": 1536 * MiB}
+
+
+def test_cpu_cuda_and_metal_nodes_plan_by_their_own_memory_and_answer_exactly(tmp_path, tiny_models):
+    model = tiny_models["llama"]
+    env = {1: {STANDIN_ENV: json.dumps(CARD)}, 2: {STANDIN_ENV: json.dumps(MAC)}}
+    # every node offers at most 2 GiB: the CPU node's RAM is capped there, the card and the Mac offer less
+    with LocalCluster(3, tmp_path, str(model), "2G", ready_timeout=300, node_env=env) as cluster:
+        nodes = {n["id"]: n for n in cluster.topology["nodes"]}
+        said = {n["backend"]: (n["memory_kind"], n["memory_available"]) for n in nodes.values()}
+        assert said == {"cpu": ("ram", said["cpu"][1]), "cuda": ("gpu", 900 * MiB),
+                        "metal": ("working_set", 1536 * MiB)}, said
+        assert said["cpu"][1] <= 2 * 2**30
+        health = {n.node_id: get_json(n.url + "/health")[1] for n in cluster.nodes}
+        card = health[cluster.nodes[1].node_id]
+        assert card["backend"] == "cuda" and card["device"]["device"] == "stand-in RTX"
+        assert card["device"]["memory_offered"] == 900 * MiB and not card["device"]["cpu_tuning"]
+        # memory-proportional split (swarm-bench's --strategy memory): the CPU node holds the most layers
+        layers = {s["node_id"]: s["end"] - s["start"] for s in cluster.stages}
+        assert len(layers) == 3 and layers[cluster.nodes[0].node_id] == max(layers.values()), layers
+
+        alone = MlxLmAlone(model, cast_float32=True)
+        try:
+            prompt = "The lighthouse keeper wrote"
+            eos = frozenset(alone.tokenizer.eos_token_ids)
+            want = alone.generate(list(alone.tokenizer.encode(prompt)), 16)[0]
+        finally:
+            alone.close()
+        for _ in range(2):
+            run = stream_completion(cluster.entry.url, prompt, 16)
+            assert Expected(tuple(t for t in want if t not in eos), "", eos).matches(run), (run.token_ids, want)
