@@ -44,8 +44,13 @@ def position_key(seed: int, position: int) -> mx.array:
 
 def sample(logits: mx.array, params: SamplingParams, position: int) -> int:
     """Pick the token at sequence `position` from the logits (vocab,) of the previous one."""
+    return sampled(logits, params, position).item()
+
+
+def sampled(logits: mx.array, params: SamplingParams, position: int) -> mx.array:
+    """sample()'s token, not evaluated: it joins the forward's own evaluation (one sync a step, not two)."""
     if params.greedy:
-        return int(mx.argmax(logits))
+        return mx.argmax(logits)
     logits = logits.astype(mx.float32) / params.temperature
     if params.top_k > 0 and params.top_k < logits.shape[-1]:
         kth = mx.sort(logits)[-params.top_k]
@@ -57,4 +62,4 @@ def sample(logits: mx.array, params: SamplingParams, position: int) -> int:
         drop_sorted = (mx.cumsum(probs) - probs) >= params.top_p
         drop = mx.zeros_like(drop_sorted).at[order].add(drop_sorted)
         logits = mx.where(drop, -mx.inf, logits)
-    return int(mx.random.categorical(logits, key=position_key(params.seed, position)))
+    return mx.random.categorical(logits, key=position_key(params.seed, position))

@@ -27,7 +27,7 @@ from .constraints import GrammarVocab
 from .decoding_rules import DecodingRules
 from .kept_batches import KeptBatch, KeptBatches
 from .request_sampler import HistoryMismatch, RequestSampler
-from .sampling import SamplingParams, sample
+from .sampling import SamplingParams, sample, sampled
 from .shard import Shard
 from .shard_caches import ShardCaches
 from .token_logprobs import SampledToken
@@ -109,9 +109,13 @@ class ShardRunner:
                 sampler.observe(start_pos, ids)
             every_row = sampler is not None and sampler.wants_every_row(start_pos)
             out = self.shard(x, state.caches, every_row) if every_row else self.shard(x, state.caches)
+            token = None
             if sampler is not None and sampling is not None and self.range.is_last:
                 prepared = sampler.prepare(out[-1] if every_row else out)  # joins the forward's evaluation
                 mx.eval(out, prepared.arrays(), state.caches.arrays())
+            elif sampling is not None and self.range.is_last and not every_row:
+                token = sampled(out, sampling, start_pos + length)  # the token in the forward's evaluation
+                mx.eval(token, state.caches.arrays())
             else:
                 mx.eval(out, state.caches.arrays())
         except HistoryMismatch as e:
@@ -128,7 +132,7 @@ class ShardRunner:
             return out
         if prepared is not None:
             return sampler.draw(prepared, sampling, start_pos + length)
-        return sample(out, sampling, start_pos + length)
+        return token.item() if token is not None else sample(out, sampling, start_pos + length)
 
     def _start(self, key: Key, length: int) -> _RequestState:
         why = self.budget.refusal(key[0], True, length)
@@ -264,7 +268,11 @@ class ShardRunner:
             greedy = [j for j, i in enumerate(rows) if prepared[j] is None and items[i][3] is not None
                       and items[i][3].greedy] if self.range.is_last else []
             argmaxes = mx.argmax(out[mx.array(greedy)], axis=-1) if greedy else mx.array([])
-            mx.eval(out, [p.arrays() for p in prepared if p is not None], held, argmaxes)
+            # sampled rows' tokens too: each row's own eval would be a sync apiece
+            drawn = {j: sampled(out[j], items[i][3], items[i][2] + 1) for j, i in enumerate(rows)
+                     if self.range.is_last and prepared[j] is None and items[i][3] is not None
+                     and not items[i][3].greedy}
+            mx.eval(out, [p.arrays() for p in prepared if p is not None], held, argmaxes, list(drawn.values()))
         except Exception:
             for key in keys:
                 self._drop(key)
@@ -278,9 +286,10 @@ class ShardRunner:
                 results[i] = out[j:j + 1]
             elif j in picked:
                 results[i] = picked[j]
+            elif j in drawn:
+                results[i] = drawn[j].item()
             elif sampling is not None:
-                results[i] = (states[j].sampler.draw(prepared[j], sampling, pos + 1) if prepared[j] is not None
-                              else sample(out[j], sampling, pos + 1))
+                results[i] = states[j].sampler.draw(prepared[j], sampling, pos + 1)
         return results
 
     def prefill_batch(self, items: list[tuple], entries: list[str]) -> list:
