@@ -50,3 +50,30 @@ def test_cpu_cuda_and_metal_nodes_plan_by_their_own_memory_and_answer_exactly(tm
         for _ in range(2):
             run = stream_completion(cluster.entry.url, prompt, 16)
             assert Expected(tuple(t for t in want if t not in eos), "", eos).matches(run), (run.token_ids, want)
+
+
+def test_a_whole_model_gpu_node_decodes_ahead_and_answers_exactly(tmp_path, tiny_models):
+    """One node of a GPU backend (a stand-in) builds each next step before reading the token
+    (engine/decode_ahead.py): its greedy tokens are mlx-lm's, alone and beside other streams."""
+    from swarm.bench.client import concurrent_completions
+    model = tiny_models["llama"]
+    with LocalCluster(1, tmp_path, str(model), "2G", node_env={0: {STANDIN_ENV: json.dumps(CARD)}}) as cluster:
+        device = get_json(cluster.entry.url + "/health")[1]["device"]
+        assert device["kind"] == "cuda" and device["decode_ahead"], device
+        alone = MlxLmAlone(model, cast_float32=True)
+        try:
+            prompt = "The lighthouse keeper wrote"
+            eos = frozenset(alone.tokenizer.eos_token_ids)
+            want = Expected(tuple(t for t in alone.generate(list(alone.tokenizer.encode(prompt)), 24)[0]
+                                  if t not in eos), "", eos)
+        finally:
+            alone.close()
+        for _ in range(3):
+            run = stream_completion(cluster.entry.url, prompt, 24)
+            assert want.matches(run), (run.token_ids, want.ids)
+        _, runs = concurrent_completions(cluster.entry.url, prompt, 24, 3)  # batched steps settle the ones ahead
+        assert all(r.tokens == runs[0].tokens for r in runs)
+        run = stream_completion(cluster.entry.url, prompt, 24)  # and a lone stream after them still matches
+        assert want.matches(run), (run.token_ids, want.ids)
+        batching = get_json(cluster.entry.url + "/health")[1]["decode_batching"]
+        assert batching["ahead_taken"] >= 4 * 20, batching  # (nearly) every lone step was the one under way

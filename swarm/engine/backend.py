@@ -8,6 +8,7 @@ One place says per backend:
   not wire all of it), the RAM on the CPU; always capped by --memory-limit (discovery applies the cap);
 - the activations' dtype on the wire: the weights' (a stage computes in it and sends what it computed;
   a peer of another backend takes any float dtype at its first layer);
+- whether a whole-model stage builds the next decode step before reading this one's token (GPUs);
 - whether the CPU-only tuning runs: the optimized-BLAS re-exec (blas.py), prompt rows across CPU
   streams with BLAS thread switching (row_streams.py), the heap tidy when the MLX thread falls idle
   (worker.py). Each tunes MLX's CPU device; on a GPU they only cost.
@@ -81,6 +82,13 @@ class Backend:
         return weights_dtype or model_dtype
 
     @property
+    def decode_ahead(self) -> bool:
+        """Whether a whole-model stage builds a request's next decode step before reading this one's token
+        (decode_ahead.py): on a GPU that hides the host's build behind the device's work; on a CPU the build
+        already hides in the compute, and a step computed for nothing would cost the cores a whole step."""
+        return self.is_gpu
+
+    @property
     def gguf_keeps_quantized(self) -> bool:
         """A GGUF converts to quantized MLX weights on a GPU (its quantized kernels are fast there), to
         float32 on the CPU (4-bit matmuls there are ~30x slower than float32)."""
@@ -109,7 +117,7 @@ class Backend:
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "device": self.device, "memory_kind": self.memory_kind,
-                "device_memory": self.device_total, "cpu_tuning": self.cpu_tuning}
+                "device_memory": self.device_total, "cpu_tuning": self.cpu_tuning, "decode_ahead": self.decode_ahead}
 
 
 def describe_memory(kind: str) -> str:

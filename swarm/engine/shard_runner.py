@@ -27,6 +27,7 @@ from .constraints import GrammarVocab
 from .decoding_rules import DecodingRules
 from .kept_batches import KeptBatch, KeptBatches
 from .request_sampler import HistoryMismatch, RequestSampler
+from .decode_ahead import Ahead, can_go_ahead, go_ahead, roll_back
 from .sampling import SamplingParams, sample, sampled
 from .shard import Shard
 from .shard_caches import ShardCaches
@@ -45,6 +46,7 @@ class _RequestState:
     padding: int = 0  # of them, left padding it holds in a kept batch
     last_used: float = field(default_factory=time.monotonic)
     sampler: RequestSampler | None = None  # the last stage's, for a request with decoding rules
+    ahead: Ahead | None = None  # its next decode step, under way (decode_ahead.py)
 
 
 Key = tuple[str, str]  # (entry node id, request id)
@@ -54,8 +56,12 @@ class ShardRunner:
     """Synchronous: call only from the node's MLX worker thread."""
 
     def __init__(self, shard: Shard, limits: CacheLimits | None = None, context: int | None = None,
-                 vocab: GrammarVocab | None = None, keep_batches: bool = True):
+                 vocab: GrammarVocab | None = None, keep_batches: bool = True, decode_ahead: bool = False):
+        """`decode_ahead`: a whole-model stage builds a request's next step before reading its token
+        (decode_ahead.py; Backend.decode_ahead says where)."""
         self.shard = shard
+        self.decode_ahead = decode_ahead
+        self.ahead_taken = self.ahead_undone = 0  # steps ahead that served the Forward asked, and undone ones
         self.keep_batches = keep_batches and shard.can_batch  # False: the unrolled pass on own caches
         self.batches = KeptBatches()
         self.vocab = vocab  # for grammars (constraints.py); None: requests with one are refused
@@ -85,6 +91,10 @@ class ShardRunner:
             raise CacheMismatch(f"request {request_id}: positions [{start_pos}, {start_pos + length}) run past "
                                 f"the context of {self.context}")
         state = self._requests.get(key)
+        if state is not None and state.ahead is not None:
+            if state.ahead.serves(x, start_pos, sampling) and rules is None:
+                return self._take_ahead(key, state)
+            self._settle(key, state)
         if start_pos == 0:
             if state is not None:
                 self._drop(key)
@@ -115,7 +125,8 @@ class ShardRunner:
                 mx.eval(out, prepared.arrays(), state.caches.arrays())
             elif sampling is not None and self.range.is_last and not every_row:
                 token = sampled(out, sampling, start_pos + length)  # the token in the forward's evaluation
-                mx.eval(token, state.caches.arrays())
+                ahead = self.decode_ahead and can_go_ahead(self.shard, state.caches)
+                (mx.async_eval if ahead else mx.eval)(token, state.caches.arrays())
             else:
                 mx.eval(out, state.caches.arrays())
         except HistoryMismatch as e:
@@ -132,7 +143,47 @@ class ShardRunner:
             return out
         if prepared is not None:
             return sampler.draw(prepared, sampling, start_pos + length)
-        return token.item() if token is not None else sample(out, sampling, start_pos + length)
+        if token is None:
+            return sample(out, sampling, start_pos + length)
+        if ahead:
+            self._go_ahead(key, state, token, start_pos + length, sampling)
+        value = token.item()
+        if state.ahead is not None:
+            state.ahead.token_in = value
+        return value
+
+    def _go_ahead(self, key: Key, state: _RequestState, token: mx.array, pos: int, sampling: SamplingParams) -> None:
+        """Start step `pos` on the lazy `token` (decode_ahead.py), if the caps hold one more position."""
+        if pos + 1 > self.context or self.budget.refusal(key[0], False, 1) is not None:
+            return
+        try:
+            state.ahead = go_ahead(self.shard, state.caches, token, pos, sampling)
+        except Exception:
+            self._drop(key)
+            raise
+        self.budget.add(key[0], False, 1)
+        state.counted += 1
+        state.offset += 1
+
+    def _take_ahead(self, key: Key, state: _RequestState) -> int:
+        """The step under way is the one asked for: its token, the next step started first."""
+        ahead, state.ahead = state.ahead, None
+        state.last_used = time.monotonic()
+        self.ahead_taken += 1
+        self._go_ahead(key, state, ahead.token_out, ahead.pos + 1, ahead.sampling)
+        value = ahead.token_out.item()
+        if state.ahead is not None:
+            state.ahead.token_in = value
+        return value
+
+    def _settle(self, key: Key, state: _RequestState) -> None:
+        """A step under way that nobody asked for (another position, a batch, a release): undone."""
+        state.ahead = None
+        self.ahead_undone += 1
+        roll_back(state.caches)
+        state.offset -= 1
+        state.counted -= 1
+        self.budget.add(key[0], False, -1)
 
     def _start(self, key: Key, length: int) -> _RequestState:
         why = self.budget.refusal(key[0], True, length)
@@ -226,6 +277,8 @@ class ShardRunner:
         for i, (rid, x, pos, *_) in enumerate(items):
             key = (entries[i], rid)
             state = self._requests.get(key)
+            if state is not None and state.ahead is not None:
+                self._settle(key, state)  # (the batch computes the step itself)
             if state is None or state.offset != pos or pos == 0 or x.shape[1] != 1 or pos + 1 > self.context:
                 held = state.offset if state else 0
                 results[i] = CacheMismatch(f"request {rid}: cache holds {held} positions, frame starts at {pos}")

@@ -20,6 +20,7 @@ import mlx.core as mx
 
 from partitioner import Plan
 
+from ..engine.backend import this_backend
 from ..engine.cache_budget import CacheLimits
 from ..engine.constraints import GrammarVocab
 from ..engine.model_bytes import LayerCache
@@ -81,7 +82,8 @@ class StageHost:
             shard = await self.worker.run(load_shard, self.model_dir, layers[0], layers[1], self.dtype, old,
                                           self.dequantize)
             del old
-            self.stage = ShardRunner(shard, self._limits(*layers), self.context, self.vocab)
+            self.stage = ShardRunner(shard, self._limits(*layers), self.context, self.vocab,
+                                     decode_ahead=this_backend().decode_ahead)
             log.info("now holding layers [%d, %d): %.1f MB", *layers, shard.weight_bytes() / 1e6)
         self.plan = plan
 
