@@ -49,7 +49,7 @@ class SwarmPipeline:
         (see run_ahead.py); None: it may not. `rules`: see pipeline.py."""
         first, plan_id = self.plan.stages[0].node_id, self.plan.plan_id
         at = start_pos + len(tokens)
-        self.own.begin(request_id, self.plan)  # only this plan's stages may answer it (stage/sender_rules.py)
+        self.own.begin(request_id, self.plan)  # only this plan's stages may answer it (node/sender_rules.py)
         fut = self.pending.expect(request_id, plan_id, at) if sampling else None  # before sending: errors too
         started = self.run_ahead.started(request_id, plan_id, start_pos, tokens)
         t0 = started or time.perf_counter()
