@@ -1,6 +1,6 @@
 """The entry node's view of one agreed plan as a Pipeline (see pipeline.py). Event loop.
 
-Every message leaves through the outbox: the stage service posts it to the MLX
+Every message leaves through the outbox: the entry's inbox posts it to the MLX
 thread, whose data lane sends it (or queues it for our own stage 0). A send that
 fails comes back as an Error message for the request, like any stage's failure.
 """
@@ -23,7 +23,7 @@ from .run_ahead import RunAhead
 
 
 class Outbox(Protocol):
-    """How the event loop hands messages to the MLX thread (stage/stage_service.py)."""
+    """How the event loop hands messages to the MLX thread (entry_inbox.py)."""
 
     def post(self, node_id: str, forward: Forward) -> None:
         """Send `forward` on the MLX thread; if it cannot be, an Error reaches its entry."""

@@ -1,7 +1,7 @@
 """The data lane: every peer frame is read and written here, by the MLX thread itself.
 
 This is the node's transport interface: `mlx_send(node_id, message)` and the
-`on_message(sender, message)` handler given to `serve` (stage/stage_service.py).
+`on_message(sender, message)` handler given to `serve` (node/inbox.py).
 It knows messages and connections, nothing of plans or stages.
 
 A pipeline stage idles while the others compute, and on an idle machine every
