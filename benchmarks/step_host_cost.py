@@ -22,7 +22,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load
 
 from swarm.bench.prompts import PROMPT
-from swarm.engine.backend import this_backend
+from swarm.backend import this_backend
 from swarm.engine.sampling import SamplingParams
 from swarm.engine.shard import load_shard
 from swarm.engine.shard_runner import ShardRunner

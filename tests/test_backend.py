@@ -1,4 +1,4 @@
-"""The compute backend (engine/backend.py): what each of metal, cuda and cpu decides, from MLX's own answers.
+"""The compute backend (swarm/backend.py): what each of metal, cuda and cpu decides, from MLX's own answers.
 
 The choice logic is driven by stand-in device descriptions shaped as `mx.device_info()` gives them on each
 backend; the real-MLX tests check what this CPU box picks, and a process with a stand-in description."""
@@ -16,7 +16,7 @@ import pytest
 from discovery.local_profile import build_local_profile
 from discovery.profile import MalformedProfile, NodeProfile
 from partitioner import InsufficientMemoryError, ModelSpec, NodeCapacity, make_plan
-from swarm.engine.backend import STANDIN_ENV, Backend, detect, this_backend
+from swarm.backend import STANDIN_ENV, Backend, detect, this_backend
 
 GiB = 2**30
 # As MLX 0.32 describes an H100 (CUDA) and an M2 Max (Metal); the CPU gives only its name.
@@ -112,7 +112,7 @@ def test_this_cpu_box_picks_the_cpu_backend_from_mlx():
 
 def test_a_process_with_a_standin_description_is_that_backend():
     standin = json.dumps({"kind": "cuda", **SMALL_CARD})
-    code = ("from swarm.engine.backend import this_backend; from swarm.engine.row_streams import row_groups; "
+    code = ("from swarm.backend import this_backend; from swarm.engine.row_streams import row_groups; "
             "b = this_backend(); print(b.kind, b.weights_dtype('auto'), b.cpu_tuning, row_groups(8))")
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, STANDIN_ENV: standin},
                          capture_output=True, text=True, timeout=120, check=True).stdout.split()

@@ -14,7 +14,7 @@ from model_fixtures import tiny_models  # noqa: F401
 from swarm.bench.client import stream_completion
 from swarm.bench.cluster import LocalCluster, get_json
 from swarm.bench.measure import Expected, MlxLmAlone
-from swarm.engine.backend import STANDIN_ENV
+from swarm.backend import STANDIN_ENV
 
 MiB = 2**20
 CARD = {"kind": "cuda", "device_name": "stand-in RTX", "total_memory": 1024 * MiB, "free_memory": 900 * MiB}

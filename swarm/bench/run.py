@@ -18,7 +18,7 @@ import mlx.core as mx
 from discovery.memory import measure_memory
 
 from . import ring
-from ..node_config import DEFAULT_BATCH_DECODE
+from ..node.config import DEFAULT_BATCH_DECODE
 from .cluster import LocalCluster
 from .measure import Expected, MlxLmAlone, measure_swarm, measure_swarm_pair
 from .prompts import PROMPT
@@ -71,7 +71,7 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
             with_secret: bool = False, baseline: str | None = None, dtype: str = "auto") -> Report:
     from mlx_lm.utils import load_tokenizer
 
-    from swarm.engine.backend import this_backend
+    from swarm.backend import this_backend
     from swarm.engine.blas import blas_in_use
     from swarm.engine.model_bytes import model_float_dtype
     from swarm.models.resolve import resolve_model

@@ -113,7 +113,7 @@ def maybe_reexec_with_blas(argv: list[str], module: str = "swarm.cli") -> None:
     preloaded = {os.path.realpath(p) for p in _preloaded(env)}
     if os.path.realpath(blas) in preloaded:
         return
-    from .backend import this_backend  # (imports MLX: the re-exec wastes that import, ~0.1 s)
+    from ..backend import this_backend  # (imports MLX: the re-exec wastes that import, ~0.1 s)
     if not this_backend().cpu_tuning:
         return
     for stream in (sys.stdout, sys.stderr):

@@ -26,7 +26,7 @@ from typing import Iterator
 
 import mlx.core as mx
 
-from .backend import this_backend
+from ..backend import this_backend
 from .blas import BUNDLED_BLAS, blas_in_use
 
 

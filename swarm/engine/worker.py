@@ -30,7 +30,7 @@ TIDY_AFTER_S = 0.002  # idle this long after work: tidy the heap (see _merge_fre
 
 class MlxWorker:
     def __init__(self, tidy_heap: bool = True) -> None:
-        """tidy_heap: tidy the heap when the thread falls idle (CPU-only tuning, engine/backend.py)."""
+        """tidy_heap: tidy the heap when the thread falls idle (CPU-only tuning, swarm/backend.py)."""
         self._tidy_heap = tidy_heap
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()

@@ -239,7 +239,7 @@ def gguf_fingerprint(path: Path, chunk: int = 1 << 20) -> str:
 
 
 def _default_backend() -> str:
-    from ..engine.backend import this_backend
+    from ..backend import this_backend
     return this_backend().kind
 
 
@@ -251,7 +251,7 @@ def cached_conversion(
     """Convert once into <cache_root>/<stem>-<fingerprint>-<float32|q> and reuse it.
 
     backend "cpu" gets float32 weights, a GPU ("metal", "cuda", or "gpu") keeps them quantized
-    (engine/backend.py says why); None: this process's backend."""
+    (swarm/backend.py says why); None: this process's backend."""
     gguf_path = Path(gguf_path)
     if not gguf_path.is_file():
         raise ModelNotFoundError(f"GGUF file not found: {gguf_path}")

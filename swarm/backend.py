@@ -9,9 +9,9 @@ One place says per backend:
 - the activations' dtype on the wire: the weights' (a stage computes in it and sends what it computed;
   a peer of another backend takes any float dtype at its first layer);
 - whether a whole-model stage builds the next decode step before reading this one's token (GPUs);
-- whether the CPU-only tuning runs: the optimized-BLAS re-exec (blas.py), prompt rows across CPU
-  streams with BLAS thread switching (row_streams.py), the heap tidy when the MLX thread falls idle
-  (worker.py). Each tunes MLX's CPU device; on a GPU they only cost.
+- whether the CPU-only tuning runs: the optimized-BLAS re-exec (engine/blas.py), prompt rows across CPU
+  streams with BLAS thread switching (engine/row_streams.py), the heap tidy when the MLX thread falls idle
+  (engine/worker.py). Each tunes MLX's CPU device; on a GPU they only cost.
 
 `SWARM_DEVICE_STANDIN` (a JSON device description with a "kind") makes this process describe its device
 as given instead of asking MLX: tests run a stand-in node of another backend with it. The arithmetic
