@@ -89,6 +89,12 @@ class Backend:
         return self.is_gpu
 
     @property
+    def warm_batch_widths(self) -> tuple[int, ...]:
+        """Batch widths whose kernels a stage runs once after loading (engine/kernel_warmup.py): CUDA compiles
+        a kernel on its first use per shape, inside the first burst's steps otherwise."""
+        return (1, 2, 4, 8, 16) if self.kind == "cuda" else ()
+
+    @property
     def gguf_keeps_quantized(self) -> bool:
         """A GGUF converts to quantized MLX weights on a GPU (its quantized kernels are fast there), to
         float32 on the CPU (4-bit matmuls there are ~30x slower than float32)."""

@@ -24,6 +24,7 @@ from ..backend import this_backend
 from ..engine.cache_budget import CacheLimits
 from ..engine.constraints import GrammarVocab
 from ..engine.model_bytes import LayerCache
+from ..engine.kernel_warmup import mlx_warm_up
 from ..engine.shard import load_shard
 from ..engine.shard_runner import ShardRunner
 from ..engine.worker import MlxWorker
@@ -82,6 +83,7 @@ class StageHost:
             shard = await self.worker.run(load_shard, self.model_dir, layers[0], layers[1], self.dtype, old,
                                           self.dequantize)
             del old
+            await self.worker.run(mlx_warm_up, shard, this_backend().warm_batch_widths)
             self.stage = ShardRunner(shard, self._limits(*layers), self.context, self.vocab,
                                      decode_ahead=this_backend().decode_ahead)
             log.info("now holding layers [%d, %d): %.1f MB", *layers, shard.weight_bytes() / 1e6)
