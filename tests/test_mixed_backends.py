@@ -26,7 +26,7 @@ def test_cpu_cuda_and_metal_nodes_plan_by_their_own_memory_and_answer_exactly(tm
     model = tiny_models["llama"]
     env = {1: {STANDIN_ENV: json.dumps(CARD)}, 2: {STANDIN_ENV: json.dumps(MAC)}}
     # every node offers at most 2 GiB: the CPU node's RAM is capped there, the card and the Mac offer less
-    with LocalCluster(3, tmp_path, str(model), "2G", ready_timeout=300, node_env=env) as cluster:
+    with LocalCluster(3, tmp_path, str(model), "2G", ready_timeout=300, node_env=env, log_level="INFO") as cluster:
         nodes = {n["id"]: n for n in cluster.topology["nodes"]}
         said = {n["backend"]: (n["memory_kind"], n["memory_available"]) for n in nodes.values()}
         assert said == {"cpu": ("ram", said["cpu"][1]), "cuda": ("gpu", 900 * MiB),
@@ -36,6 +36,10 @@ def test_cpu_cuda_and_metal_nodes_plan_by_their_own_memory_and_answer_exactly(tm
         card = health[cluster.nodes[1].node_id]
         assert card["backend"] == "cuda" and card["device"]["device"] == "stand-in RTX"
         assert card["device"]["memory_offered"] == 900 * MiB and not card["device"]["cpu_tuning"]
+        # the start line and the plan's line say it too
+        card_log = cluster.nodes[1].log.read_text()
+        assert "backend cuda (stand-in RTX, 1.0 GiB GPU memory), offering 0.9 GiB of GPU memory" in card_log
+        assert "on cuda, 0.9 GiB gpu" in card_log and "on metal, 1.5 GiB working_set" in card_log
         # memory-proportional split (swarm-bench's --strategy memory): the CPU node holds the most layers
         layers = {s["node_id"]: s["end"] - s["start"] for s in cluster.stages}
         assert len(layers) == 3 and layers[cluster.nodes[0].node_id] == max(layers.values()), layers

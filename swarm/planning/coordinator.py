@@ -101,6 +101,16 @@ class Coordinator:
                 if p.profile.model_fingerprint == self.fingerprint and p.profile.speed > 0
                 and p.node_id not in left_out]
 
+    def _describe(self, plan: Plan) -> str:
+        """Each stage's layers and what it runs them on: "a[0,10) on cuda, 23.0 GiB gpu, ..."."""
+        profiles = {p.node_id: p.profile for p in self.discovery.view(include_self=True)}
+        parts = []
+        for s in plan.stages:
+            p = profiles.get(s.node_id)
+            on = f"{p.backend}, {p.memory_available / 2**30:.1f} GiB {p.memory_kind}" if p else "?"
+            parts.append(f"{s.node_id}[{s.start},{s.end}) on {on}")
+        return "; ".join(parts)
+
     async def replan(self) -> None:
         try:
             plan, error = make_plan(self.spec, self.members(), self.strategy), None
@@ -113,8 +123,7 @@ class Coordinator:
         self.plan_error = error
         if _id(plan) == _id(self.plan):
             return
-        log.info("plan %s -> %s: %s", _id(self.plan), _id(plan),
-                 [(s.node_id, s.start, s.end) for s in plan.stages] if plan else error)
+        log.info("plan %s -> %s: %s", _id(self.plan), _id(plan), self._describe(plan) if plan else error)
         self._note_agreement()
         self.plan = plan
         self.deadlines.adopt(plan)
