@@ -272,3 +272,26 @@ def test_the_header_warns_of_an_open_swarm_only():
         header = SwarmHeader()
         header.topology = Topology.parse({**raw, "security": security} if security else raw)
         assert ("OPEN SWARM" in header._text().plain) == warned, security
+
+
+def test_the_memory_column_says_which_memory_a_node_offers():
+    from rich.console import Console
+
+    from tui.widgets.node_table import NodeTable
+
+    G = 1 << 30
+    raw = {"model": {"n_layers": 30}, "plan": {"stages": [{"node_id": "a", "start": 0, "end": 15},
+                                                          {"node_id": "b", "start": 15, "end": 30}]},
+           "nodes": [{"id": "a", "name": "gpu-box", "backend": "cuda", "memory_kind": "gpu", "memory_total": 24 * G,
+                      "memory_available": 23 * G, "memory_used": 2 * G, "layers": [0, 15]},
+                     {"id": "b", "name": "cpu-box", "backend": "cpu", "memory_total": 64 * G,
+                      "memory_available": 50 * G, "memory_used": 2 * G, "layers": [15, 30]}]}
+    table = NodeTable()
+    table.topology = Topology.parse(raw)
+    console = Console(width=120, record=True)
+    console.print(table._table())
+    screen = console.export_text()
+    gpu_lines = screen[screen.index("gpu-box"):].splitlines()
+    assert "cuda 2.0G/24G" in gpu_lines[0] and "█········ vram" in gpu_lines[1], screen
+    cpu_lines = screen[screen.index("cpu-box"):].splitlines()
+    assert "cpu 2.0G/64G" in cpu_lines[0] and "vram" not in cpu_lines[1], screen

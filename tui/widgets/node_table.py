@@ -60,14 +60,15 @@ class NodeTable(Static):
         name = Text(node.name, "bold" if node.is_self else "")
         if node.is_self:
             name.append(" *", "cyan")
-        mem = Text(f"{node.backend} {human_bytes(node.memory_used)}/{human_bytes(node.memory_total)}"
-                   f"{MEMORY_WORDS.get(node.memory_kind, '')}")
+        mem = Text(f"{node.backend} {human_bytes(node.memory_used)}/{human_bytes(node.memory_total)}")
+        kind = MEMORY_WORDS.get(node.memory_kind, "")  # beside the bar: the first line is full
+        bar = memory_bar(node.memory_used, node.memory_available, node.memory_total, FIXED["memory"] - len(kind))
+        bar.append(kind, "dim")
         tps = node.stats.tokens_per_second
         live = Text(f"{tps:.1f} t/s" if tps < 100 else f"{tps:.0f} t/s", "bold" if tps else "dim")
         reqs = Text(f"{node.stats.active_requests} req", "bold magenta" if node.stats.active_requests else "dim")
         return [link, _two(name, Text(node.address, "dim")),
-                _two(mem, memory_bar(node.memory_used, node.memory_available, node.memory_total,
-                                     FIXED["memory"])),
+                _two(mem, bar),
                 _two(_speed(node), self._state(node)), _two(live, reqs), layers]
 
     @staticmethod
