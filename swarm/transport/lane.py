@@ -5,8 +5,8 @@ This is the node's transport interface: `mlx_send(node_id, message)` and the
 It knows messages and connections, nothing of plans or stages.
 
 A pipeline stage idles while the others compute, and on an idle machine every
-thread wake-up and every cold line of asyncio costs tens to hundreds of
-microseconds (benchmarks/wake_floor.py). So the thread that computes also reads
+thread wake-up and every cold line of asyncio is a visible part of a hop.
+So the thread that computes also reads
 its input and writes its output: a decode step arrives, is computed and leaves
 without waking another thread (benchmarks/lean_pipeline.py measures the floor).
 

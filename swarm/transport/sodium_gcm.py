@@ -2,9 +2,9 @@
 
 A decode step's frame is sealed right after the sender's forward pass and opened right after the
 receiver woke, when the caches hold none of the code a call runs. There one call of `cryptography`'s
-AESGCM (OpenSSL's EVP layer: a cipher context copied, set up and freed per call) took 34-38 µs, and
-libsodium's AES-256-GCM, called with pointers kept from one frame to the next, 17-20 µs
-(benchmarks/aead_cold.py; warm both take ~2 µs). Same cipher, same bytes: a frame sealed by one opens
+AESGCM (OpenSSL's EVP layer: a cipher context copied, set up and freed per call) costs about twice
+what libsodium's AES-256-GCM costs, called with pointers kept from one frame to the next (warm, both
+are alike; docs/performance.md). Same cipher, same bytes: a frame sealed by one opens
 with the other, so nodes that use either talk to each other (tests/test_link_crypto.py).
 
 libsodium is the copy PyNaCl bundles, reached through its compiled cffi module (`nacl._sodium`: the C
