@@ -31,9 +31,8 @@ BUNDLED_BLAS = "bundled reference BLAS"  # what blas_in_use says when nothing is
 # OpenBLAS's idle workers spin 2^28 cycles (~0.1 s) after each call before they sleep. A pipeline
 # stage waits for its peers most of every decode step, so by default its workers spin through the
 # wait, on cores that another process of the machine wants (a co-located node computing, the user's
-# apps). 2^22 cycles (~1.5 ms) still spans the gaps between the BLAS calls of one pass. Measured
-# (docs/performance.md, issue 18): 3 nodes on one 2-core machine at 8 streams 0.89-0.90x -> 1.02x of
-# mlx-lm's batch generation; one node unchanged.
+# apps). 2^22 cycles (~1.5 ms) still spans the gaps between the BLAS calls of one pass; several
+# nodes on one machine batch better with it, one node runs the same (docs/performance.md, BLAS).
 SPIN_LOG2_CYCLES = "22"
 
 
