@@ -260,7 +260,7 @@ class ShardRunner:
                 held = batch.arrays()
             prepared = [st.sampler.prepare(out[j]) if self.range.is_last and st.sampler is not None
                         and items[i][3] is not None else None for j, (i, st) in enumerate(zip(rows, states))]
-            # greedy rows' tokens in the pass's own evaluation: one small eval per row cost a step of 8 ~1 ms
+            # greedy rows' tokens in the pass's own evaluation: one small eval per row adds up over a batch
             greedy = [j for j, i in enumerate(rows) if prepared[j] is None and items[i][3] is not None
                       and items[i][3].greedy] if self.range.is_last else []
             argmaxes = mx.argmax(out[mx.array(greedy)], axis=-1) if greedy else mx.array([])

@@ -10,9 +10,8 @@ decided by whoever receives it (stage/stage_service.py).
 
 NamedTuples, not frozen dataclasses, and one combined check per message before any
 field-by-field explanation: a forward is decoded and re-encoded on every hop, right
-after a stage's compute has evicted the caches, where every extra call costs ten
-times its warm price (docs/performance.md). A frozen dataclass's __init__ alone
-cost 2 µs warm for a Forward.
+after a stage's compute has evicted the caches, where every extra call costs many
+times its warm price, and a frozen dataclass's __init__ is one of the dearest.
 
 Per generated token a request makes one hop per stage boundary plus one back:
 entry -> stage 0 -> ... -> last stage -> entry. When the entry node is stage 0 (the

@@ -35,8 +35,7 @@ def _usable() -> bool:
 
 IN_USE = _usable()
 
-# libsodium's functions themselves, called inline by link_crypto.py (one Python call fewer on a cold path; what
-# that saves was not measured apart, and a flatter Python path measured nothing, docs/performance.md):
+# libsodium's functions themselves, called inline by link_crypto.py (one Python call fewer on a cold path):
 #   encrypt(c, NULL, m, mlen, ad, adlen, NULL, nonce, key) -> 0     c: mlen + 16 bytes (tag last); c may be m
 #   decrypt(m, NULL, NULL, c, clen, ad, adlen, nonce, key) -> 0, or -1 if it does not open;       m may be c
 # The buffers are pointers (`pointer_to(a bytearray)`, kept: taking one costs a third of a cold seal) or bytes.
