@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-decode", type=_batch, default=DEFAULT_BATCH_DECODE, metavar="N",
                    help="run up to N requests' decode steps through this node's layers in one pass: "
                         "more tokens/s under concurrency; a request alone runs exactly as one machine "
-                        "would, batched ones may differ in rare near-ties (README) (default: %(default)s; "
+                        "would, batched ones may differ in rare near-ties (docs/architecture.md) (default: %(default)s; "
                         "1 never batches)")
     p.add_argument("--prompt-gather", type=_gather_ms, default=DEFAULT_PROMPT_GATHER_MS, metavar="MS",
                    help="when new requests arrive at an idle node, wait for more as long as they keep coming "

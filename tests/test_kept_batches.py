@@ -6,7 +6,7 @@ in, one that leaves (released, run alone, replayed from position 0) is filtered 
 own caches extracted. Every step here is checked against a runner that serves each request
 alone, so a row mixed up with another, a cache extracted wrong or a padding left in a row
 fails. Tokens are compared (the kept batch's attention runs over the padded width, which
-may round differently from a lone request's with an optimized BLAS: README, The engine).
+may round differently from a lone request's with an optimized BLAS: docs/architecture.md, Batched decode).
 """
 
 from __future__ import annotations
