@@ -92,7 +92,7 @@ def test_every_path_the_docs_name_exists() -> None:
 def test_api_reference_names_every_route() -> None:
     api = (ROOT / "docs" / "api.md").read_text()
     routes = set()
-    for source in (ROOT / "swarm" / "api").glob("*.py"):
+    for source in (ROOT / "swarm").rglob("*.py"):
         routes |= set(re.findall(r"add_(?:get|post|put|delete|route)\((?:\"\*\", )?\"(/[^\"]*)\"", source.read_text()))
     assert "/v1/chat/completions" in routes  # the pattern still finds the routes
     missing = sorted(r for r in routes if r.split("{")[0].rstrip("/") not in api and r.split("{")[0] != "/")
