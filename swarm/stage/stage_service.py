@@ -29,7 +29,6 @@ request was queued before them; an idle stage waits a moment for more of them (p
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections import deque

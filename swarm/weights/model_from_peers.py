@@ -44,7 +44,7 @@ def holders_of(discovery: Discovery, model_id: str | None) -> dict[tuple[str, st
 
 async def model_files_from_peers(model_id: str | None, discovery: Discovery, open_link: OpenLink,
                                  models_root: Path, weights: PeerWeights, report: Report) -> tuple[str, Manifest]:
-    """(model id, manifest) once the model's small files are on disk; `weights.store` is set."""
+    """(model id, manifest) once the model's small files are on disk; `weights` holds its store."""
     said = None
     while True:
         found = holders_of(discovery, model_id)
@@ -75,7 +75,7 @@ async def model_files_from_peers(model_id: str | None, discovery: Discovery, ope
                 await report(why, weights.status.state)
             await asyncio.sleep(LOOK_EVERY_S)
             continue
-        weights.store = ChunkStore.partial(fetched_model_dir(models_root, chosen_id, fingerprint), manifest)
+        weights.hold(ChunkStore.partial(fetched_model_dir(models_root, chosen_id, fingerprint), manifest))
         await report(f"fetching the configuration and tokenizer of {chosen_id}", "fetching")
         try:
             await weights.fetch(manifest.support_chunks(), f"the configuration and tokenizer of {chosen_id}")
