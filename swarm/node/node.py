@@ -22,7 +22,8 @@ import mlx.core as mx
 from aiohttp import web
 from mlx_lm.utils import load_tokenizer
 
-from discovery import Discovery, build_local_profile
+from discovery import Discovery, NodeState, build_local_profile
+from discovery.node_state import STATE_KEY
 from discovery.node_id import machine_id, remint_node_id
 from discovery.profile import NodeProfile
 from discovery.view import PeerEvent
@@ -222,7 +223,7 @@ class Node:
             peer_port=cfg.peer_port, backend=self.backend, speed=speed,
             model_id=model.model_id if model else (cfg.model or ""),
             model_fingerprint=model.fingerprint if model else "", memory_limit=cfg.memory_limit,
-            extra={"state": "joining" if model else "looking"})
+            extra={STATE_KEY: (NodeState.JOINING if model else NodeState.LOOKING).value})
         if cfg.node_id:
             profile = profile.replace(node_id=cfg.node_id)
 
@@ -236,7 +237,7 @@ class Node:
             await self._start(peers.discovery.start, peers.discovery.stop)
             model, sizes, speed = await self._model_from_peers(peers.discovery, peers.weights)
             await peers.discovery.update_profile(model_id=model.model_id, model_fingerprint=model.fingerprint,
-                                                 speed=speed, state="joining")
+                                                 speed=speed, state=NodeState.JOINING)
 
         defaults = generation_defaults(model.path, cfg.temperature, cfg.top_p, cfg.top_k)
         log.info("requests that leave sampling out get %s", defaults.describe())
@@ -290,7 +291,7 @@ class Node:
         cfg = self.config
         waiting = {"status": "starting"}
 
-        async def report(line: str, state: str) -> None:
+        async def report(line: str, state: NodeState) -> None:
             waiting["status"] = line
             await discovery.update_profile(state=state)
 
