@@ -67,7 +67,7 @@ def test_batched_stage_equals_one_request_at_a_time(family_model, bounds) -> Non
     and contexts past the sliding windows, on every stage position (first, middle, last, alone)."""
     family, model = family_model
     single, batched = (ShardRunner(load_shard(model, *bounds)) for _ in range(2))
-    assert batched.shard.can_batch == (family in UNROLLED), "only proven families take the unrolled pass"
+    assert batched.shard.unrolls_decode == (family in UNROLLED), "only proven families take the unrolled pass"
     first, last = bounds[0] == 0, bounds[1] is None
     prompts = [[5, 9, 13, 2, 7, 1, 3, 9, 2], [3, 3], [11, 4, 8, 1, 9, 6, 2, 10, 5, 7, 7, 8, 2]]
     hidden = {i: mx.random.normal((1, len(p), 128), key=mx.random.key(i)) for i, p in enumerate(prompts)}

@@ -226,8 +226,15 @@ class Shard(nn.Module):
         return mx.random.normal((1, length, self.hidden_size), key=mx.random.key(0)).astype(self.activation_dtype)
 
     @property
-    def can_batch(self) -> bool:
-        """True when decode_batch runs several requests as one pass (else it runs them one by one)."""
+    def unrolls_decode(self) -> bool:
+        """True when decode_batch runs several requests' steps as one pass (else it runs them one by one)."""
+        return self.unrolled is not None
+
+    @property
+    def takes_padded_batches(self) -> bool:
+        """True when prefill_batch and decode_kept are exact: the model's own forward on left-padded rows,
+        every layer's cache a KVCache whose BatchKVCache mask hides the padding. The families the unrolled
+        decode was proven on (unrolled_decode.py) are the ones known to have only such layers."""
         return self.unrolled is not None
 
     def decode_batch(self, x: mx.array, caches: list[ShardCaches]) -> mx.array:
@@ -242,7 +249,7 @@ class Shard(nn.Module):
         return mx.stack(rows) if self.range.is_last else mx.concatenate(rows, axis=0)
 
     def prefill_batch(self, x: mx.array, left_padding: list[int]) -> tuple[mx.array, list[BatchKVCache]]:
-        """The first positions of B prompts as one left-padded pass (only when can_batch).
+        """The first positions of B prompts as one left-padded pass (only when takes_padded_batches).
 
         x: ids (B, L) or hidden states (B, L, D), row b's first left_padding[b] positions padding.
         Runs the model's own forward on mlx-lm's BatchKVCache (its mask hides the padding). Returns
@@ -280,7 +287,7 @@ class Shard(nn.Module):
         return [self.own_caches([b.extract(r) for b in batch]) for r in range(n)]
 
     def decode_kept(self, x: mx.array, batch: list[BatchKVCache]) -> mx.array:
-        """One new position for each row of a kept batch (kept_batches.py; only when can_batch):
+        """One new position for each row of a kept batch (kept_batches.py; only when takes_padded_batches):
         x is ids (B, 1) or hidden states (B, 1, D) in the batch's row order, `batch` one
         BatchKVCache per owned layer. The model's own forward, its mask hiding each row's padding.
         Returns hidden states (B, 1, D), or on the last shard the logits (B, vocab)."""

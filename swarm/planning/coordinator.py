@@ -167,7 +167,8 @@ class Coordinator:
                     continue
                 # Only a plan we hold layers of is announced: an announcement is a promise to serve it.
                 await self.discovery.update_profile(
-                    plan=plan.plan_id if layers else "", state=NodeState.SERVING if layers else NodeState.IDLE, loading=None,
+                    plan=plan.plan_id if layers else "", state=NodeState.SERVING if layers else NodeState.IDLE,
+                    loading=None,
                     layers=f"{layers[0]}-{layers[1]}" if layers else "", mem_used=str(self.host.weight_bytes))
                 await self._notify()
             if plan is self.plan:
@@ -203,7 +204,8 @@ class Coordinator:
             return plan is self.plan
         except (FetchStuck, NotEnoughDisk) as e:
             log.warning("cannot load layers [%d, %d) yet: %s; trying again when the swarm changes", *layers, e)
-            await self.discovery.update_profile(state=NodeState.STUCK if isinstance(e, FetchStuck) else NodeState.NO_DISK)
+            stuck = isinstance(e, FetchStuck)
+            await self.discovery.update_profile(state=NodeState.STUCK if stuck else NodeState.NO_DISK)
             async with self._changed:
                 try:
                     await asyncio.wait_for(self._changed.wait(), RETRY_FETCH_S)

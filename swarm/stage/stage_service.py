@@ -33,6 +33,7 @@ import logging
 import time
 from collections import deque
 
+from ..engine.batch_rows import DecodeStep, PromptStart
 from ..engine.cache_budget import CacheFull
 from ..engine.shard_runner import CacheMismatch, ShardRunner
 from ..engine.token_logprobs import SampledToken
@@ -120,7 +121,7 @@ class StageService:
         """Compute every message queued for our stage (called after each round of socket events),
         taking in what arrived meanwhile between passes."""
         stage = self.host.stage
-        if stage is not None and stage.shard.can_batch:  # (only a pass of several rows is worth waiting for)
+        if stage is not None and stage.shard.takes_padded_batches:  # (only a pass of several prompts is worth a wait)
             until = self.gather.wait_until(self._queue, stage.range.start == 0, self.max_batch)
             if until is not None:
                 self.worker.mlx_recheck_at(until)
@@ -181,7 +182,7 @@ class StageService:
         right behind it), never a message of their own request: each request's order is kept.
         """
         steps = [first]
-        if self.max_batch < 2 or self.host.stage is None or not self.host.stage.shard.can_batch:
+        if self.max_batch < 2 or self.host.stage is None or not self.host.stage.shard.takes_padded_batches:
             return steps
         seen, width = {(first.entry, first.rid)}, first.length
         kept: deque = deque()
@@ -205,19 +206,19 @@ class StageService:
         accepted = [f for f in steps if self._mlx_accept(f, stage, plan)]
         if not accepted:
             return
-        if len(accepted) == 1 or not stage.shard.can_batch:  # (a block decode_batch cannot unroll)
+        prompts = is_new_prompt(accepted[0])
+        if len(accepted) == 1 or not (stage.shard.takes_padded_batches if prompts else stage.shard.unrolls_decode):
             for forward in accepted:
                 out, took_s = _compute(stage, forward)
                 self._mlx_deliver(forward, out, took_s, stage, plan, index)
             return
         together = 0
-        if is_new_prompt(accepted[0]):
-            outs = _compute_prompts(stage, accepted)
+        outs = _compute_together(stage, accepted, prompts)
+        if prompts:
             self.prompt_passes += 1
             self.prompt_rows += len(accepted)
             together = sum(1 for out, _ in outs if not isinstance(out, Exception))  # what goes on side by side
         else:
-            outs = _compute_batch(stage, accepted)
             self.batched_passes += 1
             self.batched_rows += len(accepted)
         with self.lane.mlx_sending_together():
@@ -258,23 +259,6 @@ class StageService:
         self.mlx_send_or_fail(nxt.node_id, forward.onward(nxt.start, out, compute_us, together))
 
 
-def _compute_prompts(stage: ShardRunner, accepted: list[Forward]):
-    """_compute for several new requests' first prompt chunks in one padded pass."""
-    t0 = time.perf_counter()
-    items, results = [], {}
-    for i, forward in enumerate(accepted):
-        try:
-            items.append((i, (forward.rid, forward.array())))
-        except ProtocolError as e:
-            results[i] = e
-    outs = stage.prefill_batch([item for _, item in items], [accepted[i].entry for i, _ in items]) if items else []
-    for (i, _), out in zip(items, outs):
-        results[i] = out
-    encoded = [_result(stage, results[i]) for i in range(len(accepted))]
-    took = time.perf_counter() - t0
-    return [(out, took) for out in encoded]
-
-
 def _result(stage: ShardRunner, out):
     """What to deliver for a forward result: a token, None, the request's failure, or the encoded
     activations (dtype, shape, a view of the bytes: arrays.encode_array)."""
@@ -297,19 +281,23 @@ def _compute(stage: ShardRunner, forward: Forward):
     return _result(stage, out), time.perf_counter() - t0
 
 
-def _compute_batch(stage: ShardRunner, accepted: list[Forward]):
-    """_compute for several decode steps in one pass; each row is charged the whole pass."""
+def _compute_together(stage: ShardRunner, accepted: list[Forward], prompts: bool):
+    """_compute for several forwards in one pass: new requests' first prompt chunks (left-padded) or
+    decode steps. Each row is charged the whole pass."""
     t0 = time.perf_counter()
-    items, results = [], {}
+    rows, entries, results = [], [], {}
     for i, forward in enumerate(accepted):
         try:
-            items.append((i, (forward.rid, forward.array(), forward.pos, forward.sampling,
-                              forward.token_ids() if stage.range.is_last else None)))
+            x = forward.array()
+            rows.append((i, PromptStart(forward.rid, x) if prompts else DecodeStep(
+                forward.rid, x, forward.pos, forward.sampling, forward.token_ids() if stage.range.is_last else None)))
         except ProtocolError as e:
             results[i] = e
-    entries = [accepted[i].entry for i, _ in items]
-    outs = stage.decode_batch([item for _, item in items], entries) if items else []
-    for (i, _), out in zip(items, outs):
+            continue
+        entries.append(forward.entry)
+    run = stage.prefill_batch if prompts else stage.decode_batch
+    outs = run([row for _, row in rows], entries) if rows else []
+    for (i, _), out in zip(rows, outs):
         results[i] = out
     encoded = [_result(stage, results[i]) for i in range(len(accepted))]
     took = time.perf_counter() - t0
