@@ -119,7 +119,7 @@ def _embedding_shape(m: nn.Module, dtype: mx.Dtype | None) -> tuple[int, mx.Dtyp
 
 
 class Shard(nn.Module):
-    def __init__(self, model: nn.Module, layers: LayerRange, plan: Outline, family: str,
+    def __init__(self, model: nn.Module, layers: LayerRange, outline: Outline, family: str,
                  dtype: mx.Dtype | None = None):
         super().__init__()
         self.model = model
@@ -134,24 +134,24 @@ class Shard(nn.Module):
             if not layers.start <= i < layers.end:
                 strip_arrays(layer)
                 hook(layer, _PassThrough())
-        self._strip_outside(plan, dtype)
+        self._strip_outside(outline, dtype)
         args = getattr(model, "args", None)
         if self.hidden_size is None:  # no nn.Embedding before the layers: the config says it
             self.hidden_size = getattr(args, "hidden_size", None)
         if layers.is_first and self.vocab_size is None:
             self.vocab_size = getattr(args, "vocab_size", None)
         first, last = model_layers[layers.start], model_layers[layers.end - 1]
-        self._entry = _Edge(inject=not layers.is_first, stop=not layers.is_last and first is last,
+        self._first_edge = _Edge(inject=not layers.is_first, stop=not layers.is_last and first is last,
                             last_position=layers.is_last and first is last)
-        hook(first, self._entry)
-        self._exit = self._entry
+        hook(first, self._first_edge)
+        self._last_edge = self._first_edge
         if last is not first:
-            self._exit = _Edge(inject=False, stop=not layers.is_last, last_position=layers.is_last)
-            hook(last, self._exit)
-        self._cache_slots = plan.slots_of(layers.start, layers.end)
+            self._last_edge = _Edge(inject=False, stop=not layers.is_last, last_position=layers.is_last)
+            hook(last, self._last_edge)
+        self._cache_slots = outline.slots_of(layers.start, layers.end)
         self.unrolled = UnrolledDecode.for_shard(self)
 
-    def _strip_outside(self, plan: Outline, dtype: mx.Dtype | None) -> None:
+    def _strip_outside(self, outline: Outline, dtype: mx.Dtype | None) -> None:
         """Keep the weights outside the layers that this position in the pipeline reads."""
         r = self.range
         inside = {id(m) for layer in self.model.layers for _, m in layer.named_modules()}
@@ -159,13 +159,13 @@ class Shard(nn.Module):
             if id(m) in inside:
                 continue
             prefix = f"{path}." if path else ""
-            is_embedding = path in plan.embedding_modules
+            is_embedding = path in outline.embedding_modules
             if is_embedding and self.hidden_size is None:
                 self.hidden_size, self.activation_dtype = _embedding_shape(m, dtype)
             if is_embedding and r.is_first and self.vocab_size is None and isinstance(m.get("weight"), mx.array):
                 self.vocab_size = m["weight"].shape[0]
             for key in [k for k, v in m.items() if isinstance(v, mx.array) and not k.startswith("_")]:
-                phases = plan.phases(prefix + key)
+                phases = outline.phases(prefix + key)
                 keep = ((PRE in phases and (r.is_first or not is_embedding)) or BETWEEN in phases
                         or (POST in phases and r.is_last))
                 if not keep:
@@ -186,11 +186,11 @@ class Shard(nn.Module):
         Returns hidden states, or on the last shard the logits of the final position
         (`every_row`: of every position, (L, vocab), for prompt logprobs).
         """
-        self._exit.last_position = self.range.is_last and not every_row
+        self._last_edge.last_position = self.range.is_last and not every_row
         try:
             out = self._forward(x, caches)
         finally:
-            self._exit.last_position = self.range.is_last
+            self._last_edge.last_position = self.range.is_last
         caches.advance(x.shape[1])
         if not self.range.is_last:
             return out
@@ -202,14 +202,14 @@ class Shard(nn.Module):
         if self.range.is_first:
             ids = x
         else:
-            self._entry.pending = x
+            self._first_edge.pending = x
             ids = mx.zeros(x.shape[:2], mx.int32)  # what the stand-in embedding looks at
         try:
             out = self.model(ids, cache=cache)
         except StopAfterLayer as stop:
             out = stop.hidden
         finally:
-            missed, self._entry.pending = self._entry.pending, None
+            missed, self._first_edge.pending = self._first_edge.pending, None
         if missed is not None:
             raise RuntimeError(f"{self.family}: the model's forward never reached layer {self.range.start}")
         return out

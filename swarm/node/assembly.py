@@ -135,8 +135,9 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
 
     # The node's inbox: every peer message, checked first against who may send it (sender_rules.py),
     # to the stage or to the entry.
-    rules = SenderRules(node_id, host.known_plan, lambda peer: discovery.endpoint_of(peer) is not None, own, vocab)
-    inbox = NodeInbox(lane, worker, rules, stage_service, entry_inbox)
+    sender_rules = SenderRules(node_id, host.known_plan, lambda peer: discovery.endpoint_of(peer) is not None, own,
+                               vocab)
+    inbox = NodeInbox(lane, worker, sender_rules, stage_service, entry_inbox)
 
     # Requests through pipelines on agreed plans.
     stats = RequestStats(events.emit, entry=node_id)

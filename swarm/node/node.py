@@ -139,9 +139,9 @@ class Node:
         place, which compute at the same speed."""
         cfg, worker = self.config, self.worker
         sizes = await worker.run(measure_model_bytes, model.path, self.dtype, self.dequantize)
-        key = f"{machine_id()}:{model.fingerprint}:{self.dtype}:{self.dequantize}:{self.backend}:{blas_in_use()}"
+        speed_key = f"{machine_id()}:{model.fingerprint}:{self.dtype}:{self.dequantize}:{self.backend}:{blas_in_use()}"
         speed = cfg.speed or await worker.run(
-            cached_speed, cfg.state_dir, key,
+            cached_speed, cfg.state_dir, speed_key,
             lambda: measure_speed(model.path, model.n_layers, self.dtype, self.dequantize))
         return sizes, speed
 
