@@ -313,21 +313,21 @@ class Shard(nn.Module):
         return loaded_bytes(self)
 
 
-def check_splittable(model_dir: Path) -> str:
+def check_splittable(model_dir: Path) -> Outline:
     """Refuse a model whose family cannot be cut into layer ranges (UnsplittableModel), before
-    any weight is read: builds it lazily and dry-runs its forward. Returns its family."""
+    any weight is read: builds it lazily and dry-runs its forward. Returns its outline (its family
+    too), for whatever builds the model after (load_shard, measure_model_bytes, measure_speed)."""
     try:
         model, _ = load_model(Path(model_dir), lazy=True, strict=True)
     except (TypeError, KeyError, ValueError, AttributeError, FileNotFoundError) as e:
         raise ModelFormatError(f"{model_dir}: mlx-lm cannot build this model: {type(e).__name__}: {e}") from e
     family = families.family_of(model)
     families.check_splittable(family)
-    outline(model, family)
-    return family
+    return outline(model, family)
 
 
 def load_shard(model_dir: Path, start: int, end: int | None, dtype: mx.Dtype | None = None,
-               reuse: Shard | None = None, dequantize_layers: bool = False) -> Shard:
+               reuse: Shard | None = None, dequantize_layers: bool = False, outlined: Outline | None = None) -> Shard:
     """Build the model lazily, keep only this shard's weights, then evaluate them.
 
     `dtype` casts floating (non-quantized) weights, e.g. to float32 on a CPU backend
@@ -335,14 +335,17 @@ def load_shard(model_dir: Path, start: int, end: int | None, dtype: mx.Dtype | N
     Weights that `reuse` (the shard this node held before a re-plan) already holds
     are taken over as they are, so a node only reads the layers it newly owns.
     `dequantize_layers` turns quantized weights into `dtype` (see quantized.py).
+    `outlined`: the model's outline (check_splittable's), else it is outlined here.
     Raises UnsplittableModel when the family cannot be cut this way.
     """
     model, _ = load_model(Path(model_dir), lazy=True, strict=True)
-    family = families.family_of(model)
-    families.check_splittable(family)
+    if outlined is None:
+        family = families.family_of(model)
+        families.check_splittable(family)
+        outlined = outline(model, family)
+    family = outlined.family
     n_layers = len(model.layers)
-    shard = Shard(model, LayerRange(start, n_layers if end is None else end, n_layers), outline(model, family),
-                  family, dtype)
+    shard = Shard(model, LayerRange(start, n_layers if end is None else end, n_layers), outlined, family, dtype)
     if reuse is not None:
         _take_over(shard, reuse)
     if dequantize_layers:

@@ -23,6 +23,7 @@ from ..api.connection_cap import CappedAppRunner
 from ..api.request_gate import RequestGate
 from ..engine.constraints import GrammarVocab
 from ..engine.model_bytes import ModelBytes
+from ..engine.model_outline import Outline
 from ..engine.worker import MlxWorker
 from ..entry.entry_inbox import EntryInbox
 from ..entry.hop_timing import HopTiming
@@ -109,7 +110,8 @@ class Serving:
 
 
 def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: LocalModel, tokenizer,
-                  sizes: ModelBytes, spec: ModelSpec, vocab: int | None, dtype, dequantize: bool, backend: str,
+                  sizes: ModelBytes, spec: ModelSpec, vocab: int | None, dtype, dequantize: bool, outlined: Outline,
+                  backend: str,
                   defaults: GenerationDefaults, gate: RequestGate, api_key: Secret, secret: Secret | None,
                   loop: asyncio.AbstractEventLoop) -> Serving:
     node_id, discovery, lane = peers.profile.node_id, peers.discovery, peers.lane
@@ -117,7 +119,7 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
     # The stage: the layers this node holds, and the frames for them queued, batched and computed.
     grammar_vocab = GrammarVocab(tokenizer)  # grammars: checked by the entry, applied by the last stage
     host = StageHost(model.path, dtype, worker, dequantize=dequantize, context=model.context_length,
-                     layer_caches=sizes.caches, vocab=grammar_vocab)
+                     layer_caches=sizes.caches, vocab=grammar_vocab, outlined=outlined)
     stage_service = StageService(host, lane, worker, max_batch=cfg.batch_decode,
                                  prompt_gather_s=cfg.prompt_gather_ms / 1000)
 

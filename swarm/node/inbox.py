@@ -23,6 +23,7 @@ from ..engine.worker import MlxWorker
 from ..entry.entry_inbox import EntryInbox
 from ..stage.stage_service import LOG_EVERY_S, StageService
 from ..transport.lane import DataLane
+from ..transport.log_limit import LogLimiter
 from ..transport.messages import Error, Forward, Message, Release, Token
 from .sender_rules import LATE, SenderRules, describe
 
@@ -34,6 +35,7 @@ class NodeInbox:
                  entry: EntryInbox):
         self.lane, self.worker, self.sender_rules, self.stage, self.entry = lane, worker, sender_rules, stage, entry
         self.refusals = stage.refusals  # one count per node: the stage refuses releases of others' requests
+        self.failures = LogLimiter(log, logging.INFO)  # last stages that sent a token no request can take
 
     def start(self) -> None:
         """Take every message for this node from now on (the lane's handlers, the stage's queue)."""
@@ -74,7 +76,7 @@ class NodeInbox:
     def _mlx_checked(self, message: Token | Error) -> Token | Error:
         """A token its last stage may send but that is wrong (a buggy stage) is an Error: the request replays."""
         if isinstance(message, Token) and (problem := self.sender_rules.mlx_token_problem(message)):
-            self.stage.failures.every("token", LOG_EVERY_S, "request %s: %s", message.rid, problem)
+            self.failures.every("token", LOG_EVERY_S, "request %s: %s", message.rid, problem)
             return Error(message.rid, message.plan_id, "protocol", problem)
         return message
 

@@ -33,6 +33,7 @@ from ..api.bootstrap_app import make_bootstrap_app
 from ..api.request_gate import RequestGate
 from ..engine.blas import blas_in_use
 from ..engine.model_bytes import ModelBytes, measure_model_bytes
+from ..engine.model_outline import Outline
 from ..engine.shard import check_splittable
 from ..engine.speed_probe import cached_speed, measure_speed
 from ..engine.worker import MlxWorker
@@ -111,6 +112,7 @@ class Node:
         self._fatal: str | None = None
         self._reminted_at: float | None = None
         self._from_peers = False  # the model's files were fetched from peers (kept across a start over)
+        self.outline: Outline | None = None  # the model's, once it is known and checked
 
     def prepare_secret(self) -> None:
         """Find the swarm secret (flag, environment, state dir); ValueError for an unusable one."""
@@ -129,7 +131,7 @@ class Node:
         self._check_model()
 
     def _check_model(self) -> None:
-        check_splittable(self.model.path)
+        self.outline = check_splittable(self.model.path)  # the one outline of the model, for all that builds it
         self.tokenizer = load_tokenizer(self.model.path, eos_token_ids=self.model.config.get("eos_token_id"))
         log.info("model %s: %d layers, from %s", self.model.model_id, self.model.n_layers, self.model.path)
 
@@ -138,11 +140,11 @@ class Node:
         A node that fetches its model measures before it holds those layers: it reads zeros in their
         place, which compute at the same speed."""
         cfg, worker = self.config, self.worker
-        sizes = await worker.run(measure_model_bytes, model.path, self.dtype, self.dequantize)
+        sizes = await worker.run(measure_model_bytes, model.path, self.dtype, self.dequantize, self.outline)
         speed_key = f"{machine_id()}:{model.fingerprint}:{self.dtype}:{self.dequantize}:{self.backend}:{blas_in_use()}"
         speed = cfg.speed or await worker.run(
             cached_speed, cfg.state_dir, speed_key,
-            lambda: measure_speed(model.path, model.n_layers, self.dtype, self.dequantize))
+            lambda: measure_speed(model.path, model.n_layers, self.dtype, self.dequantize, self.outline))
         return sizes, speed
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -243,7 +245,8 @@ class Node:
         log.info("requests that leave sampling out get %s", defaults.describe())
         serving = build_serving(cfg, peers, worker, model, self.tokenizer, sizes,
                                 model_spec(sizes, cfg.kv_reserve_tokens), vocab_size(model.config), self.dtype,
-                                self.dequantize, self.backend, defaults, self.gate, self.api_key, self.secret, loop)
+                                self.dequantize, self.outline, self.backend, defaults, self.gate, self.api_key,
+                                self.secret, loop)
 
         # Start, in the same order: the inbox takes messages before the peer port accepts them, the
         # API answers before discovery announces it.
