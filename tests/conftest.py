@@ -7,13 +7,6 @@ import pytest
 from netns import Host, Network, netns_unavailable_reason
 
 
-@pytest.fixture(autouse=True)
-def _fresh_refusal_log():
-    """Handshake refusals are logged once per process, as each node is one; a test is a new node."""
-    from swarm.transport.handshake import _REFUSALS
-    _REFUSALS.forget()
-
-
 @pytest.fixture
 def netns_hosts(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[int], list[Host]]]:
     """Factory: `hosts = netns_hosts(3)` -> 3 hosts on one private bridge.

@@ -82,9 +82,10 @@ def build_peer_side(cfg: NodeConfig, profile: NodeProfile, worker: MlxWorker, li
     # The peer data path: one connection per peer, read and written on the MLX thread; every message
     # goes to the node's inbox (Serving), and so does a link that breaks.
     links = PeerLinks(node_id)
-    lane = DataLane(node_id, cfg.swarm, links, worker.watch, worker.post, discovery.endpoint_of, key=link_key)
+    lane = DataLane(node_id, cfg.swarm, links, worker.watch, worker.post, discovery.endpoint_of, key=link_key,
+                    auth=auth)
     listener = PeerListener(node_id, cfg.swarm, cfg.peer_host, cfg.peer_port, links, lane,
-                            lambda: discovery.profile, key=link_key)
+                            lambda: discovery.profile, key=link_key, auth=auth)
 
     # Weights: served to peers from what this node holds; fetched from them for layers it lacks, over
     # links for that purpose (authenticated and sealed like the data path's when the swarm has a secret).

@@ -35,7 +35,7 @@ class NodeInbox:
                  entry: EntryInbox):
         self.lane, self.worker, self.sender_rules, self.stage, self.entry = lane, worker, sender_rules, stage, entry
         self.refusals = stage.refusals  # one count per node: the stage refuses releases of others' requests
-        self.failures = LogLimiter(log, logging.INFO)  # last stages that sent a token no request can take
+        self.failures = LogLimiter(log, logging.INFO)  # tokens a last stage got wrong (outside the vocabulary)
 
     def start(self) -> None:
         """Take every message for this node from now on (the lane's handlers, the stage's queue)."""
