@@ -7,8 +7,8 @@ import time
 
 import openai
 import pytest
-from model_fixtures import tiny_models  # noqa: F401
-from node_process import get_json, running_node
+from node_process import running_node
+from swarm.bench.cluster import get_json
 
 from swarm.api.admission import Admission, Overloaded
 
@@ -82,9 +82,9 @@ def _wait_for(predicate, timeout: float = 30.0, what: str = "") -> None:
         time.sleep(0.01)
 
 
-def test_a_full_node_answers_429_with_retry_after_and_the_admitted_ones_finish_equal(tmp_path, tiny_models):
+def test_a_full_node_answers_429_with_retry_after_and_the_admitted_ones_finish_equal(tmp_path, llama):
     kwargs = dict(model="llama", messages=[{"role": "user", "content": "count"}], temperature=0, max_tokens=400)
-    with running_node(tmp_path, "--model", str(tiny_models["llama"]), "--max-active", "1", "--max-queue", "1") as node:
+    with running_node(tmp_path, "--model", str(llama), "--max-active", "1", "--max-queue", "1") as node:
         client = openai.OpenAI(base_url=node.url + "/v1", api_key="none", max_retries=0, timeout=120)
         alone = client.chat.completions.create(**kwargs).choices[0].message.content
 

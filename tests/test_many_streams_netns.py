@@ -14,7 +14,6 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from model_fixtures import default_model  # noqa: F401
 from netns import netns_unavailable_reason
 from netns_client import in_netns
 from reference import reference_chat

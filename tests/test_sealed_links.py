@@ -5,15 +5,14 @@ See test_transport.py and test_lane.py for the open protocol; the same data lane
 from __future__ import annotations
 
 import asyncio
-import logging
 import socket
-import time
 
 import mlx.core as mx
 import pytest
 
 from discovery.profile import NodeProfile
 from discovery.profile_exchange import ProfileExchangeError
+from helpers import eventually
 from peer_nodes import HOST, SWARM, PeerNode, hello_bytes, token, transport_warnings
 from swarm.transport.arrays import encode_array
 from swarm.transport.connection_budget import ConnectionBudget
@@ -22,7 +21,7 @@ from swarm.transport.frames import MAGIC, encode_frame
 from swarm.transport.handshake import dial, dial_stream
 from swarm.transport.link_crypto import FrameSealer, stretch_secret
 from swarm.transport.link_handshake import LinkAuth
-from swarm.transport.messages import Forward, Token
+from swarm.transport.messages import Forward
 from swarm.transport.peer_profiles import ProfileFetcher
 from swarm.transport.sealed_frames import seal_frame
 
@@ -30,13 +29,6 @@ pytestmark = pytest.mark.timeout(60)
 
 KEY = stretch_secret("a test secret, long enough 9d2e")
 OTHER_KEY = stretch_secret("another secret altogether 51aa")
-
-
-async def eventually(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 @pytest.fixture

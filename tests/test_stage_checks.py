@@ -11,7 +11,6 @@ import time
 import mlx.core as mx
 import numpy as np
 import pytest
-from model_fixtures import tiny_models  # noqa: F401
 from peer_nodes import HOST, SWARM, PeerNode
 
 from partitioner import ModelSpec, Plan, Stage
@@ -36,14 +35,14 @@ GREEDY = SamplingParams()
 
 
 @pytest.fixture
-async def stage(tiny_models):  # noqa: F811
+async def stage(llama):
     """Node "us", the last stage of PLAN, with "prev" (stage 0 and the entry) and a stranger as peers."""
     addresses: dict[str, tuple[str, int]] = {}
     worker = MlxWorker()
     links = PeerLinks("us")
     lane = DataLane("us", SWARM, links, worker.watch, worker.post, addresses.get)
     listener = PeerListener("us", SWARM, HOST, 0, links, lane, lambda: None)
-    path = tiny_models["llama"]
+    path = llama
     sizes = await worker.run(measure_model_bytes, path, mx.float32)
     host = StageHost(path, mx.float32, worker, context=4096, layer_caches=sizes.caches)
     await host.assign(PLAN, (3, 6))

@@ -15,8 +15,8 @@ import urllib.request
 import uuid
 
 import pytest
-from model_fixtures import default_model, tiny_models  # noqa: F401  (fixtures)
-from node_process import get_json, running_node
+from node_process import running_node
+from swarm.bench.cluster import get_json
 
 from tui.app import SwarmTUI
 from tui.client import NodeError
@@ -26,13 +26,7 @@ from tui.widgets.chat_pane import ChatPane
 from tui.widgets.event_log import EventLog
 
 SIZE = (100, 30)
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory, tiny_models):  # noqa: F811
-    tmp = tmp_path_factory.mktemp("tui-node")
-    with running_node(tmp, "--model", str(tiny_models["llama"]), "--name", "tui-node-a") as n:
-        yield n
+NODE_ARGS = ("--name", "tui-node-a")
 
 
 async def wait_for(pilot, cond, timeout: float = 20.0, what: str = "") -> None:
@@ -102,7 +96,7 @@ async def test_chat_streams_the_same_answer_as_a_plain_request(node):
         assert pane.answer.strip().split()[0] in app.screen_text()
 
 
-async def test_chat_with_the_defaults_answers_the_default_model_shortly(tmp_path, default_model):  # noqa: F811
+async def test_chat_with_the_defaults_answers_the_default_model_shortly(tmp_path, default_model):
     """No temperature from the dashboard: the node's greedy default gives a short right answer."""
     with running_node(tmp_path) as node:
         app = SwarmTUI([node.url])
@@ -116,8 +110,8 @@ async def test_chat_with_the_defaults_answers_the_default_model_shortly(tmp_path
             assert not pane.error and "Paris" in pane.answer and len(pane.answer) < 200, pane.answer
 
 
-async def test_killed_node_shows_disconnected(tmp_path, tiny_models):  # noqa: F811
-    with running_node(tmp_path, "--model", str(tiny_models["llama"]), "--name", "doomed") as n:
+async def test_killed_node_shows_disconnected(tmp_path, llama):
+    with running_node(tmp_path, "--model", str(llama), "--name", "doomed") as n:
         app = SwarmTUI([n.url])
         async with app.run_test(size=SIZE) as pilot:
             await wait_for(pilot, lambda: "doomed" in app.screen_text(), what="the node on screen")
@@ -128,7 +122,7 @@ async def test_killed_node_shows_disconnected(tmp_path, tiny_models):  # noqa: F
             assert any(f"lost {n.url}" in line for line in app.query_one(EventLog).lines_text)
 
 
-async def test_switches_to_the_other_url_when_its_node_dies(tmp_path, tiny_models):  # noqa: F811
+async def test_switches_to_the_other_url_when_its_node_dies(tmp_path, tiny_models):
     with running_node(tmp_path, "--model", str(tiny_models["llama"]), "--name", "first") as a, \
             running_node(tmp_path, "--model", str(tiny_models["qwen2"]), "--name", "second") as b:
         app = SwarmTUI([a.url, b.url])
