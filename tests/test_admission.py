@@ -7,6 +7,7 @@ import time
 
 import openai
 import pytest
+from helpers import openai_client
 from node_process import running_node
 from swarm.bench.cluster import get_json
 
@@ -85,7 +86,7 @@ def _wait_for(predicate, timeout: float = 30.0, what: str = "") -> None:
 def test_a_full_node_answers_429_with_retry_after_and_the_admitted_ones_finish_equal(tmp_path, llama):
     kwargs = dict(model="llama", messages=[{"role": "user", "content": "count"}], temperature=0, max_tokens=400)
     with running_node(tmp_path, "--model", str(llama), "--max-active", "1", "--max-queue", "1") as node:
-        client = openai.OpenAI(base_url=node.url + "/v1", api_key="none", max_retries=0, timeout=120)
+        client = openai_client(node.url)
         alone = client.chat.completions.create(**kwargs).choices[0].message.content
 
         def admission() -> dict:
