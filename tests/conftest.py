@@ -83,9 +83,9 @@ def tiny_models(random_model) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def llama(tiny_models) -> Path:
-    """The tiny llama: the model of most single-node tests."""
-    return tiny_models["llama"]
+def llama(random_model) -> Path:
+    """The tiny llama (tiny_models["llama"], built alone when only it is needed): most single-node tests' model."""
+    return random_model("llama", **TINY_SHAPE)
 
 
 @pytest.fixture(scope="module")

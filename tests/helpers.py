@@ -44,15 +44,23 @@ def streamed_text(events: Iterable[dict]) -> str:
     return "".join(piece(e["choices"][0]) for e in events if e.get("choices"))
 
 
+def http_json(url: str, body: dict | None = None, timeout: float = 120) -> tuple[int, dict]:
+    """GET `url`, or POST it a JSON body: (status, JSON answer), an error status included."""
+    return _answer(url, json.dumps(body).encode() if body is not None else None, {}, timeout)
+
+
 def post_raw(node, path: str, body: bytes, headers: dict | None = None, timeout: float = 60) -> tuple[int, dict]:
     """POST these exact bytes to a node's API: (status, JSON answer), an error status included."""
-    req = urllib.request.Request(node.url + path, data=body,
-                                 headers={"Content-Type": "application/json", **(headers or {})})
+    return _answer(node.url + path, body, headers or {}, timeout)
+
+
+def _answer(url: str, data: bytes | None, headers: dict, timeout: float) -> tuple[int, dict]:
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **headers})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+        return e.code, json.loads(e.read() or b"{}")
 
 
 def streamed_answer(chunks) -> dict:

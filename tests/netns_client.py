@@ -46,17 +46,6 @@ def in_netns(ns: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return result["value"]
 
 
-def http_json(url: str, body: dict | None = None, timeout: float = 120) -> tuple[int, dict]:
-    """GET (or POST a JSON body) from inside the current thread's namespace."""
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
-
-
 def sse_events(url: str, body: dict, timeout: float = 300) -> list[dict]:
     """POST a streaming request and collect its data events (until [DONE])."""
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})

@@ -19,8 +19,8 @@ import time
 import numpy as np
 import psutil
 import pytest
-from frame_attacker import HOST, Victim, post_json, start_stranger
-from helpers import eventually
+from frame_attacker import HOST, Victim, start_stranger
+from helpers import eventually, http_json
 from reference import _load, reference_chat
 
 from swarm.bench.cluster import LocalCluster, free_port, get_json
@@ -271,7 +271,7 @@ async def test_token_ids_outside_the_vocabulary_are_refused(swarm, stranger, exp
     await stranger.send_all(first, [Forward.of_tokens(rid, plan_id, 0, stranger.node_id, GREEDY, [1, token])])
     sender, answer = await wait_answer(stranger, rid)
     assert isinstance(answer, Error) and answer.kind == "protocol" and "vocabulary" in answer.message, answer
-    status, reply = post_json(swarm.entry.url + "/v1/chat/completions",
+    status, reply = http_json(swarm.entry.url + "/v1/chat/completions",
                               {"messages": VICTIM, "max_tokens": VICTIM_TOKENS, "temperature": 0})
     assert status == 200 and reply["choices"][0]["message"]["content"] == expected
 
@@ -335,7 +335,7 @@ async def test_a_thousand_hostile_frames_change_nothing(swarm, stranger, expecte
         assert rss1 - rss0 < 200 * 2**20 and fds1 - fds0 < 10
     for node in swarm.nodes:
         assert node.proc.poll() is None, f"{node.node_id} died"
-    status, reply = post_json(swarm.entry.url + "/v1/chat/completions",
+    status, reply = http_json(swarm.entry.url + "/v1/chat/completions",
                               {"messages": VICTIM, "max_tokens": VICTIM_TOKENS, "temperature": 0})
     assert status == 200 and reply["choices"][0]["message"]["content"] == expected
 

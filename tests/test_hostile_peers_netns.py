@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 from discovery.profile import PROTOCOL_VERSION
-from helpers import chat_body
+from helpers import chat_body, http_json
 from netns import netns_unavailable_reason
-from netns_client import http_json, in_netns
+from netns_client import in_netns
 from reference import reference_chat
 from stranger import flood, frame, hello, hello_session, send_and_close
 from swarm_cluster import API_PORT, PEER_PORT, TEST_SPEED, SwarmCluster

@@ -5,16 +5,15 @@ real console script runs in a real terminal (tmux)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 
 import pytest
+from helpers import chat_body, http_json
 from node_process import running_node
 from swarm.bench.cluster import get_json
 
@@ -36,12 +35,6 @@ async def wait_for(pilot, cond, timeout: float = 20.0, what: str = "") -> None:
             return
         await pilot.pause(0.1)
     raise AssertionError(f"timed out waiting for {what or cond}:\n{pilot.app.screen_text()}")
-
-
-def post_json(url: str, body: dict) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        return json.loads(r.read())
 
 
 async def test_nodes_and_layer_ranges_match_topology(node):
@@ -75,8 +68,8 @@ async def test_nodes_and_layer_ranges_match_topology(node):
 
 async def test_chat_streams_the_same_answer_as_a_plain_request(node):
     prompt = "Tell me about swarms."
-    want = post_json(node.url + "/v1/chat/completions", {
-        "messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": 24})
+    status, want = http_json(node.url + "/v1/chat/completions", chat_body(prompt, 24))
+    assert status == 200, want
     app = SwarmTUI([node.url], temperature=0, max_tokens=24)
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.topology is not None, what="a topology")
@@ -150,8 +143,9 @@ async def test_polls_when_the_event_stream_fails(node, monkeypatch):
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: "[polling]" in app.screen_text(), what="polling mode")
         before = sum(n.stats.total_requests for n in app.topology.nodes.values())
-        await asyncio.to_thread(post_json, node.url + "/v1/chat/completions",
-                                {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        status, reply = await asyncio.to_thread(http_json, node.url + "/v1/chat/completions",
+                                                {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        assert status == 200, reply
         await wait_for(pilot, lambda: sum(n.stats.total_requests for n in app.topology.nodes.values()) > before,
                        timeout=5, what="a polled snapshot with the new request")
         await pilot.press("f")   # focus cycles; r refreshes without error
