@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import openai
 import pytest
-from helpers import openai_client
+from helpers import openai_client, wait_until
 from node_process import running_node
 from swarm.bench.cluster import get_json
 
@@ -75,14 +74,6 @@ def test_a_waiter_that_gives_up_frees_its_place():
 
 # -- a real node, the official openai client ------------------------------------------------------
 
-def _wait_for(predicate, timeout: float = 30.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.01)
-
-
 def test_a_full_node_answers_429_with_retry_after_and_the_admitted_ones_finish_equal(tmp_path, llama):
     kwargs = dict(model="llama", messages=[{"role": "user", "content": "count"}], temperature=0, max_tokens=400)
     with running_node(tmp_path, "--model", str(llama), "--max-active", "1", "--max-queue", "1") as node:
@@ -99,7 +90,7 @@ def test_a_full_node_answers_429_with_retry_after_and_the_admitted_ones_finish_e
         t = threading.Thread(target=lambda: second.update(
             text=client.chat.completions.create(**kwargs).choices[0].message.content))
         t.start()
-        _wait_for(lambda: admission()["queued"] == 1, what="the second request never queued")
+        wait_until(lambda: admission()["queued"] == 1, 30, "the second request queued")
         with pytest.raises(openai.RateLimitError) as refused:
             client.chat.completions.create(**kwargs)
         err = refused.value
@@ -110,5 +101,5 @@ def test_a_full_node_answers_429_with_retry_after_and_the_admitted_ones_finish_e
         assert (head.choices[0].delta.content or "") + rest == alone
         t.join(120)
         assert second["text"] == alone
-        _wait_for(lambda: admission()["active"] == 0, what="a slot was never given back")
+        wait_until(lambda: admission()["active"] == 0, 30, "the slot given back")
         assert admission() == {"active": 0, "queued": 0, "max_active": 1, "max_queued": 1, "refused": 1}

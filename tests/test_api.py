@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 
 import pytest
-from helpers import openai_client, post_raw
+from helpers import openai_client, post_raw, wait_until
 from node_process import running_node
 from swarm.bench.cluster import get_json
 
@@ -111,13 +110,8 @@ def test_disconnect_mid_stream_frees_caches(node):
         while seen.count(b"data:") < 3:
             seen += s.recv(4096)
         assert node.health()[1]["active_requests"] == 1
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        health = node.health()[1]
-        if health["active_requests"] == 0 and health["cached_requests"] == 0:
-            break
-        time.sleep(0.1)
-    assert health["active_requests"] == 0 and health["cached_requests"] == 0
+    wait_until(lambda: node.health()[1]["active_requests"] == 0 and node.health()[1]["cached_requests"] == 0, 10,
+               "the request ended and its caches freed")
 
 
 def test_default_model_answers_through_the_api(tmp_path, default_model):

@@ -15,6 +15,7 @@ import threading
 import time
 
 import pytest
+from helpers import eventually
 from peer_nodes import HOST, PeerNode, established_to, hello_bytes, raw_hello_session, token, transport_warnings
 
 from swarm.transport.errors import PeerUnreachable, ProtocolError
@@ -228,7 +229,4 @@ async def test_a_second_connection_from_the_same_peer_replaces_the_first_without
     await b.send("node-a", token(3))
     [(_, message)] = await a.received_async(1)
     assert message.at == 4
-    deadline = time.monotonic() + 5
-    while established_to(a.port, b.port) != 1:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.01)
+    await eventually(lambda: established_to(a.port, b.port) == 1, 5, "one connection between them")
