@@ -21,7 +21,7 @@ import psutil
 import pytest
 from frame_attacker import HOST, Victim, start_stranger
 from helpers import eventually, http_json
-from reference import _load, reference_chat
+from reference import chat_prompt, reference_chat
 
 from swarm.bench.cluster import LocalCluster, free_port, get_json
 from swarm.engine.sampling import SamplingParams
@@ -57,8 +57,7 @@ def expected(llama):
 
 @pytest.fixture(scope="module")
 def prompt_len(llama) -> int:
-    _, tokenizer = _load(str(llama))
-    return len(tokenizer.apply_chat_template(VICTIM, add_generation_prompt=True))
+    return len(chat_prompt(llama, VICTIM))
 
 
 def plan_of(swarm) -> tuple[str, list[dict]]:
