@@ -99,7 +99,8 @@ async def eventually(predicate: Callable[[], Any], timeout: float = 10.0, what: 
                      blocking: bool = False) -> None:
     """Await until `predicate` holds, letting the event loop run between tries; fails past `timeout` s.
 
-    `blocking`: the predicate blocks (it asks a server served by this very loop), so it runs in a thread."""
+    `blocking`: the predicate blocks (an HTTP request, say): it runs in a thread, so that peers this loop
+    serves (a PeerNode's listener) keep answering meanwhile."""
     deadline = time.monotonic() + timeout
     while not (await asyncio.to_thread(predicate) if blocking else predicate()):
         assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what or predicate}"
