@@ -214,6 +214,8 @@ def test_runs_in_a_real_terminal_under_tmux(node):
                              and "q quit" in s and topo.model_id in s)
         assert max(len(line) for line in screen.splitlines()) == 100
         _tmux(sock, "send-keys", "-t", "t", "c")
+        # Type once the prompt has the focus (the hints go): keys sent before land on the node table.
+        wait_screen(lambda s: "q quit" not in s)
         _tmux(sock, "send-keys", "-t", "t", "-l", "hello")
         _tmux(sock, "send-keys", "-t", "t", "Enter")
         screen = wait_screen(lambda s: "> hello" in s and "via " in s and "q quit" not in s)
