@@ -16,7 +16,8 @@ import time
 
 import pytest
 from helpers import eventually
-from peer_nodes import HOST, PeerNode, established_to, hello_bytes, raw_hello_session, token, transport_warnings
+from peer_nodes import (HOST, PeerNode, established_to, frame_bytes, hello_bytes, raw_hello_session, token,
+                        transport_warnings)
 
 from swarm.transport.errors import PeerUnreachable, ProtocolError
 from swarm.transport.frames import FrameParser, encode_frame
@@ -40,7 +41,7 @@ def test_parser_takes_frames_in_any_pieces_and_rejects_lies() -> None:
     got = [f for i in range(len(data)) for f in parser.feed(data[i:i + 1])]  # a byte at a time
     assert [(f.header["t"], f.payload) for f in got] == [("a", b"xyz"), ("b", b"xyzxyz")]
     with pytest.raises(ProtocolError, match="payload"):
-        FrameParser(max_payload=10).feed(b"".join(bytes(p) for p in encode_frame({"t": "x"}, b"y" * 11))[:8])
+        FrameParser(max_payload=10).feed(frame_bytes({"t": "x"}, b"y" * 11)[:8])
     with pytest.raises(ProtocolError):
         FrameParser().feed(b"\0\0\0\3\0\0\0\0\xc1\xc1\xc1")  # a header msgpack cannot decode
 

@@ -13,11 +13,11 @@ import pytest
 from discovery.profile import NodeProfile
 from discovery.profile_exchange import ProfileExchangeError
 from helpers import eventually
-from peer_nodes import HOST, SWARM, PeerNode, hello_bytes, token, transport_warnings
+from peer_nodes import HOST, SWARM, PeerNode, frame_bytes, hello_bytes, token, transport_warnings
 from swarm.transport.arrays import encode_array
 from swarm.transport.connection_budget import ConnectionBudget
 from swarm.transport.errors import HandshakeRejected, PeerUnreachable
-from swarm.transport.frames import MAGIC, encode_frame
+from swarm.transport.frames import MAGIC
 from swarm.transport.handshake import dial, dial_stream
 from swarm.transport.link_crypto import FrameSealer, stretch_secret
 from swarm.transport.link_handshake import LinkAuth
@@ -118,7 +118,7 @@ async def test_an_altered_replayed_or_reordered_frame_closes_that_link_only(seal
     first = b"".join(seal_frame(conn._sealer, *token(1).to_frame()))
     second = b"".join(seal_frame(conn._sealer, *token(2).to_frame()))
     sent = {"flip": first[:-1] + bytes([first[-1] ^ 1]), "replay": first + first, "reorder": second,
-            "plain": b"".join(bytes(p) for p in encode_frame(*token(1).to_frame()))}[attack]
+            "plain": frame_bytes(*token(1).to_frame())}[attack]
     conn.sock.setblocking(True)
     conn.sock.sendall(sent)
     await eventually(lambda: b.links.link("node-x") is None)
