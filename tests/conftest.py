@@ -1,4 +1,12 @@
-"""Fixtures every test module gets by name, without importing them: models, a node, a client, test hosts.
+"""Fixtures every test module gets by name, without importing them.
+
+    default_model         the built-in default model (resolved once per session)
+    tiny_models, llama    small random-weight models per family; the llama alone
+    random_model(...)     any random-weight model, built once per session per set of arguments
+    model                 the module's random model: its MODEL dict, else helpers.WIDE_QWEN3
+    node, client          a real `swarm-node` serving the tiny llama (plus the module's NODE_ARGS and
+                          NODE_ENV), and the official openai client for it
+    netns_hosts(n)        n hosts in private network namespaces
 
 Plain helper functions are in helpers.py (imported normally); real harnesses in their own modules
 (node_process.py, swarm_cluster.py, netns.py, peer_nodes.py, ...).
