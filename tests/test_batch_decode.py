@@ -22,8 +22,7 @@ from swarm.engine.sampling import SamplingParams
 from swarm.engine.shard import load_shard
 from swarm.engine.shard_runner import ShardRunner
 from swarm.node.config import DEFAULT_BATCH_DECODE
-from model_zoo import build_random_model
-
+from helpers import NARROW_SHAPE, chat_body
 from reference import reference_chat
 
 MAX_TOKENS = 24
@@ -33,18 +32,10 @@ PROMPTS = ["Tell me about cats.", "Count to twenty, please.", "What is a bridge?
 
 def _chat(url: str, content: str) -> str:
     model = get_json(url + "/v1/models")[1]["data"][0]["id"]
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": content}],
-                       "max_tokens": MAX_TOKENS, "temperature": 0}).encode()
+    body = json.dumps({"model": model, **chat_body(content, MAX_TOKENS)}).encode()
     req = urllib.request.Request(url + "/v1/chat/completions", body, {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=300) as r:
         return json.loads(r.read())["choices"][0]["message"]["content"]
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory) -> Path:
-    # Wide enough that a step takes a few ms, so steps of other requests queue behind it.
-    return build_random_model(tmp_path_factory.mktemp("batch") / "m", family="qwen3", n_layers=6, hidden=256,
-                              heads=8, kv_heads=2, intermediate=768, seed=7)
 
 
 # The families the unrolled batched pass is allowed for, then families it must not
@@ -56,9 +47,8 @@ OTHERS = ["glm4", "ministral", "gemma3_text", "gpt_oss", "deepseek_v3", "granite
 
 
 @pytest.fixture(scope="module", params=UNROLLED + OTHERS)
-def family_model(request, tmp_path_factory) -> tuple[str, Path]:
-    return request.param, build_random_model(tmp_path_factory.mktemp(request.param) / "m", family=request.param,
-                                             n_layers=6, hidden=128, heads=4, kv_heads=2, intermediate=256, seed=7)
+def family_model(request, random_model) -> tuple[str, Path]:
+    return request.param, random_model(request.param, **NARROW_SHAPE)
 
 
 @pytest.mark.parametrize("bounds", [(0, None), (0, 2), (2, 5), (5, None)])
