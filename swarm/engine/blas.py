@@ -25,6 +25,8 @@ import signal
 import sys
 from pathlib import Path
 
+from .. import environment
+
 _SYMBOL = "cblas_sgemm"
 BUNDLED_BLAS = "bundled reference BLAS"  # what blas_in_use says when nothing is preloaded
 
@@ -66,7 +68,7 @@ def find_optimized_blas() -> Path | None:
     """The first installed optimized BLAS exporting cblas_sgemm, or None."""
     if not sys.platform.startswith("linux"):
         return None  # macOS MLX uses Accelerate; nothing to preload
-    override = os.environ.get("SWARM_BLAS", "")
+    override = environment.BLAS.get() or ""
     if override and override.lower() not in ("off", "auto"):
         p = Path(override)
         return p if p.is_file() and exports_sgemm(p) else None
@@ -85,9 +87,9 @@ def reexec_env(blas: Path, env: dict[str, str]) -> dict[str, str]:
     """`env` with `blas` first in LD_PRELOAD, SWARM_BLAS_ACTIVE set, and OpenBLAS's spin shortened
     (a value the user set is kept)."""
     new = dict(env)
-    new.setdefault("OPENBLAS_THREAD_TIMEOUT", SPIN_LOG2_CYCLES)
+    new.setdefault(environment.OPENBLAS_THREAD_TIMEOUT.name, SPIN_LOG2_CYCLES)
     new["LD_PRELOAD"] = ":".join([str(blas), *_preloaded(env)])
-    new["SWARM_BLAS_ACTIVE"] = str(blas)
+    new[environment.BLAS_ACTIVE.name] = str(blas)
     return new
 
 
@@ -101,9 +103,9 @@ def maybe_reexec_with_blas(argv: list[str], module: str = "swarm.cli") -> None:
     SIGINT held: `module` calls release_interrupt() once it has its handler.
     """
     env = dict(os.environ)
-    if not sys.platform.startswith("linux") or env.get("SWARM_BLAS", "").lower() == "off":
+    if not sys.platform.startswith("linux") or environment.BLAS.is_off(env):
         return
-    if env.get("SWARM_BLAS_ACTIVE"):
+    if environment.BLAS_ACTIVE.get(env):
         return  # already re-executed once; never loop even if LD_PRELOAD was dropped
     blas = find_optimized_blas()
     if blas is None:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .. import environment
 
 DEFAULT_API_PORT = 8800
 DEFAULT_PEER_PORT = 8801
@@ -20,7 +21,7 @@ DEFAULT_MAX_QUEUE = 64
 
 
 def default_state_dir() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    base = environment.XDG_STATE_HOME.get() or Path.home() / ".local" / "state"
     return Path(base).expanduser() / "swarm"
 
 

@@ -25,11 +25,6 @@ class LogLimiter:
         self._seen: dict[Hashable, list] = {}  # key -> [last logged at, held back since]
         self.count = 0  # every line asked for, logged or not (what a node reports as refused)
 
-    def forget(self) -> None:
-        """Start over, as a new process would (tests: one process runs many nodes)."""
-        with self._lock:
-            self._seen.clear()
-
     def once(self, key: Hashable, msg: str, *args: Any) -> None:
         """At `level` the first time for `key`, at DEBUG after that."""
         with self._lock:

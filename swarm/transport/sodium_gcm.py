@@ -16,7 +16,7 @@ SWARM_SODIUM=off; link_crypto.py then uses `cryptography` for these frames too.
 
 from __future__ import annotations
 
-import os
+from .. import environment
 
 try:
     from nacl._sodium import ffi, lib
@@ -25,7 +25,7 @@ except ImportError:  # no PyNaCl, or a build without this module
 
 
 def _usable() -> bool:
-    if lib is None or os.environ.get("SWARM_SODIUM", "").lower() == "off":
+    if lib is None or environment.SODIUM.is_off():
         return False
     try:
         return lib.sodium_init() >= 0 and lib.crypto_aead_aes256gcm_is_available() == 1
