@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import mlx.core as mx
 
+from . import environment
+
 KINDS = ("metal", "cuda", "cpu")
-STANDIN_ENV = "SWARM_DEVICE_STANDIN"
+STANDIN_ENV = environment.DEVICE_STANDIN.name
 
 # What a profile's memory_kind says the offered bytes are.
 MEMORY_KINDS = {"cuda": "gpu", "metal": "working_set", "cpu": "ram"}
@@ -136,7 +137,7 @@ def _int(value: object) -> int | None:
 
 def detect() -> Backend:
     """This process's backend, from MLX: Metal, else CUDA, else the CPU (or the stand-in, see above)."""
-    standin = os.environ.get(STANDIN_ENV)
+    standin = environment.DEVICE_STANDIN.get()
     if standin:
         info = json.loads(standin)
         return Backend.from_device_info(info["kind"], info)

@@ -11,7 +11,6 @@ from swarm.backend import Backend
 from swarm.engine.sampling import SamplingParams
 from swarm.engine.shard import load_shard
 from swarm.engine.shard_runner import ShardRunner
-from model_zoo import build_random_model
 
 GREEDY = SamplingParams()
 SAMPLED = SamplingParams(temperature=0.9, top_p=0.95, seed=11)
@@ -19,8 +18,8 @@ PROMPT = [5, 9, 13, 2, 7, 1, 3, 9, 2]
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return build_random_model(tmp_path_factory.mktemp("ahead") / "m", family="llama", n_layers=4, seed=3)
+def model(random_model):
+    return random_model("llama", n_layers=4, seed=3)
 
 
 @pytest.fixture

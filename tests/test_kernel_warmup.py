@@ -11,12 +11,11 @@ from swarm.engine.kernel_warmup import mlx_warm_up
 from swarm.engine.sampling import SamplingParams
 from swarm.engine.shard import load_shard
 from swarm.engine.shard_runner import ShardRunner
-from model_zoo import build_random_model
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
-def test_warm_up_runs_on_every_stage_and_changes_no_token(tmp_path, family):
-    model = build_random_model(tmp_path / family, family=family, n_layers=4, seed=5)
+def test_warm_up_runs_on_every_stage_and_changes_no_token(random_model, family):
+    model = random_model(family, n_layers=4, seed=5)
     for start, end in ((0, 2), (2, None), (0, None)):
         shard = load_shard(model, start, end)
         mlx_warm_up(shard, (1, 2, 4, 8))

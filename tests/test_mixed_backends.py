@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 
-from model_fixtures import tiny_models  # noqa: F401
-
 from swarm.bench.client import stream_completion
 from swarm.bench.cluster import LocalCluster, get_json
 from swarm.bench.measure import Expected, MlxLmAlone
@@ -22,8 +20,8 @@ MAC = {"kind": "metal", "device_name": "stand-in M2", "memory_size": 4096 * MiB,
        "max_recommended_working_set_size": 1536 * MiB}
 
 
-def test_cpu_cuda_and_metal_nodes_plan_by_their_own_memory_and_answer_exactly(tmp_path, tiny_models):
-    model = tiny_models["llama"]
+def test_cpu_cuda_and_metal_nodes_plan_by_their_own_memory_and_answer_exactly(tmp_path, llama):
+    model = llama
     env = {1: {STANDIN_ENV: json.dumps(CARD)}, 2: {STANDIN_ENV: json.dumps(MAC)}}
     # every node offers at most 2 GiB: the CPU node's RAM is capped there, the card and the Mac offer less
     with LocalCluster(3, tmp_path, str(model), "2G", ready_timeout=300, node_env=env, log_level="INFO") as cluster:
@@ -56,11 +54,11 @@ def test_cpu_cuda_and_metal_nodes_plan_by_their_own_memory_and_answer_exactly(tm
             assert Expected(tuple(t for t in want if t not in eos), "", eos).matches(run), (run.token_ids, want)
 
 
-def test_a_whole_model_gpu_node_decodes_ahead_and_answers_exactly(tmp_path, tiny_models):
+def test_a_whole_model_gpu_node_decodes_ahead_and_answers_exactly(tmp_path, llama):
     """One node of a GPU backend (a stand-in) builds each next step before reading the token
     (engine/decode_ahead.py): its greedy tokens are mlx-lm's, alone and beside other streams."""
     from swarm.bench.client import concurrent_completions
-    model = tiny_models["llama"]
+    model = llama
     with LocalCluster(1, tmp_path, str(model), "2G", node_env={0: {STANDIN_ENV: json.dumps(CARD)}}) as cluster:
         device = get_json(cluster.entry.url + "/health")[1]["device"]
         assert device["kind"] == "cuda" and device["decode_ahead"], device

@@ -5,23 +5,15 @@ that a detokenizer drops is no difference)."""
 from __future__ import annotations
 
 import pytest
-from model_fixtures import tiny_models  # noqa: F401
-from node_process import running_node
+from helpers import post_raw
 
 from swarm.bench.client import stream_completion
 from swarm.bench.measure import Expected, MlxLmAlone
-from test_api import post_raw
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory, tiny_models):
-    with running_node(tmp_path_factory.mktemp("ids"), "--model", str(tiny_models["llama"])) as n:
-        yield n
-
-
-@pytest.fixture(scope="module")
-def alone(tiny_models):
-    a = MlxLmAlone(tiny_models["llama"], cast_float32=True)  # the node's weights on this CPU (dtype auto)
+def alone(llama):
+    a = MlxLmAlone(llama, cast_float32=True)  # the node's weights on this CPU (dtype auto)
     yield a
     a.close()
 

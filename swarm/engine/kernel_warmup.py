@@ -30,7 +30,7 @@ def mlx_warm_up(shard: Shard, widths: tuple[int, ...]) -> None:
     caches = shard.make_caches()
     mx.eval(shard(shard.example_input(PROMPT_POSITIONS), caches), caches.arrays())
     mx.eval(shard(shard.example_input(1), caches), caches.arrays())
-    if shard.can_batch:
+    if shard.takes_padded_batches:
         for width in widths:
             if width < 2:
                 continue

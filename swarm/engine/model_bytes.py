@@ -23,7 +23,7 @@ from mlx_lm.models.cache import CacheList, make_prompt_cache
 from mlx_lm.utils import load_model
 
 from . import families
-from .model_outline import BETWEEN, POST, PRE, outline
+from .model_outline import BETWEEN, POST, PRE, Outline, outline
 from .quantized import QUANTIZED
 
 
@@ -123,10 +123,11 @@ def model_float_dtype(model) -> mx.Dtype:
     return mx.float32
 
 
-def measure_model_bytes(model_dir: Path, dtype: mx.Dtype | None, dequantize: bool = False) -> ModelBytes:
+def measure_model_bytes(model_dir: Path, dtype: mx.Dtype | None, dequantize: bool = False,
+                        outlined: Outline | None = None) -> ModelBytes:
+    """`outlined`: the model's outline (engine/shard.py, check_splittable), else it is outlined here."""
     model, _ = load_model(Path(model_dir), lazy=True)  # lazy: shapes only, nothing read
-    family = families.family_of(model)
-    plan = outline(model, family)
+    outlined = outlined or outline(model, families.family_of(model))
     layers = list(model.layers)
     per_layer = tuple(_tree_bytes(layer, dtype, dequantize) for layer in layers)
     inside = {id(m) for layer in layers for _, m in layer.named_modules()}
@@ -135,7 +136,7 @@ def measure_model_bytes(model_dir: Path, dtype: mx.Dtype | None, dequantize: boo
         if id(m) not in inside:
             prefix = f"{path}." if path else ""
             outside.update({prefix + key: size for key, size in _own_bytes(m, dtype, dequantize).items()})
-    embedding = sum(b for p, b in outside.items() if plan.phases(p) & {PRE, BETWEEN})
-    head = sum(b for p, b in outside.items() if plan.phases(p) & {POST, BETWEEN})
+    embedding = sum(b for p, b in outside.items() if outlined.phases(p) & {PRE, BETWEEN})
+    head = sum(b for p, b in outside.items() if outlined.phases(p) & {POST, BETWEEN})
     act_bytes = (dtype or model_float_dtype(model)).size  # the caches hold what the layers compute in
-    return ModelBytes(per_layer, embedding, head, _layer_caches(model, plan.cache_slots, act_bytes))
+    return ModelBytes(per_layer, embedding, head, _layer_caches(model, outlined.cache_slots, act_bytes))
