@@ -21,6 +21,7 @@ from .admission import Admission
 from .auth import api_key_middleware, bearer_matches
 from .completions import CompletionRoutes
 from .errors import ApiError, error_middleware
+from .generation import Generation
 from .request_gate import RequestGate
 from .request_parsing import BODY_TIMEOUT, BODY_TIMEOUT_S
 from .topology_routes import TopologyRoutes
@@ -37,7 +38,8 @@ def make_app(service: InferenceService, status: NodeStatus, events: EventBus, mo
     middlewares = [api_key_middleware(api_key), error_middleware] + ([gate.middleware] if gate else [])
     app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
     app[BODY_TIMEOUT] = body_timeout
-    CompletionRoutes(service, model_id, admission, defaults).add_to(app)
+    generation = Generation(service, model_id, admission, defaults)
+    CompletionRoutes(generation).add_to(app)
     model = {"id": model_id, "object": "model", "created": int(time.time()), "owned_by": "swarm"}
 
     async def models(_request):
