@@ -12,7 +12,7 @@ from ..entry.pipeline import NoPipeline
 from ..entry.service import Finished, PromptScores, TextDelta, TokenScore
 from .errors import ApiError
 from .generation import Generation, chained, no_pipeline_error
-from .request_fields import CHAT_FIELDS, COMPLETION_FIELDS, check_fields
+from .request_fields import CHAT_FIELDS, COMPLETION_FIELDS, check_fields, report_ignored
 from .request_parsing import CompletionParams, parse_messages, parse_prompt, read_json_object
 from .response_format import parse_response_format
 from .response_shapes import ChatShape, Collected, TextShape, TokenTexts
@@ -32,7 +32,7 @@ class CompletionRoutes:
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await read_json_object(request)
-        check_fields(body, CHAT_FIELDS)
+        report_ignored(request, check_fields(body, CHAT_FIELDS, reasoning=self.service.chat_prompt.reasons))
         messages = parse_messages(body)
         tools = parse_tools(body)
         schema = parse_response_format(body)
@@ -48,7 +48,7 @@ class CompletionRoutes:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await read_json_object(request)
-        check_fields(body, COMPLETION_FIELDS)
+        report_ignored(request, check_fields(body, COMPLETION_FIELDS))
         text = parse_prompt(body)
         params = self._params(body, chat=False)
         prompt = self.generation.encode_text(text)
