@@ -18,6 +18,7 @@ from ..events import EventBus
 from ..models.generation_defaults import GenerationDefaults
 from ..status.node_status import NodeStatus
 from .admission import Admission
+from .anthropic_routes import AnthropicRoutes
 from .auth import api_key_middleware, bearer_matches
 from .completions import CompletionRoutes
 from .errors import ApiError, error_middleware
@@ -42,6 +43,7 @@ def make_app(service: InferenceService, status: NodeStatus, events: EventBus, mo
     app.on_response_prepare.append(ignored_header)
     generation = Generation(service, model_id, admission, defaults)
     CompletionRoutes(generation).add_to(app)
+    AnthropicRoutes(generation).add_to(app)
     model = {"id": model_id, "object": "model", "created": int(time.time()), "owned_by": "swarm"}
 
     async def models(_request):

@@ -57,9 +57,7 @@ class CompletionRoutes:
 
     def _params(self, body: dict, chat: bool) -> CompletionParams:
         params = self.generation.params(body, chat)
-        if params.model is not None and params.model != self.model_id:
-            raise ApiError(404, f"model {params.model!r} is not served here; this swarm serves "
-                                f"{self.model_id!r}", param="model", code="model_not_found")
+        self.generation.check_model(params.model)
         return params
 
     async def _respond(self, request, prompt: list[int], params: CompletionParams, rules: DecodingRules | None,

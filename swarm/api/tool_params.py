@@ -70,16 +70,19 @@ def _list(tools) -> list:
     return tools
 
 
+def check_tool_name(name, where: str) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ApiError(400, f"{where} must be 1-64 letters, digits, '_' or '-', got {name!r}", param=where)
+    return name
+
+
 def _tool(tool, i: int) -> dict:
     where = f"tools[{i}]"
     if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
         raise ApiError(400, f"{where} must be {{'type': 'function', 'function': {{...}}}} (only function tools "
                             f"are supported)", param=where)
     f = tool["function"]
-    name = f.get("name")
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise ApiError(400, f"{where}.function.name must be 1-64 letters, digits, '_' or '-', got {name!r}",
-                       param=f"{where}.function.name")
+    name = check_tool_name(f.get("name"), f"{where}.function.name")
     description = f.get("description")
     if description is not None and not isinstance(description, str):
         raise ApiError(400, f"{where}.function.description must be a string", param=f"{where}.function.description")
