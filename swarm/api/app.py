@@ -22,7 +22,9 @@ from .auth import api_key_middleware, bearer_matches
 from .completions import CompletionRoutes
 from .errors import ApiError, error_middleware
 from .generation import Generation
+from .request_fields import ignored_header
 from .request_gate import RequestGate
+from .responses_routes import ResponsesRoutes
 from .request_parsing import BODY_TIMEOUT, BODY_TIMEOUT_S
 from .topology_routes import TopologyRoutes
 
@@ -38,8 +40,10 @@ def make_app(service: InferenceService, status: NodeStatus, events: EventBus, mo
     middlewares = [api_key_middleware(api_key), error_middleware] + ([gate.middleware] if gate else [])
     app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
     app[BODY_TIMEOUT] = body_timeout
+    app.on_response_prepare.append(ignored_header)
     generation = Generation(service, model_id, admission, defaults)
     CompletionRoutes(generation).add_to(app)
+    ResponsesRoutes(generation).add_to(app)
     model = {"id": model_id, "object": "model", "created": int(time.time()), "owned_by": "swarm"}
 
     async def models(_request):

@@ -1,7 +1,7 @@
 """The optional API key: `Authorization: Bearer <key>`, as OpenAI's clients send it.
 
 With a key (node_secrets.api_key: --api-key, $SWARM_API_KEY or the state dir's `api-key`),
-every route but /health answers 401 without it, in OpenAI's error shape, before anything
+every route but /health answers 401 without it, in the error shape of the API called (errors.py), before anything
 else runs: chat and completions, models, the topology and its event stream. /health stays
 open (load balancers and peers poll it) and tells a caller without the key only whether the
 node can serve (status/node_status.py). Without a key, everything is open, as before.
@@ -35,7 +35,7 @@ def api_key_middleware(key: str | None):
         response = error_response(
             401, "Incorrect API key provided." if given else
             "You didn't provide an API key. This node requires one: 'Authorization: Bearer <key>'.",
-            code="invalid_api_key")
+            code="invalid_api_key", path=request.path)
         response.headers["WWW-Authenticate"] = 'Bearer realm="swarm"'
         return response
     return require_api_key

@@ -8,7 +8,15 @@ by name rather than silently dropped. A field sent as null counts as left out.
 
 from __future__ import annotations
 
+import logging
+
+from aiohttp import web
+
 from .errors import ApiError
+
+log = logging.getLogger(__name__)
+IGNORED_HEADER = "x-swarm-ignored"
+_IGNORED = "swarm_ignored"  # the request's list of fields accepted without effect
 
 # Applied. (top_k and repetition_penalty are vLLM's extensions, as mlx-lm's server takes them.)
 _SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
@@ -58,3 +66,17 @@ def check_fields(body: dict, allowed: set[str]) -> None:
     if body.get("metadata") is not None and not (
             isinstance(body["metadata"], dict) and all(isinstance(v, str) for v in body["metadata"].values())):
         raise ApiError(400, "'metadata' must be an object of string values", param="metadata")
+
+
+def report_ignored(request: web.Request, names: list[str]) -> None:
+    """Fields accepted that change nothing here: named in the log and in the x-swarm-ignored header."""
+    if names:
+        request[_IGNORED] = list(names)
+        log.info("%s %s: accepted and ignored (nothing here changes with them): %s", request.method, request.path,
+                 ", ".join(names))
+
+
+async def ignored_header(request: web.Request, response: web.StreamResponse) -> None:
+    """app.on_response_prepare: the header goes on streamed answers too, before their first byte."""
+    if names := request.get(_IGNORED):
+        response.headers[IGNORED_HEADER] = ", ".join(names)

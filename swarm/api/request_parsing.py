@@ -125,20 +125,20 @@ def _tool_calls(calls, where: str) -> list[dict]:
             raise ApiError(400, f"{where}[{j}] must be {{'id': ..., 'type': 'function', 'function': {{'name': "
                                 f"string, 'arguments': JSON string}}}}", param=f"{where}[{j}]")
         out.append({"id": str(c.get("id") or f"call_{j}"), "type": "function",
-                    "function": {"name": f["name"], "arguments": _valid_text(f["arguments"], f"{where}[{j}]")}})
+                    "function": {"name": f["name"], "arguments": valid_text(f["arguments"], f"{where}[{j}]")}})
     return out
 
 
 def _message_text(content, where: str) -> str:
     if isinstance(content, str):
-        return _valid_text(content, f"{where}.content")
+        return valid_text(content, f"{where}.content")
     if isinstance(content, list):  # content parts: only text is supported
         texts = []
         for j, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise ApiError(400, f"{where}.content[{j}] must be a text part {{'type': 'text', 'text': ...}}",
                                param=f"{where}.content")
-            texts.append(_valid_text(part["text"], f"{where}.content"))
+            texts.append(valid_text(part["text"], f"{where}.content"))
         return "".join(texts)
     raise ApiError(400, f"{where}.content must be a string or an array of text parts", param=f"{where}.content")
 
@@ -149,10 +149,10 @@ def parse_prompt(body: dict) -> str:
         prompt = prompt[0]
     if not isinstance(prompt, str) or not prompt:
         raise ApiError(400, "'prompt' must be a non-empty string", param="prompt")
-    return _valid_text(prompt, "prompt")
+    return valid_text(prompt, "prompt")
 
 
-def _valid_text(text: str, param: str) -> str:
+def valid_text(text: str, param: str) -> str:
     """JSON may carry lone UTF-16 surrogates ("\\ud800"), which no tokenizer can encode."""
     try:
         text.encode("utf-8")
@@ -269,7 +269,7 @@ def _parse_stop(stop) -> list[str]:
         raise ApiError(400, "'stop' must be a string or an array of strings", param="stop")
     if len(stop) > MAX_STOP_STRINGS:
         raise ApiError(400, f"'stop' takes at most {MAX_STOP_STRINGS} strings", param="stop")
-    return [_valid_text(s, "stop") for s in stop if s]
+    return [valid_text(s, "stop") for s in stop if s]
 
 
 def _opt_int(body: dict, name: str, lo: int | None, hi: int | None, hi_name: str = "") -> int | None:
