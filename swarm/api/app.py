@@ -1,4 +1,4 @@
-"""The node's HTTP server: OpenAI-compatible chat plus health and models.
+"""The node's HTTP server: OpenAI-compatible chat and Responses, Ollama's API, plus health and models.
 
 Hardened for a network with strangers on it: an optional API key (auth.py), bodies of at
 most MAX_BODY_BYTES that must arrive within the HTTP timeout (request_parsing.py), and,
@@ -23,8 +23,11 @@ from .auth import api_key_middleware, bearer_matches
 from .completions import CompletionRoutes
 from .errors import ApiError, error_middleware
 from .generation import Generation
+from .ollama_models import OllamaModel
+from .ollama_routes import OllamaRoutes
 from .request_fields import ignored_header
 from .request_gate import RequestGate
+from .responses_routes import ResponsesRoutes
 from .request_parsing import BODY_TIMEOUT, BODY_TIMEOUT_S
 from .topology_routes import TopologyRoutes
 
@@ -44,6 +47,10 @@ def make_app(service: InferenceService, status: NodeStatus, events: EventBus, mo
     generation = Generation(service, model_id, admission, defaults)
     CompletionRoutes(generation).add_to(app)
     AnthropicRoutes(generation).add_to(app)
+    ResponsesRoutes(generation).add_to(app)
+    template = getattr(service.tokenizer, "chat_template", None)
+    OllamaRoutes(generation, OllamaModel(model_id, status.model, template if isinstance(template, str) else None)
+                 ).add_to(app)
     model = {"id": model_id, "object": "model", "created": int(time.time()), "owned_by": "swarm"}
 
     async def models(_request):
