@@ -48,7 +48,8 @@ from .entry.stats import RequestStats
 from .entry.swarm_pipeline import SwarmPipelines
 from .api.bootstrap_app import make_bootstrap_app
 from .models.generation_defaults import generation_defaults
-from .models.resolve import LocalModel, describe_model, is_local_spec, models_root, resolve_model
+from .models.resolve import (LocalModel, describe_model, is_local_spec, models_root, resolve_model,
+                             where_not_found)
 from . import peer_security
 from .node_config import NodeConfig
 from .node_ports import port_error
@@ -382,8 +383,9 @@ class Node:
         try:
             await _bound("api", cfg.api_host, cfg.api_port, web.TCPSite(runner, cfg.api_host, cfg.api_port).start)
             root = models_root(cfg.cache_dir)
-            model_id, manifest = await model_files_from_peers(None if cfg.join else cfg.model, discovery,
-                                                              weights.open_link, root, weights, report)
+            model_id, manifest = await model_files_from_peers(
+                None if cfg.join else cfg.model, discovery, weights.open_link, root, weights, report,
+                not_here="" if cfg.join else where_not_found(cfg.model), swarm=cfg.swarm)
             self.model = describe_model(weights.store.root, model_id, root, manifest)
             self._from_peers = True
             self._check_model()
