@@ -52,7 +52,7 @@ from .models.resolve import (LocalModel, describe_model, is_local_spec, models_r
                              where_not_found)
 from . import peer_security
 from .node_config import NodeConfig
-from .node_ports import port_error
+from .node_ports import port_error, reachable_urls
 from .node_secrets import Secret, api_key, swarm_secret
 from .planning.coordinator import Coordinator
 from .stage.sender_rules import SenderRules
@@ -354,10 +354,8 @@ class Node:
         consumer = asyncio.create_task(_consume_peer_events(peer_events, stage_service, coordinator),
                                        name="peer-events")
         self._stops.append(lambda: _cancel(consumer))
-        host = cfg.api_host if cfg.api_host not in ("0.0.0.0", "::", "") else "127.0.0.1"
-        host = f"[{host}]" if ":" in host else host
-        url = f"http://{host}:{runner.addresses[0][1]}/v1"
-        ready = asyncio.create_task(_say_ready(coordinator, url), name="say-ready")
+        urls = reachable_urls(cfg.api_host, runner.addresses[0][1])
+        ready = asyncio.create_task(_say_ready(coordinator, urls), name="say-ready")
         self._stops.append(lambda: _cancel(ready))
 
     async def _start(self, start, stop) -> None:
@@ -441,14 +439,15 @@ async def _consume_peer_events(events: asyncio.Queue[PeerEvent], stage_service: 
             log.exception("handling %s of %s failed", event.kind, event.node_id)
 
 
-async def _say_ready(coordinator: Coordinator, url: str) -> None:
-    """One line once the first whole pipeline serves: where to send requests."""
+async def _say_ready(coordinator: Coordinator, urls: list[str]) -> None:
+    """One line once the first whole pipeline serves: where to send requests (every address, when the
+    API listens on all of them)."""
     while True:
         try:
             await coordinator.agreed_plan()
         except NoPipeline:
             continue  # the coordinator logs why (e.g. the swarm cannot hold the model)
-        log.info("ready: %s", url)
+        log.info("ready: %s%s", urls[0], f" (also {', '.join(urls[1:])})" if urls[1:] else "")
         return
 
 

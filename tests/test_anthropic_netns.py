@@ -91,7 +91,7 @@ def test_a_tool_round_trip(swarm):
     conversation = [*ask, {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in asked.content]},
                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
                                                   "content": json.dumps({"sky": "sunny", "celsius": 24})}]}]
-    answer = call(swarm, lambda c: c.messages.create(model=MODEL, max_tokens=60, messages=conversation,
+    answer = call(swarm, lambda c: c.messages.create(model=MODEL, max_tokens=40, messages=conversation,
                                                      tools=[WEATHER]))
     assert answer.stop_reason in ("end_turn", "tool_use", "max_tokens") and answer.content, answer
     counted = call(swarm, lambda c: c.messages.count_tokens(model=MODEL, messages=conversation, tools=[WEATHER]))
