@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from aiohttp import web
 
-from ..entry.pipeline import NoPipeline
+from ..planning.errors import NoPipeline
 from ..entry.service import Finished, TextDelta
 from .anthropic_request import MessagesRequest, parse_messages_request
 from .anthropic_shapes import ContentBlocks, MessageShape
