@@ -2,7 +2,7 @@
 
 Hardened for a network with strangers on it: an optional API key (auth.py), bodies of at
 most MAX_BODY_BYTES that must arrive within the HTTP timeout (request_parsing.py), and,
-set where the server is run (node.py): a connection that sends no complete request within
+set where the server is run (node/node.py): a connection that sends no complete request within
 that timeout is closed (aiohttp's keep-alive timeout, which also covers unfinished
 headers), and at most so many connections per address (connection_cap.py).
 """
@@ -26,8 +26,8 @@ from .ollama_models import OllamaModel
 from .ollama_routes import OllamaRoutes
 from .request_fields import ignored_header
 from .request_gate import RequestGate
-from .responses_routes import ResponsesRoutes
 from .request_parsing import BODY_TIMEOUT, BODY_TIMEOUT_S
+from .responses_routes import ResponsesRoutes
 from .topology_routes import TopologyRoutes
 
 MAX_BODY_BYTES = 4 * 1024 * 1024

@@ -8,7 +8,7 @@ from contextlib import aclosing
 from aiohttp import web
 
 from ..engine.decoding_rules import DecodingRules
-from ..entry.pipeline import NoPipeline
+from ..planning.errors import NoPipeline
 from ..entry.service import Finished, PromptScores, TextDelta, TokenScore
 from .errors import ApiError
 from .generation import Generation, chained, no_pipeline_error

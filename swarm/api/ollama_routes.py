@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from aiohttp import web
 
-from ..entry.pipeline import NoPipeline
+from ..planning.errors import NoPipeline
 from ..entry.service import Finished, TextDelta
 from .errors import ApiError
 from .generation import Generation

@@ -13,7 +13,7 @@ from contextlib import aclosing
 
 from aiohttp import web
 
-from ..entry.pipeline import NoPipeline
+from ..planning.errors import NoPipeline
 from ..entry.service import Finished, TextDelta
 from .errors import ApiError
 from .generation import Generation
