@@ -43,10 +43,11 @@ def in_netns(ns: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return result["value"]
 
 
-def http_json(url: str, body: dict | None = None, timeout: float = 120) -> tuple[int, dict]:
+def http_json(url: str, body: dict | None = None, timeout: float = 120,
+              headers: dict | None = None) -> tuple[int, dict]:
     """GET (or POST a JSON body) from inside the current thread's namespace."""
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, json.loads(r.read())
