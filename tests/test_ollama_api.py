@@ -18,6 +18,7 @@ import pytest
 from model_fixtures import tiny_models  # noqa: F401
 from model_zoo import build_random_model
 from node_process import running_node
+from test_responses_api import assert_gone_mid_stream_frees
 
 # What the ollama client sends of a tool: its Tool model keeps type, properties, required (not
 # additionalProperties), so this is the schema a call can be held to.
@@ -244,3 +245,9 @@ def test_the_node_keeps_serving_after_bad_bodies(node, client):
     assert status == 413 and json.loads(raw)["error"]
     assert client.chat(model="llama", messages=ASK, options={"num_predict": 2}).done
     assert node.health()[0] == 200
+
+
+def test_a_client_gone_mid_stream_frees_the_request(node):
+    assert_gone_mid_stream_frees(node, "/api/chat", {"model": "llama", "messages": ASK,
+                                                     "options": {"num_predict": 4000, "temperature": 0.8}},
+                                 b'"done":false')
