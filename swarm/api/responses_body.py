@@ -113,7 +113,8 @@ def _check_fields(body: dict) -> list[str]:
                                                    f"(it is refused rather than ignored)"),
                            param=name, code="unsupported_parameter")
         _check_no_effect(name, value)
-        ignored.append(name)
+        if value not in ([], {}):  # an empty list or object asks for nothing at all
+            ignored.append(name)
     text = body.get("text")
     if isinstance(text, dict) and text.get("verbosity") is not None:
         if text["verbosity"] not in ("low", "medium", "high"):
