@@ -163,6 +163,8 @@ BAD_BODIES = [
     ({**OK, "input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, 400, "input[0].call_id"),
     ({**OK, "input": [{"type": "function_call_output", "call_id": "c", "output": 5}]}, 400, "input[0].output"),
     ({**OK, "input": "x\ud800"}, 400, "input"),
+    ({**OK, "input": "word " * 200_000}, 400, "input"),
+    ({**OK, "input": [{"role": "user", "content": "x"}] * 5000}, 400, "input"),
     ({**OK, "instructions": ["be brief"]}, 400, "instructions"),
     ({**OK, "max_output_tokens": 0}, 400, "max_output_tokens"),
     ({**OK, "max_output_tokens": "many"}, 400, "max_output_tokens"),
