@@ -50,6 +50,12 @@ class Generation:
         """Sampling and limits from a body in chat-completions form (a face translates its own into it)."""
         return parse_params(body, self.service.context_length, self.service.vocab_size, self.defaults, chat)
 
+    def check_model(self, requested: str | None) -> None:
+        """A 404 when the request names a model this swarm does not serve (None: the one it serves)."""
+        if requested is not None and requested != self.model_id:
+            raise ApiError(404, f"model {requested!r} is not served here; this swarm serves {self.model_id!r}",
+                           param="model", code="model_not_found")
+
     def encode_chat(self, messages: list[dict], tools: list[dict] | None, param: str = "messages") -> list[int]:
         return _encoded(self.service.encode_chat, param, messages, tools)
 
