@@ -203,6 +203,8 @@ BAD_BODIES = [
     ("/api/chat", {**OK, "messages": [{"role": "assistant", "tool_calls": [{"function": {"name": 3}}]}]}, 400),
     ("/api/chat", {**OK, "tools": [{"type": "retrieval"}]}, 400),
     ("/api/chat", {**OK, "tools": "all"}, 400),
+    ("/api/chat", {**OK, "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a\udfff": {"type": "string"}}}}}]}, 400),
     ("/api/chat", {**OK, "format": "yaml"}, 400),
     ("/api/chat", {**OK, "format": {"type": "object", "properties": {"a": {"type": "no-such-type"}}}}, 400),
     ("/api/chat", {**OK, "options": "hot"}, 400),
