@@ -27,8 +27,8 @@ from .ollama_models import OllamaModel
 from .ollama_routes import OllamaRoutes
 from .request_fields import ignored_header
 from .request_gate import RequestGate
-from .responses_routes import ResponsesRoutes
 from .request_parsing import BODY_TIMEOUT, BODY_TIMEOUT_S
+from .responses_routes import ResponsesRoutes
 from .topology_routes import TopologyRoutes
 
 MAX_BODY_BYTES = 4 * 1024 * 1024

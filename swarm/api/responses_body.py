@@ -62,6 +62,7 @@ def parse_responses_body(body: dict, params_of) -> ResponsesRequest:
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise ApiError(400, "'instructions' must be a string", param="instructions")
+    instructions = valid_text(instructions, "instructions") if instructions else None
     messages = parse_input(body.get("input"))
     chat: dict = {"model": body.get("model"), "temperature": body.get("temperature"), "top_p": body.get("top_p"),
                   "stream": body.get("stream"), "max_tokens": body.get("max_output_tokens"),
@@ -113,7 +114,8 @@ def _check_fields(body: dict) -> list[str]:
                                                    f"(it is refused rather than ignored)"),
                            param=name, code="unsupported_parameter")
         _check_no_effect(name, value)
-        ignored.append(name)
+        if value not in ([], {}):  # an empty list or object asks for nothing at all
+            ignored.append(name)
     text = body.get("text")
     if isinstance(text, dict) and text.get("verbosity") is not None:
         if text["verbosity"] not in ("low", "medium", "high"):
@@ -206,7 +208,8 @@ def _function_call(item: dict, where: str) -> dict:
             raise ApiError(400, f"{where}.{key} must be a string (a function_call item has call_id, name and "
                                 f"arguments)", param=f"{where}.{key}")
     return {"id": item["call_id"], "type": "function",
-            "function": {"name": item["name"], "arguments": valid_text(item["arguments"], f"{where}.arguments")}}
+            "function": {"name": valid_text(item["name"], f"{where}.name"),
+                         "arguments": valid_text(item["arguments"], f"{where}.arguments")}}
 
 
 def _function_call_output(item: dict, where: str) -> dict:

@@ -15,7 +15,6 @@ from aiohttp import web
 
 from ..planning.errors import NoPipeline
 from ..entry.service import Finished, TextDelta
-from .errors import ApiError
 from .generation import Generation
 from .request_fields import report_ignored
 from .request_parsing import read_json_object
@@ -47,10 +46,7 @@ class ResponsesRoutes:
         gen = self.generation
         body = await read_json_object(request)
         req = parse_responses_body(body, lambda chat: gen.params(chat, chat=True))
-        model = req.params.model
-        if model is not None and model != gen.model_id:
-            raise ApiError(404, f"model {model!r} is not served here; this swarm serves {gen.model_id!r}",
-                           param="model", code="model_not_found")
+        gen.check_model(req.params.model)
         report_ignored(request, req.ignored)
         earlier = self.store.conversation(req.previous_response_id) if req.previous_response_id else []
         prompt = gen.encode_chat(req.messages(earlier), req.tools.offered, param="input")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
 from .errors import ApiError
+from .request_parsing import valid_text
 
 MAX_TOOLS = 128
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -96,4 +98,5 @@ def _tool(tool, i: int) -> dict:
     if strict is not None and not isinstance(strict, bool):
         raise ApiError(400, f"{where}.function.strict must be a boolean", param=f"{where}.function.strict")
     function = {"name": name, **({"description": description} if description else {}), "parameters": parameters}
+    valid_text(json.dumps(function, ensure_ascii=False), where)  # the prompt shows it all: no lone surrogates
     return {"type": "function", "function": function}
