@@ -180,6 +180,11 @@ def test_fields_without_effect_are_accepted_and_named(node, llama):
     assert sorted(named) == sorted(["metadata", "service_tier", "thinking", "output_config.effort",
                                     "cache_control"])
     assert reply["content"] == plain["content"]
+    marked = [{"role": "user", "content": [{"type": "text", "text": ASK[0]["content"],
+                                            "cache_control": {"type": "ephemeral"}}]}]
+    status, reply, headers = post(node, "/v1/messages", {**base, "messages": marked})
+    assert status == 200 and {k.lower(): v for k, v in headers.items()}["x-swarm-ignored"] == "cache_control"
+    assert reply["content"] == plain["content"]
 
 
 def test_the_key_may_come_as_x_api_key_and_a_missing_one_is_anthropics_401(node, llama):
@@ -241,6 +246,8 @@ BAD_BODIES = [  # (body, status, words the message holds)
     (msg(system=[{"type": "image"}]), 400, ["system"]),
     (msg(messages=[{"role": "user", "content": "x" * 3_000_000}]), 400, ["context"]),
     (msg(output_config={"format": {"type": "json_schema"}}), 400, ["output_config"]),
+    (b'{"max_tokens": 4, "messages": [{"role": "user", "content": "hi \\ud800"}]}', 400, ["Unicode"]),
+    (msg(tools=[{"name": "f", "description": "\ud800", "input_schema": {"type": "object"}}]), 400, ["Unicode"]),
 ]
 
 

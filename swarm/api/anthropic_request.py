@@ -52,6 +52,8 @@ def parse_messages_request(body: dict, reasoning: bool, count_only: bool = False
     schema, more = _output_config(body.get("output_config"), reasoning)
     ignored += more
     messages = _system(body.get("system")) + _messages(body.get("messages"))
+    if "cache_control" not in ignored and _marks_cache(body):
+        ignored.append("cache_control")  # on blocks or tools: a caching hint, whatever it marks
     tools = _tools(body.get("tools"), body.get("tool_choice"))
     if schema is not None and tools.offered:
         raise ApiError(400, "output_config.format together with tools is not supported; send tool_choice "
@@ -301,7 +303,20 @@ def _tool(tool, where: str) -> dict:
         raise ApiError(400, f"{where}.input_schema: must be a JSON schema of type 'object'",
                        param=f"{where}.input_schema")
     function = {"name": tool["name"], **({"description": description} if description else {}), "parameters": schema}
+    valid_text(json.dumps(function, ensure_ascii=False), where)  # the prompt shows it all: no lone surrogates
     return {"type": "function", "function": function}
+
+
+def _marks_cache(body: dict) -> bool:
+    """Does any system block, content block (or a tool result's block) or tool carry a cache_control?"""
+    blocks = [*(body["system"] if isinstance(body.get("system"), list) else []), *(body.get("tools") or [])]
+    for m in body.get("messages") or []:
+        content = m.get("content") if isinstance(m, dict) else None
+        for block in content if isinstance(content, list) else []:
+            blocks.append(block)
+            if isinstance(block, dict) and isinstance(block.get("content"), list):
+                blocks += block["content"]
+    return any(isinstance(b, dict) and b.get("cache_control") is not None for b in blocks)
 
 
 def _stop_sequences(stop) -> list[str]:
