@@ -8,6 +8,8 @@ The node has an API key, so every request here also passes through it (as a depl
 from __future__ import annotations
 
 import json
+import socket
+import time
 import urllib.request
 
 import anthropic
@@ -35,7 +37,9 @@ def llama(tiny_models):  # noqa: F811
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory, llama):
-    with running_node(tmp_path_factory.mktemp("anthropic"), "--model", str(llama), env={"SWARM_API_KEY": KEY}) as n:
+    # One request at a time and no queue: a second one while a stream runs gets Anthropic's 429.
+    with running_node(tmp_path_factory.mktemp("anthropic"), "--model", str(llama), "--max-active", "1",
+                      "--max-queue", "0", env={"SWARM_API_KEY": KEY}) as n:
         yield n
 
 
@@ -227,6 +231,7 @@ BAD_BODIES = [  # (body, status, words the message holds)
     (msg(model="claude-opus-4-1"), 404, ["claude-opus-4-1"]),
     (msg(messages=[{"role": "system", "content": "x"}]), 400, ["role"]),
     (msg(messages=[{"role": "user", "content": 5}]), 400, ["content"]),
+    (msg(messages=[{"role": "user", "content": []}]), 400, ["content"]),
     (msg(messages=user(IMAGE)), 400, ["image"]),
     (msg(messages=user({"type": "document", "source": {"type": "text", "data": "x"}})), 400, ["document"]),
     (msg(messages=user({"type": "hologram", "text": "x"})), 400, ["hologram"]),
@@ -270,3 +275,27 @@ def test_the_node_keeps_serving_after_bad_bodies(node, client, llama):
     assert status == 404 and payload["error"]["type"] == "not_found_error"
     assert client.messages.create(model=llama.name, max_tokens=2, messages=ASK).type == "message"
     assert node.health()[0] == 200
+
+
+def test_a_full_node_is_anthropics_429_and_a_client_gone_mid_stream_frees_its_request(node, llama):
+    body = json.dumps({"model": llama.name, "max_tokens": 4000, "messages": ASK, "stream": True,
+                       "temperature": 1.0}).encode()
+    with socket.create_connection(("127.0.0.1", node.api_port)) as s:
+        s.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  + f"x-api-key: {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        seen = b""
+        while seen.count(b"content_block_delta") < 3:
+            seen += s.recv(4096)
+        assert seen.index(b"event: message_start") < seen.index(b"event: ping") < seen.index(b"content_block_start")
+        status, payload, headers = post(node, "/v1/messages", {"max_tokens": 2, "messages": ASK})
+        assert status == 429 and payload["error"]["type"] == "rate_limit_error", payload
+        assert int({k.lower(): v for k, v in headers.items()}["retry-after"]) >= 1
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(urllib.request.Request(node.url + "/health", headers={"x-api-key": KEY}),
+                                    timeout=30) as r:
+            health = json.loads(r.read())  # with the key: the whole health, caches included
+        if health["active_requests"] == 0 and health["cached_requests"] == 0:
+            break
+        time.sleep(0.1)
+    assert health["active_requests"] == 0 and health["cached_requests"] == 0, health

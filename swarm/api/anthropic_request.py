@@ -169,8 +169,8 @@ def _messages(messages) -> list[dict]:
 def _blocks(content, where: str) -> list[dict]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
-    if not isinstance(content, list):
-        raise ApiError(400, f"{where}.content: must be a string or an array of content blocks",
+    if not isinstance(content, list) or not content:
+        raise ApiError(400, f"{where}.content: must be a string or a non-empty array of content blocks",
                        param=f"{where}.content")
     for j, block in enumerate(content):
         kind = block.get("type") if isinstance(block, dict) else None
