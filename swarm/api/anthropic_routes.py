@@ -12,8 +12,8 @@ from dataclasses import replace
 
 from aiohttp import web
 
-from ..planning.errors import NoPipeline
 from ..entry.service import Finished, TextDelta
+from ..planning.errors import NoPipeline
 from .anthropic_request import MessagesRequest, parse_messages_request
 from .anthropic_shapes import ContentBlocks, MessageShape
 from .errors import anthropic_error_type
