@@ -59,3 +59,14 @@ def test_anthropic_messages_become_the_chat_form():
         {"role": "assistant", "content": "Let me look.", "tool_calls": [
             {"id": "toolu_1", "type": "function", "function": {"name": "w", "arguments": '{"c": "P"}'}}]},
         {"role": "tool", "tool_call_id": "toolu_1", "content": "sunny"}, {"role": "user", "content": "Thanks"}]
+
+
+def test_a_face_adds_its_own_fields_without_effect():
+    def keep_alive(name, value):
+        return None if isinstance(value, (int, str)) else f"'{name}' must be a duration"
+    allowed = {"model", "keep_alive", "user"}
+    assert check_fields({"keep_alive": "5m", "user": "u"}, allowed, no_effect={"keep_alive": keep_alive}) == \
+        ["keep_alive", "user"]
+    with pytest.raises(ApiError) as caught:
+        check_fields({"keep_alive": [1]}, allowed, no_effect={"keep_alive": keep_alive})
+    assert caught.value.param == "keep_alive" and "duration" in caught.value.message

@@ -83,10 +83,13 @@ _WHY_NOT = {
 }
 
 
-def check_fields(body: dict, allowed: set[str], reasoning: bool = False) -> list[str]:
+def check_fields(body: dict, allowed: set[str], reasoning: bool = False,
+                 no_effect: dict[str, Callable[[str, object], str | None]] | None = None) -> list[str]:
     """The fields of `body` accepted without effect (for report_ignored); a 400 naming the first
     field this server would not honour. `reasoning`: the model reasons, so a reasoning effort
-    would change its answer (and cannot be honoured)."""
+    would change its answer (and cannot be honoured). `no_effect`: a face's own fields without
+    effect, with their checks, besides NO_EFFECT (they must be in `allowed` too)."""
+    checks = {**NO_EFFECT, **(no_effect or {})}
     ignored = []
     for name, value in body.items():
         if value is None:
@@ -99,11 +102,11 @@ def check_fields(body: dict, allowed: set[str], reasoning: bool = False) -> list
                            param=name, code="unsupported_parameter")
         if name in _ONLY and not any(type(value) is type(v) and value == v for v in _ONLY[name][0]):
             raise ApiError(400, _ONLY[name][1], param=name, code="unsupported_parameter")
-        if name in NO_EFFECT:
+        if name in checks:
             if reasoning and name in REASONING_FIELDS:
                 raise ApiError(400, f"'{name}' cannot be honoured: this model reasons, and how much is not "
                                     f"something this server controls", param=name, code="unsupported_parameter")
-            if (problem := NO_EFFECT[name](name, value)) is not None:
+            if (problem := checks[name](name, value)) is not None:
                 raise ApiError(400, problem, param=name)
             ignored.append(name)
     return ignored
