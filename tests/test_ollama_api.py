@@ -147,6 +147,7 @@ def test_fields_that_change_nothing_are_accepted_and_named(node):
     assert status == 200, raw
     assert headers["x-swarm-ignored"].split(", ") == ["keep_alive", "options.num_ctx", "options.num_thread",
                                                       "options.mirostat"]
+    assert "POST /api/chat: accepted and ignored (nothing here changes with them): keep_alive" in node.log.read_text()
 
 
 @pytest.fixture(scope="module")

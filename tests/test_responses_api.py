@@ -146,6 +146,7 @@ def test_fields_that_change_nothing_are_accepted_and_named(node):
     assert headers["x-swarm-ignored"].split(", ") == ["reasoning", "user", "service_tier", "include", "truncation",
                                                       "prompt_cache_key", "text.verbosity"]
     assert body["metadata"] == {"a": "b"}
+    assert "accepted and ignored (nothing here changes with them): reasoning, user" in node.log.read_text()
     assert "x-swarm-ignored" not in post(node, {"input": "hi", "max_output_tokens": 2})[2]
 
 
