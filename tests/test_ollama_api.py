@@ -147,6 +147,7 @@ def test_fields_that_change_nothing_are_accepted_and_named(node):
     assert status == 200, raw
     assert headers["x-swarm-ignored"].split(", ") == ["keep_alive", "options.num_ctx", "options.num_thread",
                                                       "options.mirostat"]
+    assert "POST /api/chat: accepted and ignored (nothing here changes with them): keep_alive" in node.log.read_text()
 
 
 @pytest.fixture(scope="module")
@@ -217,6 +218,9 @@ BAD_BODIES = [
     ("/api/chat", {**OK, "options": {"typical_p": 0.5}}, 400),
     ("/api/chat", {**OK, "stream": "yes"}, 400),
     ("/api/chat", {**OK, "think": True}, 400),
+    ("/api/chat", {**OK, "logprobs": "yes"}, 400),
+    ("/api/chat", {**OK, "logprobs": True, "top_logprobs": 50}, 400),
+    ("/api/generate", {**GEN, "top_logprobs": 2}, 400),
     ("/api/chat", {**OK, "keep_alive": [1]}, 400),
     ("/api/chat", {**OK, "frobnicate": 1}, 400),
     ("/api/generate", {**GEN, "prompt": 5}, 400),
@@ -253,3 +257,19 @@ def test_a_client_gone_mid_stream_frees_the_request(node):
     assert_gone_mid_stream_frees(node, "/api/chat", {"model": "llama", "messages": ASK,
                                                      "options": {"num_predict": 4000, "temperature": 0.8}},
                                  b'"done":false')
+
+
+def test_logprobs_are_chat_completions_own(node, client):
+    messages = [{"role": "user", "content": "hello"}]
+    oc = openai.OpenAI(base_url=node.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    want = oc.chat.completions.create(model="llama", messages=messages, max_tokens=6, temperature=0, logprobs=True,
+                                      top_logprobs=3).choices[0].logprobs.content
+    r = client.chat(model="llama", messages=messages, options={"temperature": 0, "num_predict": 6}, logprobs=True,
+                    top_logprobs=3)
+    assert [(e.token, e.logprob) for e in r.logprobs] == [(e.token, e.logprob) for e in want]
+    assert [[t.token for t in e.top_logprobs] for e in r.logprobs] == [[t.token for t in e.top_logprobs]
+                                                                        for e in want]
+    parts = list(client.generate(model="llama", prompt="hello", options={"temperature": 0, "num_predict": 6},
+                                 logprobs=True, stream=True))
+    assert [e.token for p in parts for e in p.logprobs or []] == [e.token for e in want]
+    assert client.chat(model="llama", messages=messages, options={"num_predict": 2}).logprobs is None

@@ -15,7 +15,7 @@ import urllib.request
 import jsonschema
 import openai
 import pytest
-from model_fixtures import tiny_models  # noqa: F401
+from model_fixtures import default_model, tiny_models  # noqa: F401
 from node_process import running_node
 
 from swarm.api.errors import ApiError
@@ -146,6 +146,7 @@ def test_fields_that_change_nothing_are_accepted_and_named(node):
     assert headers["x-swarm-ignored"].split(", ") == ["reasoning", "user", "service_tier", "include", "truncation",
                                                       "prompt_cache_key", "text.verbosity"]
     assert body["metadata"] == {"a": "b"}
+    assert "accepted and ignored (nothing here changes with them): reasoning, user" in node.log.read_text()
     assert "x-swarm-ignored" not in post(node, {"input": "hi", "max_output_tokens": 2})[2]
 
 
@@ -252,3 +253,26 @@ def assert_gone_mid_stream_frees(node, path: str, body: dict, marker: bytes) -> 
             break
         time.sleep(0.1)
     assert health["active_requests"] == 0 and health["cached_requests"] == 0
+
+
+def test_an_openai_agents_sdk_agent_calls_its_tool_and_answers(tmp_path, default_model):
+    """The Agents SDK's own loop over /v1/responses (streamed): a forced call of a Python function,
+    its result sent back as a function_call_output, then the model's answer."""
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+    set_tracing_disabled(True)
+    asked = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        asked.append(city)
+        return f"sunny, 24 C in {city}"
+
+    with running_node(tmp_path) as node:
+        client = openai.AsyncOpenAI(base_url=node.url + "/v1", api_key="none", max_retries=0, timeout=120)
+        agent = Agent(name="weather", tools=[get_weather],
+                      model=OpenAIResponsesModel(model="SmolLM2-135M-Instruct", openai_client=client),
+                      model_settings=ModelSettings(tool_choice="required", max_tokens=120, temperature=0))
+        result = Runner.run_sync(agent, "What is the weather in Paris?", max_turns=4)
+    assert asked == ["Paris"]
+    assert len(result.raw_responses) == 2 and isinstance(result.final_output, str) and result.final_output

@@ -27,9 +27,10 @@ _RUNTIME_OPTIONS = {"num_ctx", "num_batch", "num_gpu", "main_gpu", "low_vram", "
                     "use_mmap", "use_mlock", "embedding_only", "num_thread", "numa", "num_keep", "penalize_newline"}
 # Samplers this server does not have, accepted only at the value that turns them off.
 _OFF_VALUES = {"mirostat": 0, "tfs_z": 1.0, "typical_p": 1.0, "min_p": 0.0}
-_CHAT_FIELDS = {"model", "messages", "tools", "format", "options", "stream", "keep_alive", "think", "logprobs"}
+_CHAT_FIELDS = {"model", "messages", "tools", "format", "options", "stream", "keep_alive", "think", "logprobs",
+                "top_logprobs"}
 _GENERATE_FIELDS = {"model", "prompt", "suffix", "system", "template", "context", "raw", "format", "options",
-                    "stream", "keep_alive", "images", "think", "logprobs"}
+                    "stream", "keep_alive", "images", "think", "logprobs", "top_logprobs"}
 _ROLES = {"system", "user", "assistant", "tool"}
 
 
@@ -100,14 +101,12 @@ def _request(body: dict, messages, raw_prompt, tools: ToolRequest, params_of, ig
         raise ApiError(400, "'stream' must be a boolean", param="stream")
     chat, until_full = _options(body.get("options"), ignored)
     chat["stream"] = stream is not False  # Ollama streams unless told not to
+    chat["logprobs"], chat["top_logprobs"] = body.get("logprobs"), body.get("top_logprobs")  # as chat's
     names = {name: f"options.{option}" for option, name in _OPTIONS.items()}
     with renamed_params(names):
         params = params_of(chat)
-    for name, value, why in (("think", body.get("think"), "this model does not think; 'think' may only be false"),
-                             ("logprobs", body.get("logprobs"), "logprobs are not supported here; 'logprobs' may "
-                                                                "only be false")):
-        if value not in (None, False):
-            raise ApiError(400, why, param=name)
+    if body.get("think") not in (None, False):
+        raise ApiError(400, "this model does not think; 'think' may only be false", param="think")
     return OllamaRequest(model, messages, raw_prompt, tools, _format(body.get("format")), params, until_full,
                          ignored)
 

@@ -16,18 +16,20 @@ from dataclasses import replace
 from aiohttp import web
 
 from ..planning.errors import NoPipeline
-from ..entry.service import Finished, TextDelta
+from ..entry.service import Finished, TextDelta, TokenScore
 from .errors import ApiError
 from .generation import Generation
 from .ollama_body import OllamaRequest, parse_chat_body, parse_generate_body
 from .ollama_models import OLLAMA_VERSION, OllamaModel, now_iso
 from .request_fields import report_ignored
 from .request_parsing import read_json_object
+from .response_shapes import TokenTexts
 
 
 class OllamaRoutes:
     def __init__(self, generation: Generation, model: OllamaModel):
         self.generation, self.model = generation, model
+        self.texts = TokenTexts(generation.service.vocab)
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_post("/api/chat", self.chat)
@@ -67,7 +69,8 @@ class OllamaRoutes:
         req: OllamaRequest = parse(body, lambda fields: gen.params(fields, chat=True))
         self.model.check(req.model)
         report_ignored(request, req.ignored)
-        chunks = _Chunks(req.model, chat)
+        chunks = _Chunks(req.model, chat, self.texts if req.params.rules and req.params.rules.logprobs is not None
+                         else None)
         if req.loads_only:  # Ollama's "load the model" call: it is loaded
             return web.json_response(chunks.loaded())
         if req.messages is not None:
@@ -83,16 +86,15 @@ class OllamaRoutes:
             events = started.events()
             if params.stream:
                 return await _stream(request, chunks, events, t0)
-            text, calls, done, first_ns = "", [], None, None
+            text, calls, scores, done, first_ns = "", [], [], None, None
             async with aclosing(events):
                 async for ev in events:
                     if isinstance(ev, TextDelta):
                         first_ns = first_ns or time.monotonic_ns()
-                        text += ev.text
-                        calls += ev.tool_calls
+                        text, calls, scores = text + ev.text, calls + ev.tool_calls, scores + ev.logprobs
                     elif isinstance(ev, Finished):
                         done = ev
-        return web.json_response(chunks.final(done, t0, first_ns, text, calls))
+        return web.json_response(chunks.final(done, t0, first_ns, text, calls, scores))
 
     def _parameters(self) -> str:
         d = self.generation.defaults
@@ -103,21 +105,33 @@ class OllamaRoutes:
 class _Chunks:
     """Ollama's response objects: a chunk per piece of text, then the final one with counts and times."""
 
-    def __init__(self, model: str, chat: bool):
+    def __init__(self, model: str, chat: bool, texts: TokenTexts | None = None):
         self.model, self.chat = model, chat
+        self.texts = texts  # set when the request asked for logprobs
 
-    def piece(self, text: str, calls: list[dict]) -> dict:
+    def piece(self, text: str, calls: list[dict], scores: list[TokenScore] = ()) -> dict:
         if self.chat:
             message: dict = {"role": "assistant", "content": text}
             if calls:
                 message["tool_calls"] = [_ollama_call(c) for c in calls]
-            return {"model": self.model, "created_at": now_iso(), "message": message, "done": False}
-        return {"model": self.model, "created_at": now_iso(), "response": text, "done": False}
+            out = {"model": self.model, "created_at": now_iso(), "message": message, "done": False}
+        else:
+            out = {"model": self.model, "created_at": now_iso(), "response": text, "done": False}
+        if self.texts is not None and scores:
+            out["logprobs"] = [self._logprob(s) for s in scores]
+        return out
 
-    def final(self, done: Finished, t0: int, first_ns: int | None, text: str = "", calls: list | None = None) -> dict:
+    def _logprob(self, s: TokenScore) -> dict:
+        def entry(token: int, logprob: float) -> dict:
+            text, raw = self.texts(token)
+            return {"token": text, "logprob": logprob, "bytes": raw}
+        return {**entry(s.token, s.logprob), "top_logprobs": [entry(t, lp) for t, lp in s.top]}
+
+    def final(self, done: Finished, t0: int, first_ns: int | None, text: str = "", calls: list | None = None,
+              scores: list[TokenScore] = ()) -> dict:
         end = time.monotonic_ns()
         first_ns = first_ns or end
-        out = self.piece(text, calls or [])
+        out = self.piece(text, calls or [], scores)
         out.update(done=True, done_reason="length" if done.reason == "length" else "stop",
                    total_duration=end - t0, load_duration=0, prompt_eval_count=done.prompt_tokens,
                    prompt_eval_duration=first_ns - t0, eval_count=done.completion_tokens,
@@ -149,9 +163,9 @@ async def _stream(request: web.Request, chunks: _Chunks, events, t0: int) -> web
     try:
         async with aclosing(events):
             async for ev in events:
-                if isinstance(ev, TextDelta) and (ev.text or ev.tool_calls):
+                if isinstance(ev, TextDelta) and (ev.text or ev.tool_calls or ev.logprobs):
                     first_ns = first_ns or time.monotonic_ns()
-                    await _line(resp, chunks.piece(ev.text, ev.tool_calls))
+                    await _line(resp, chunks.piece(ev.text, ev.tool_calls, ev.logprobs))
                 elif isinstance(ev, Finished):
                     await _line(resp, chunks.final(ev, t0, first_ns))
     except NoPipeline as e:  # the swarm lost capacity mid-stream and did not get it back in time
