@@ -3,6 +3,7 @@
 A port another process holds (most often another swarm-node on this machine) is said in
 one line naming the flag that chose it, before the model is converted or loaded, and the
 same line comes if the port is lost in the moment between that check and the real bind.
+Once listening, reachable_urls says where a client finds the API.
 """
 
 from __future__ import annotations
