@@ -155,6 +155,43 @@ def test_a_tool_round_trip_with_tool_choice_any(client, llama, stream):
     assert counted.input_tokens > client.messages.count_tokens(model=llama.name, messages=ASK).input_tokens
 
 
+def test_a_conversation_with_tool_calls_is_the_chat_completions_prompt(node, client, llama):
+    """tool_use and tool_result blocks reach the chat template as chat completions' tool_calls and tool
+    messages do: the same prompt, token for token, and the same greedy answer."""
+    anthropic_messages = [
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {"role": "assistant", "content": [
+            {"type": "text", "text": "Let me look."},
+            {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris", "days": 1}},
+            {"type": "tool_use", "id": "toolu_2", "name": "get_weather", "input": {"city": "Rome", "days": 1}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"},
+            {"type": "tool_result", "tool_use_id": "toolu_2", "content": [{"type": "text", "text": "rain"}]},
+            {"type": "text", "text": "Which is nicer?"}]}]
+    chat_messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {"role": "assistant", "content": "Let me look.", "tool_calls": [
+            {"id": "toolu_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 1}'}},
+            {"id": "toolu_2", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Rome", "days": 1}'}}]},
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "toolu_2", "content": "rain"},
+        {"role": "user", "content": "Which is nicer?"}]
+    tool = {"type": "function", "function": {"name": "get_weather", "description": WEATHER["description"],
+                                             "parameters": WEATHER["input_schema"]}}
+    reply = client.messages.create(model=llama.name, max_tokens=8, system="Be brief.", messages=anthropic_messages,
+                                   tools=[WEATHER])
+    chat = openai.OpenAI(base_url=node.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    same = chat.chat.completions.create(model=llama.name, max_tokens=8, messages=chat_messages, tools=[tool])
+    assert reply.usage.input_tokens == same.usage.prompt_tokens
+    assert text_of(reply) == same.choices[0].message.content
+    counted = client.messages.count_tokens(model=llama.name, system="Be brief.", messages=anthropic_messages,
+                                           tools=[WEATHER])
+    assert counted.input_tokens == same.usage.prompt_tokens
+
+
 def test_a_named_tool_and_tool_choice_none(client, llama):
     named = client.messages.create(model=llama.name, max_tokens=120, messages=ASK, tools=[WEATHER],
                                    tool_choice={"type": "tool", "name": "get_weather"})
