@@ -308,6 +308,12 @@ def test_the_node_keeps_serving_after_bad_bodies(node, client, llama):
         post(node, "/v1/messages", body)
     status, payload, _ = post(node, "/v1/messages/count_tokens", {"messages": user(IMAGE)})
     assert status == 400 and payload["error"]["type"] == "invalid_request_error"
+    status, payload, _ = post(node, "/v1/messages", b'{"x": "' + b"a" * (5 * 1024 * 1024) + b'"}')
+    assert status == 413 and payload["error"]["type"] == "request_too_large", payload
+    many = {"max_tokens": 2, "messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+            * 40_000 + ASK}  # ~3 MB of messages: more than any context holds
+    status, payload, _ = post(node, "/v1/messages", many)
+    assert status == 400 and "context" in payload["error"]["message"], payload
     status, payload, _ = post(node, "/v1/messages/nothing", {"messages": ASK})
     assert status == 404 and payload["error"]["type"] == "not_found_error"
     assert client.messages.create(model=llama.name, max_tokens=2, messages=ASK).type == "message"
