@@ -16,8 +16,6 @@ import anthropic
 import jsonschema
 import openai
 import pytest
-from model_fixtures import tiny_models  # noqa: F401
-from node_process import running_node
 
 KEY = "sk-swarm-anthropic-0123456789"
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -28,23 +26,14 @@ WEATHER = {"name": "get_weather", "description": "The weather in a city",
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
           "properties": {"name": {"type": "string", "maxLength": 10},
                          "age": {"type": "integer", "minimum": 0, "maximum": 120}}}
+# One request at a time and no queue: a second one while a stream runs gets Anthropic's 429.
+NODE_ARGS = ["--max-active", "1", "--max-queue", "0"]
+NODE_ENV = {"SWARM_API_KEY": KEY}  # the conftest's node, with a key
 
 
 @pytest.fixture(scope="module")
-def llama(tiny_models):  # noqa: F811
-    return tiny_models["llama"]
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory, llama):
-    # One request at a time and no queue: a second one while a stream runs gets Anthropic's 429.
-    with running_node(tmp_path_factory.mktemp("anthropic"), "--model", str(llama), "--max-active", "1",
-                      "--max-queue", "0", env={"SWARM_API_KEY": KEY}) as n:
-        yield n
-
-
-@pytest.fixture(scope="module")
-def client(node):
+def claude(node):
+    """The official anthropic client for the module's node."""
     return anthropic.Anthropic(base_url=node.url, api_key=KEY, max_retries=0, timeout=120)
 
 
@@ -64,8 +53,8 @@ def post(node, path: str, body: bytes | dict, headers: dict | None = None) -> tu
         return e.code, json.loads(e.read()), dict(e.headers)
 
 
-def test_a_plain_message_is_the_chat_completions_answer(node, client, llama):
-    reply = client.messages.create(model=llama.name, max_tokens=12, messages=ASK)
+def test_a_plain_message_is_the_chat_completions_answer(node, claude, llama):
+    reply = claude.messages.create(model=llama.name, max_tokens=12, messages=ASK)
     assert reply.type == "message" and reply.role == "assistant" and reply.id.startswith("msg_")
     assert reply.stop_reason in ("end_turn", "max_tokens") and reply.model == llama.name
     assert [b.type for b in reply.content] == ["text"]
@@ -74,13 +63,13 @@ def test_a_plain_message_is_the_chat_completions_answer(node, client, llama):
     assert text_of(reply) == same.choices[0].message.content
     assert (reply.usage.input_tokens, reply.usage.output_tokens) == (same.usage.prompt_tokens,
                                                                      same.usage.completion_tokens)
-    assert client.messages.count_tokens(model=llama.name, messages=ASK).input_tokens == reply.usage.input_tokens
+    assert claude.messages.count_tokens(model=llama.name, messages=ASK).input_tokens == reply.usage.input_tokens
 
 
-def test_a_streamed_message_sends_anthropics_events_and_the_same_text(node, client, llama):
+def test_a_streamed_message_sends_anthropics_events_and_the_same_text(node, claude, llama):
     kwargs = dict(model=llama.name, max_tokens=16, messages=ASK)
-    whole = client.messages.create(**kwargs)
-    events = list(client.messages.create(stream=True, **kwargs))
+    whole = claude.messages.create(**kwargs)
+    events = list(claude.messages.create(stream=True, **kwargs))
     kinds = [e.type for e in events]
     assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"], kinds
     assert kinds[1:3] == ["content_block_start", "content_block_delta"] and "content_block_stop" in kinds
@@ -89,7 +78,7 @@ def test_a_streamed_message_sends_anthropics_events_and_the_same_text(node, clie
     assert text == text_of(whole)
     assert events[-2].delta.stop_reason == whole.stop_reason
     assert events[-2].usage.output_tokens == whole.usage.output_tokens
-    with client.messages.stream(**kwargs) as stream:  # the SDK's own accumulation
+    with claude.messages.stream(**kwargs) as stream:  # the SDK's own accumulation
         assert text_of(stream.get_final_message()) == text_of(whole)
     raw = urllib.request.urlopen(urllib.request.Request(
         node.url + "/v1/messages", data=json.dumps({**kwargs, "stream": True}).encode(),
@@ -97,65 +86,65 @@ def test_a_streamed_message_sends_anthropics_events_and_the_same_text(node, clie
     assert raw.startswith("event: message_start\n") and "event: ping\ndata: {\"type\":\"ping\"}" in raw
 
 
-def test_stop_reasons_and_stop_sequences(client, llama):
-    long = client.messages.create(model=llama.name, max_tokens=24, messages=ASK)
+def test_stop_reasons_and_stop_sequences(claude, llama):
+    long = claude.messages.create(model=llama.name, max_tokens=24, messages=ASK)
     text = text_of(long)
     assert long.stop_reason == "max_tokens" and long.usage.output_tokens == 24 and len(text) > 6, long
     stop = text[3:6]
-    cut = client.messages.create(model=llama.name, max_tokens=24, messages=ASK,
+    cut = claude.messages.create(model=llama.name, max_tokens=24, messages=ASK,
                                  stop_sequences=["never-there", stop])
     assert (cut.stop_reason, cut.stop_sequence, text_of(cut)) == ("stop_sequence", stop, text[:text.find(stop)])
-    events = list(client.messages.create(model=llama.name, max_tokens=24, messages=ASK,
+    events = list(claude.messages.create(model=llama.name, max_tokens=24, messages=ASK,
                                          stop_sequences=[stop], stream=True))
     assert (events[-2].delta.stop_reason, events[-2].delta.stop_sequence) == ("stop_sequence", stop)
 
 
-def test_sampling_fields_are_applied_and_max_tokens_0_generates_nothing(client, llama):
-    greedy = client.messages.create(model=llama.name, max_tokens=12, messages=ASK)
-    top_1 = client.messages.create(model=llama.name, max_tokens=12, messages=ASK,
+def test_sampling_fields_are_applied_and_max_tokens_0_generates_nothing(claude, llama):
+    greedy = claude.messages.create(model=llama.name, max_tokens=12, messages=ASK)
+    top_1 = claude.messages.create(model=llama.name, max_tokens=12, messages=ASK,
                                    extra_body={"temperature": 1.0, "top_k": 1})
-    hot = [text_of(client.messages.create(model=llama.name, max_tokens=12, messages=ASK,
+    hot = [text_of(claude.messages.create(model=llama.name, max_tokens=12, messages=ASK,
                                           extra_body={"temperature": 1.0, "top_p": 1.0})) for _ in range(3)]
     assert text_of(top_1) == text_of(greedy) and any(t != text_of(greedy) for t in hot)
-    warm = client.messages.create(model=llama.name, max_tokens=0, messages=ASK)
+    warm = claude.messages.create(model=llama.name, max_tokens=0, messages=ASK)
     assert (warm.content, warm.stop_reason, warm.usage.output_tokens) == ([], "max_tokens", 0)
     assert warm.usage.input_tokens == greedy.usage.input_tokens
-    kinds = [e.type for e in client.messages.create(model=llama.name, max_tokens=0, messages=ASK, stream=True)]
+    kinds = [e.type for e in claude.messages.create(model=llama.name, max_tokens=0, messages=ASK, stream=True)]
     assert kinds == ["message_start", "message_delta", "message_stop"]
 
 
-def test_system_as_a_string_or_blocks(client, llama):
-    as_string = client.messages.create(model=llama.name, max_tokens=8, messages=ASK,
+def test_system_as_a_string_or_blocks(claude, llama):
+    as_string = claude.messages.create(model=llama.name, max_tokens=8, messages=ASK,
                                        system="You are terse.")
-    as_blocks = client.messages.create(model=llama.name, max_tokens=8, messages=ASK,
+    as_blocks = claude.messages.create(model=llama.name, max_tokens=8, messages=ASK,
                                        system=[{"type": "text", "text": "You are terse."}])
-    plain = client.messages.create(model=llama.name, max_tokens=8, messages=ASK)
+    plain = claude.messages.create(model=llama.name, max_tokens=8, messages=ASK)
     assert as_string.usage.input_tokens == as_blocks.usage.input_tokens > plain.usage.input_tokens
     assert text_of(as_string) == text_of(as_blocks)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_a_tool_round_trip_with_tool_choice_any(client, llama, stream):
+def test_a_tool_round_trip_with_tool_choice_any(claude, llama, stream):
     kwargs = dict(model=llama.name, max_tokens=120, messages=ASK, tools=[WEATHER], tool_choice={"type": "any"},
                   extra_body={"temperature": 1.0})
     if stream:
-        with client.messages.stream(**kwargs) as s:
+        with claude.messages.stream(**kwargs) as s:
             asked = s.get_final_message()
     else:
-        asked = client.messages.create(**kwargs)
+        asked = claude.messages.create(**kwargs)
     assert asked.stop_reason == "tool_use", asked
     [use] = [b for b in asked.content if b.type == "tool_use"]
     assert use.name == "get_weather" and use.id.startswith("toolu_")
     jsonschema.validate(use.input, WEATHER["input_schema"])
-    answer = client.messages.create(model=llama.name, max_tokens=10, tools=[WEATHER], messages=[
+    answer = claude.messages.create(model=llama.name, max_tokens=10, tools=[WEATHER], messages=[
         *ASK, {"role": "assistant", "content": asked.content},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "Sunny, 24 C"}]}])
     assert answer.stop_reason in ("end_turn", "max_tokens", "tool_use") and answer.content
-    counted = client.messages.count_tokens(model=llama.name, messages=ASK, tools=[WEATHER])
-    assert counted.input_tokens > client.messages.count_tokens(model=llama.name, messages=ASK).input_tokens
+    counted = claude.messages.count_tokens(model=llama.name, messages=ASK, tools=[WEATHER])
+    assert counted.input_tokens > claude.messages.count_tokens(model=llama.name, messages=ASK).input_tokens
 
 
-def test_a_conversation_with_tool_calls_is_the_chat_completions_prompt(node, client, llama):
+def test_a_conversation_with_tool_calls_is_the_chat_completions_prompt(node, claude, llama):
     """tool_use and tool_result blocks reach the chat template as chat completions' tool_calls and tool
     messages do: the same prompt, token for token, and the same greedy answer."""
     anthropic_messages = [
@@ -181,29 +170,29 @@ def test_a_conversation_with_tool_calls_is_the_chat_completions_prompt(node, cli
         {"role": "user", "content": "Which is nicer?"}]
     tool = {"type": "function", "function": {"name": "get_weather", "description": WEATHER["description"],
                                              "parameters": WEATHER["input_schema"]}}
-    reply = client.messages.create(model=llama.name, max_tokens=8, system="Be brief.", messages=anthropic_messages,
+    reply = claude.messages.create(model=llama.name, max_tokens=8, system="Be brief.", messages=anthropic_messages,
                                    tools=[WEATHER])
     chat = openai.OpenAI(base_url=node.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
     same = chat.chat.completions.create(model=llama.name, max_tokens=8, messages=chat_messages, tools=[tool])
     assert reply.usage.input_tokens == same.usage.prompt_tokens
     assert text_of(reply) == same.choices[0].message.content
-    counted = client.messages.count_tokens(model=llama.name, system="Be brief.", messages=anthropic_messages,
+    counted = claude.messages.count_tokens(model=llama.name, system="Be brief.", messages=anthropic_messages,
                                            tools=[WEATHER])
     assert counted.input_tokens == same.usage.prompt_tokens
 
 
-def test_a_named_tool_and_tool_choice_none(client, llama):
-    named = client.messages.create(model=llama.name, max_tokens=120, messages=ASK, tools=[WEATHER],
+def test_a_named_tool_and_tool_choice_none(claude, llama):
+    named = claude.messages.create(model=llama.name, max_tokens=120, messages=ASK, tools=[WEATHER],
                                    tool_choice={"type": "tool", "name": "get_weather"})
     assert named.stop_reason == "tool_use" and [b.type for b in named.content] == ["tool_use"]
-    none = client.messages.create(model=llama.name, max_tokens=8, messages=ASK, tools=[WEATHER],
+    none = claude.messages.create(model=llama.name, max_tokens=8, messages=ASK, tools=[WEATHER],
                                   tool_choice={"type": "none"})
-    plain = client.messages.create(model=llama.name, max_tokens=8, messages=ASK)
+    plain = claude.messages.create(model=llama.name, max_tokens=8, messages=ASK)
     assert text_of(none) == text_of(plain) and none.usage.input_tokens == plain.usage.input_tokens
 
 
-def test_output_config_format_holds_its_schema(client, llama):
-    reply = client.messages.create(model=llama.name, max_tokens=80, messages=ASK, extra_body={"temperature": 1.0},
+def test_output_config_format_holds_its_schema(claude, llama):
+    reply = claude.messages.create(model=llama.name, max_tokens=80, messages=ASK, extra_body={"temperature": 1.0},
                                    output_config={"format": {"type": "json_schema", "schema": PERSON}})
     assert reply.stop_reason == "end_turn", reply
     jsonschema.validate(json.loads(text_of(reply)), PERSON)
@@ -303,7 +292,7 @@ def test_bad_bodies_get_anthropics_error_shape(node, body, status, words):
     assert all(w in payload["error"]["message"] for w in words), payload["error"]["message"]
 
 
-def test_the_node_keeps_serving_after_bad_bodies(node, client, llama):
+def test_the_node_keeps_serving_after_bad_bodies(node, claude, llama):
     for body, _, _ in BAD_BODIES[:5]:
         post(node, "/v1/messages", body)
     status, payload, _ = post(node, "/v1/messages/count_tokens", {"messages": user(IMAGE)})
@@ -316,7 +305,7 @@ def test_the_node_keeps_serving_after_bad_bodies(node, client, llama):
     assert status == 400 and "context" in payload["error"]["message"], payload
     status, payload, _ = post(node, "/v1/messages/nothing", {"messages": ASK})
     assert status == 404 and payload["error"]["type"] == "not_found_error"
-    assert client.messages.create(model=llama.name, max_tokens=2, messages=ASK).type == "message"
+    assert claude.messages.create(model=llama.name, max_tokens=2, messages=ASK).type == "message"
     assert node.health()[0] == 200
 
 

@@ -11,9 +11,9 @@ import json
 import anthropic
 import openai
 import pytest
-from model_fixtures import default_model  # noqa: F401
+from helpers import http_json
 from netns import netns_unavailable_reason
-from netns_client import http_json, in_netns
+from netns_client import in_netns
 from swarm_cluster import SwarmCluster
 
 pytestmark = pytest.mark.skipif(netns_unavailable_reason() is not None, reason=str(netns_unavailable_reason()))
@@ -27,7 +27,7 @@ WEATHER = {"name": "get_weather", "description": "The current weather in a city"
 
 
 @pytest.fixture(scope="module", params=["open", "secret+key"])
-def swarm(request, tmp_path_factory, default_model):  # noqa: F811
+def swarm(request, tmp_path_factory, default_model):
     secured = request.param == "secret+key"
     cluster = SwarmCluster(tmp_path_factory.mktemp(request.param.replace("+", "-")), 3, [],
                            secret="anthropic-netns-secret" if secured else None, api_key=KEY if secured else None)

@@ -15,7 +15,6 @@ import jsonschema
 import ollama
 import openai
 import pytest
-from model_fixtures import tiny_models  # noqa: F401
 from model_zoo import build_random_model
 from node_process import running_node
 from test_responses_api import assert_gone_mid_stream_frees

@@ -7,15 +7,15 @@ import re
 import time
 
 import pytest
-from model_fixtures import tiny_models  # noqa: F401
+from helpers import http_json
 from netns import netns_unavailable_reason
-from netns_client import http_json, in_netns
+from netns_client import in_netns
 from swarm_cluster import API_PORT, SwarmCluster
 
 pytestmark = pytest.mark.skipif(netns_unavailable_reason() is not None, reason=str(netns_unavailable_reason()))
 
 
-def test_the_ready_line_names_the_hosts_own_address(tmp_path, tiny_models):  # noqa: F811
+def test_the_ready_line_names_the_hosts_own_address(tmp_path, tiny_models):
     cluster = SwarmCluster(tmp_path, 1, ["--model", str(tiny_models["llama"]), "--api-host", "0.0.0.0"])
     try:
         node = cluster.nodes[0]

@@ -15,7 +15,6 @@ import urllib.request
 import jsonschema
 import openai
 import pytest
-from model_fixtures import default_model, tiny_models  # noqa: F401
 from node_process import running_node
 
 from swarm.api.errors import ApiError

@@ -16,7 +16,6 @@ import jsonschema
 import ollama
 import openai
 import pytest
-from model_fixtures import default_model  # noqa: F401
 from model_zoo import build_random_model
 from netns import netns_unavailable_reason
 from netns_client import http_json, in_netns
@@ -39,7 +38,7 @@ PLACE = {"type": "object", "additionalProperties": False, "required": ["city", "
 
 
 @pytest.fixture(scope="module", params=["open", "secret+key"])
-def swarm(request, tmp_path_factory, default_model):  # noqa: F811
+def swarm(request, tmp_path_factory, default_model):
     root = tmp_path_factory.mktemp(request.param.replace("+", "-"))
     if request.param == "open":
         cluster = SwarmCluster(root, 3, [])
