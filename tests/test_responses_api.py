@@ -143,8 +143,8 @@ def test_fields_that_change_nothing_are_accepted_and_named(node):
                                         "include": ["reasoning.encrypted_content"], "truncation": "auto",
                                         "prompt_cache_key": "k", "text": {"verbosity": "low"}, "metadata": {"a": "b"}})
     assert status == 200, body
-    assert headers["x-swarm-ignored"].split(", ") == ["reasoning", "user", "service_tier", "include", "truncation",
-                                                      "prompt_cache_key", "text.verbosity"]
+    assert headers["x-swarm-ignored"].split(", ") == ["reasoning", "user", "service_tier", "truncation",
+                                                      "prompt_cache_key", "include", "text.verbosity"]
     assert body["metadata"] == {"a": "b"}
     assert "accepted and ignored (nothing here changes with them): reasoning, user" in node.log.read_text()
     assert "x-swarm-ignored" not in post(node, {"input": "hi", "max_output_tokens": 2})[2]
@@ -187,7 +187,8 @@ BAD_BODIES = [
     ({**OK, "background": True}, 400, "background"),
     ({**OK, "conversation": "conv_1"}, 400, "conversation"),
     ({**OK, "reasoning": "high"}, 400, "reasoning"),
-    ({**OK, "include": ["message.output_text.logprobs"]}, 400, "include"),
+    ({**OK, "include": ["reasoning.encrypted_content", "no.such.output"]}, 400, "include"),
+    ({**OK, "top_logprobs": 50}, 400, "top_logprobs"),
     ({**OK, "frobnicate": 1}, 400, "frobnicate"),
     ({**OK, "model": "gpt-9"}, 404, "model"),
 ]
@@ -276,3 +277,19 @@ def test_an_openai_agents_sdk_agent_calls_its_tool_and_answers(tmp_path, default
         result = Runner.run_sync(agent, "What is the weather in Paris?", max_turns=4)
     assert asked == ["Paris"]
     assert len(result.raw_responses) == 2 and isinstance(result.final_output, str) and result.final_output
+
+
+def test_logprobs_are_chat_completions_own(client):
+    want = client.chat.completions.create(model="llama", messages=[{"role": "user", "content": "hello"}],
+                                          max_tokens=6, temperature=0, logprobs=True,
+                                          top_logprobs=3).choices[0].logprobs.content
+    kwargs = dict(model="llama", input="hello", max_output_tokens=6, temperature=0, top_logprobs=3,
+                  include=["message.output_text.logprobs"])
+    got = client.responses.create(**kwargs).output[0].content[0].logprobs
+    assert [(e.token, e.logprob, e.bytes) for e in got] == [(e.token, e.logprob, e.bytes) for e in want]
+    assert [[t.token for t in e.top_logprobs] for e in got] == [[t.token for t in e.top_logprobs] for e in want]
+    events = list(client.responses.create(stream=True, **kwargs))
+    assert [e.token for ev in events if ev.type == "response.output_text.delta" for e in ev.logprobs] == \
+        [e.token for e in want]
+    assert client.responses.create(model="llama", input="hello", max_output_tokens=2).output[0].content[0].logprobs \
+        == []
