@@ -109,6 +109,12 @@ def test_a_function_call_round_trip_with_and_without_previous_response_id(client
     done = [e for e in streamed if e.type == "response.function_call_arguments.done"]
     assert "".join(deltas) == done[0].arguments == call.arguments
     assert streamed[-1].type == "response.completed" and streamed[-1].response.output[0].call_id
+    with client.responses.stream(model="llama", input="What is the weather in Paris?", tools=[WEATHER],
+                                 tool_choice="required", max_output_tokens=200, temperature=0) as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_response()  # the SDK's accumulator rebuilt the call from the events
+    assert final.output[0].arguments == call.arguments and final.output[0].name == "get_weather"
 
 
 def test_text_format_json_schema_and_json_object(client):
