@@ -207,6 +207,7 @@ BAD_BODIES = [
     ("/api/chat", {**OK, "tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"a\udfff": {"type": "string"}}}}}]}, 400),
     ("/api/chat", {**OK, "format": "yaml"}, 400),
+    ("/api/chat", {**OK, "format": "json", "tools": [WEATHER]}, 400),
     ("/api/chat", {**OK, "format": {"type": "object", "properties": {"a": {"type": "no-such-type"}}}}, 400),
     ("/api/chat", {**OK, "options": "hot"}, 400),
     ("/api/chat", {**OK, "options": {"temperature": "hot"}}, 400),
