@@ -5,7 +5,8 @@ Two swarms, each checked with every test: an open one serving the default model 
 can be read: "Paris"), and one with a secret (sealed links) and an API key serving a tiny random
 model whose chat template renders tools, where `<tool_call>` is a token of its own. Ollama has no
 tool_choice, so a model-initiated call needs a model that calls when it likes; the default model
-never does (it answers in prose), so on its swarm the tool test sends a call and its result back.
+never does (it answers in prose), so on its swarm the tool test sends a call and its result back. On the
+open swarm a streamed Responses answer also goes on unchanged through a kill -9 of its last stage.
 """
 
 from __future__ import annotations
