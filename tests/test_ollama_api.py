@@ -15,10 +15,8 @@ import jsonschema
 import ollama
 import openai
 import pytest
-from model_fixtures import tiny_models  # noqa: F401
-from model_zoo import build_random_model
+from helpers import assert_gone_mid_stream_frees
 from node_process import running_node
-from test_responses_api import assert_gone_mid_stream_frees
 
 # What the ollama client sends of a tool: its Tool model keeps type, properties, required (not
 # additionalProperties), so this is the schema a call can be held to.
@@ -29,14 +27,9 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 GREEDY = {"temperature": 0, "num_predict": 12}
 
 
-@pytest.fixture(scope="module")
-def node(tmp_path_factory, tiny_models):
-    with running_node(tmp_path_factory.mktemp("ollama"), "--model", str(tiny_models["llama"])) as n:
-        yield n
-
-
 @pytest.fixture
 def client(node):
+    """Here the official ollama client, for conftest's node (the tiny llama)."""
     return ollama.Client(host=node.url, timeout=120)
 
 
@@ -151,9 +144,9 @@ def test_fields_that_change_nothing_are_accepted_and_named(node):
 
 
 @pytest.fixture(scope="module")
-def tools_node(tmp_path_factory):
+def tools_node(tmp_path_factory, random_model):
     """A model whose chat template renders tools (Qwen 2.5's), <tool_call> being a token of its own."""
-    model = build_random_model(tmp_path_factory.mktemp("qwen-tools") / "qwen", "qwen2", seed=3, tools_template=True)
+    model = random_model("qwen2", seed=3, tools_template=True)
     with running_node(tmp_path_factory.mktemp("ollama-tools"), "--model", str(model)) as n:
         yield n
 
@@ -164,10 +157,10 @@ def a_tool_call(client: ollama.Client, messages: list[dict], stream: bool = Fals
     for seed in range(16):
         options = {"temperature": 1.0, "seed": seed, "num_predict": 200}
         if stream:
-            calls = [c for part in client.chat(model="qwen", messages=messages, tools=[WEATHER], options=options,
+            calls = [c for part in client.chat(model="qwen2", messages=messages, tools=[WEATHER], options=options,
                                                stream=True) for c in part.message.tool_calls or []]
         else:
-            calls = client.chat(model="qwen", messages=messages, tools=[WEATHER], options=options).message.tool_calls
+            calls = client.chat(model="qwen2", messages=messages, tools=[WEATHER], options=options).message.tool_calls
         if calls:
             return seed, calls
     raise AssertionError("no tool call in 16 seeds")
@@ -183,7 +176,7 @@ def test_a_tool_call_and_its_result(tools_node):
     # The call and its result sent back, as the client's own objects: the model answers on.
     messages = [*ASK, {"role": "assistant", "content": "", "tool_calls": calls},
                 {"role": "tool", "tool_name": "get_weather", "content": "sunny"}]
-    answer = client.chat(model="qwen", messages=messages, tools=[WEATHER], options={"temperature": 0,
+    answer = client.chat(model="qwen2", messages=messages, tools=[WEATHER], options={"temperature": 0,
                                                                                    "num_predict": 5})
     assert answer.done and answer.prompt_eval_count > 0
 

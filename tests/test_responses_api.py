@@ -8,14 +8,12 @@ body is a 4xx in OpenAI's error shape naming its field, and the node keeps servi
 from __future__ import annotations
 
 import json
-import socket
-import time
 import urllib.request
 
 import jsonschema
 import openai
 import pytest
-from model_fixtures import default_model, tiny_models  # noqa: F401
+from helpers import assert_gone_mid_stream_frees
 from node_process import running_node
 
 from swarm.api.errors import ApiError
@@ -27,17 +25,6 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "The weathe
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
           "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0,
                                                                               "maximum": 120}}}
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory, tiny_models):
-    with running_node(tmp_path_factory.mktemp("responses"), "--model", str(tiny_models["llama"])) as n:
-        yield n
-
-
-@pytest.fixture
-def client(node):
-    return openai.OpenAI(base_url=node.url + "/v1", api_key="none", max_retries=0, timeout=120)
 
 
 def post(node, body: bytes | dict, path: str = "/v1/responses") -> tuple[int, dict, dict]:
@@ -241,25 +228,6 @@ def test_the_store_is_bounded_in_count_size_and_age():
 def test_a_client_gone_mid_stream_frees_the_request(node):
     assert_gone_mid_stream_frees(node, "/v1/responses", {"input": "go on", "max_output_tokens": 4000,
                                                          "temperature": 0.8, "stream": True}, b"data:")
-
-
-def assert_gone_mid_stream_frees(node, path: str, body: dict, marker: bytes) -> None:
-    """A client that reads a few events and hangs up: the node forgets the request on every stage."""
-    raw = json.dumps(body).encode()
-    with socket.create_connection(("127.0.0.1", node.api_port)) as s:
-        s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
-                  + f"Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
-        seen = b""
-        while seen.count(marker) < 5:
-            seen += s.recv(4096)
-        assert node.health()[1]["active_requests"] == 1
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        health = node.health()[1]
-        if health["active_requests"] == 0 and health["cached_requests"] == 0:
-            break
-        time.sleep(0.1)
-    assert health["active_requests"] == 0 and health["cached_requests"] == 0
 
 
 def test_an_openai_agents_sdk_agent_calls_its_tool_and_answers(tmp_path, default_model):

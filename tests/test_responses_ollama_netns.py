@@ -19,10 +19,9 @@ import jsonschema
 import ollama
 import openai
 import pytest
-from model_fixtures import default_model  # noqa: F401
-from model_zoo import build_random_model
+from helpers import http_json
 from netns import netns_unavailable_reason
-from netns_client import http_json, in_netns
+from netns_client import in_netns
 from swarm_cluster import SwarmCluster
 
 pytestmark = pytest.mark.skipif(netns_unavailable_reason() is not None, reason=str(netns_unavailable_reason()))
@@ -42,15 +41,15 @@ PLACE = {"type": "object", "additionalProperties": False, "required": ["city", "
 
 
 @pytest.fixture(scope="module", params=["open", "secret+key"])
-def swarm(request, tmp_path_factory, default_model):  # noqa: F811
+def swarm(request, tmp_path_factory, default_model, random_model):
     root = tmp_path_factory.mktemp(request.param.replace("+", "-"))
     if request.param == "open":
         cluster = SwarmCluster(root, 3, [])
         cluster.model = DEFAULT
     else:
-        model = build_random_model(root / "qwen", "qwen2", seed=3, tools_template=True)
-        cluster = SwarmCluster(root / "swarm", 3, ["--model", str(model)], secret="faces-netns-secret", api_key=KEY)
-        cluster.model = "qwen"
+        model = random_model("qwen2", seed=3, tools_template=True)
+        cluster = SwarmCluster(root, 3, ["--model", str(model)], secret="faces-netns-secret", api_key=KEY)
+        cluster.model = "qwen2"
     try:
         cluster.wait_serving(stages=3)
         yield cluster
