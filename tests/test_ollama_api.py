@@ -266,6 +266,6 @@ def test_logprobs_are_chat_completions_own(node, ollama_client):
     assert [[t.token for t in e.top_logprobs] for e in r.logprobs] == [[t.token for t in e.top_logprobs]
                                                                         for e in want]
     parts = list(ollama_client.generate(model="llama", prompt="hello", options={"temperature": 0, "num_predict": 6},
-                                 logprobs=True, stream=True))
+                                        logprobs=True, stream=True))
     assert [e.token for p in parts for e in p.logprobs or []] == [e.token for e in want]
     assert ollama_client.chat(model="llama", messages=messages, options={"num_predict": 2}).logprobs is None
