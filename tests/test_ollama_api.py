@@ -15,9 +15,8 @@ import jsonschema
 import ollama
 import openai
 import pytest
-from model_zoo import build_random_model
+from helpers import assert_gone_mid_stream_frees
 from node_process import running_node
-from test_responses_api import assert_gone_mid_stream_frees
 
 # What the ollama client sends of a tool: its Tool model keeps type, properties, required (not
 # additionalProperties), so this is the schema a call can be held to.
@@ -28,14 +27,9 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 GREEDY = {"temperature": 0, "num_predict": 12}
 
 
-@pytest.fixture(scope="module")
-def node(tmp_path_factory, tiny_models):
-    with running_node(tmp_path_factory.mktemp("ollama"), "--model", str(tiny_models["llama"])) as n:
-        yield n
-
-
 @pytest.fixture
-def client(node):
+def ollama_client(node):
+    """The official ollama client, for conftest's node (the tiny llama)."""
     return ollama.Client(host=node.url, timeout=120)
 
 
@@ -55,19 +49,20 @@ def post(node, path: str, body: bytes | dict) -> tuple[int, bytes, dict]:
         return e.code, e.read(), dict(e.headers)
 
 
-def test_greedy_chat_and_generate_equal_chat_completions(node, client):
+def test_greedy_chat_and_generate_equal_chat_completions(node, ollama_client):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"}]
     want = chat_completion(node, messages)
-    r = client.chat(model="llama", messages=messages, options=GREEDY)
+    r = ollama_client.chat(model="llama", messages=messages, options=GREEDY)
     assert r.message.content == want and r.message.role == "assistant"
     assert r.done and r.done_reason == "length" and r.eval_count == 12 and r.prompt_eval_count > 3
     assert r.total_duration >= r.eval_duration > 0
-    streamed = list(client.chat(model="llama", messages=messages, options=GREEDY, stream=True))
+    streamed = list(ollama_client.chat(model="llama", messages=messages, options=GREEDY, stream=True))
     assert "".join(p.message.content for p in streamed) == want
     assert [p.done for p in streamed] == [False] * (len(streamed) - 1) + [True]
-    g = client.generate(model="llama", system="Be brief.", prompt="hello", options=GREEDY)
+    g = ollama_client.generate(model="llama", system="Be brief.", prompt="hello", options=GREEDY)
     assert g.response == want and g.done_reason == "length"
-    pieces = list(client.generate(model="llama", system="Be brief.", prompt="hello", options=GREEDY, stream=True))
+    pieces = list(ollama_client.generate(model="llama", system="Be brief.", prompt="hello", options=GREEDY,
+                                         stream=True))
     assert "".join(p.response for p in pieces) == want
 
 
@@ -81,62 +76,63 @@ def test_streaming_is_the_default_as_ollama_does(node):
     assert status == 200 and json.loads(raw)["done"] is True
 
 
-def test_raw_generate_is_the_completions_prompt(node, client):
+def test_raw_generate_is_the_completions_prompt(node, ollama_client):
     oc = openai.OpenAI(base_url=node.url + "/v1", api_key="none", max_retries=0, timeout=120)
     want = oc.completions.create(model="llama", prompt="Once upon", max_tokens=12, temperature=0).choices[0].text
-    assert client.generate(model="llama", prompt="Once upon", raw=True, options=GREEDY).response == want
+    assert ollama_client.generate(model="llama", prompt="Once upon", raw=True, options=GREEDY).response == want
 
 
-def test_options_apply(client):
-    base = client.generate(model="llama", prompt="abc", options=GREEDY).response
+def test_options_apply(ollama_client):
+    base = ollama_client.generate(model="llama", prompt="abc", options=GREEDY).response
     stop = base[3:5]
-    cut = client.generate(model="llama", prompt="abc", options={**GREEDY, "stop": [stop]})
+    cut = ollama_client.generate(model="llama", prompt="abc", options={**GREEDY, "stop": [stop]})
     assert cut.response == base[:base.find(stop)] and cut.done_reason == "stop"
     sampled = dict(temperature=1.0, top_p=0.9, top_k=40, num_predict=12)
-    a = client.generate(model="llama", prompt="x", options={**sampled, "seed": 7}).response
-    assert client.generate(model="llama", prompt="x", options={**sampled, "seed": 7}).response == a
-    assert client.generate(model="llama", prompt="x", options={**sampled, "seed": 8}).response != a
-    assert client.generate(model="llama", prompt="x", options={"num_predict": 3}).eval_count == 3
+    a = ollama_client.generate(model="llama", prompt="x", options={**sampled, "seed": 7}).response
+    assert ollama_client.generate(model="llama", prompt="x", options={**sampled, "seed": 7}).response == a
+    assert ollama_client.generate(model="llama", prompt="x", options={**sampled, "seed": 8}).response != a
+    assert ollama_client.generate(model="llama", prompt="x", options={"num_predict": 3}).eval_count == 3
 
 
-def test_format_json_and_a_schema(client):
+def test_format_json_and_a_schema(ollama_client):
     person = {"type": "object", "required": ["name", "age"], "additionalProperties": False,
               "properties": {"name": {"type": "string", "maxLength": 10}, "age": {"type": "integer"}}}
-    r = client.chat(model="llama", messages=[{"role": "user", "content": "a person"}], format=person,
-                    options={"temperature": 0.8, "seed": 1, "num_predict": 100})
+    r = ollama_client.chat(model="llama", messages=[{"role": "user", "content": "a person"}], format=person,
+                           options={"temperature": 0.8, "seed": 1, "num_predict": 100})
     assert r.done_reason == "stop", r
     jsonschema.validate(json.loads(r.message.content), person)
-    r = client.generate(model="llama", prompt="json", format="json", options={"temperature": 0, "num_predict": 60})
+    r = ollama_client.generate(model="llama", prompt="json", format="json",
+                               options={"temperature": 0, "num_predict": 60})
     assert r.response.startswith("{")
 
 
-def test_tags_show_ps_version_and_names(node, client):
-    [model] = client.list().models
+def test_tags_show_ps_version_and_names(node, ollama_client):
+    [model] = ollama_client.list().models
     assert model.model == "llama:latest" and model.size > 0 and model.digest
     assert model.details.family == "llama" and model.details.parameter_size.endswith("K")
-    shown = client.show("llama")
+    shown = ollama_client.show("llama")
     assert shown.details.family == "llama" and "tools" in shown.capabilities
     assert shown.modelinfo["general.architecture"] == "llama" and shown.modelinfo["llama.block_count"] == 6
     assert shown.modelinfo["llama.context_length"] > 0 and shown.template
-    [running] = client.ps().models
+    [running] = ollama_client.ps().models
     assert running.model == "llama:latest" and running.context_length > 0
     status, raw, _ = post(node, "/api/version", b"")  # a POST: not a route
     assert status == 405 and "error" in json.loads(raw)
     assert json.loads(urllib.request.urlopen(node.url + "/api/version").read())["version"]
     for name in ("llama", "llama:latest", "LLAMA", "Llama:Latest"):
-        assert client.chat(model=name, messages=ASK, options={"num_predict": 1}).done
+        assert ollama_client.chat(model=name, messages=ASK, options={"num_predict": 1}).done
     for name in ("llama:7b", "mistral", "llam"):
         with pytest.raises(ollama.ResponseError) as e:
-            client.chat(model=name, messages=ASK)
+            ollama_client.chat(model=name, messages=ASK)
         assert e.value.status_code == 404 and name in e.value.error
     with pytest.raises(ollama.ResponseError) as e:
-        client.show("mistral")
+        ollama_client.show("mistral")
     assert e.value.status_code == 404
 
 
-def test_an_empty_request_loads_the_model(client):
-    assert client.generate(model="llama").done_reason == "load"
-    assert client.chat(model="llama", messages=[]).done_reason == "load"
+def test_an_empty_request_loads_the_model(ollama_client):
+    assert ollama_client.generate(model="llama").done_reason == "load"
+    assert ollama_client.chat(model="llama", messages=[]).done_reason == "load"
 
 
 def test_fields_that_change_nothing_are_accepted_and_named(node):
@@ -150,9 +146,9 @@ def test_fields_that_change_nothing_are_accepted_and_named(node):
 
 
 @pytest.fixture(scope="module")
-def tools_node(tmp_path_factory):
+def tools_node(tmp_path_factory, random_model):
     """A model whose chat template renders tools (Qwen 2.5's), <tool_call> being a token of its own."""
-    model = build_random_model(tmp_path_factory.mktemp("qwen-tools") / "qwen", "qwen2", seed=3, tools_template=True)
+    model = random_model("qwen2", seed=3, tools_template=True)
     with running_node(tmp_path_factory.mktemp("ollama-tools"), "--model", str(model)) as n:
         yield n
 
@@ -163,10 +159,10 @@ def a_tool_call(client: ollama.Client, messages: list[dict], stream: bool = Fals
     for seed in range(16):
         options = {"temperature": 1.0, "seed": seed, "num_predict": 200}
         if stream:
-            calls = [c for part in client.chat(model="qwen", messages=messages, tools=[WEATHER], options=options,
+            calls = [c for part in client.chat(model="qwen2", messages=messages, tools=[WEATHER], options=options,
                                                stream=True) for c in part.message.tool_calls or []]
         else:
-            calls = client.chat(model="qwen", messages=messages, tools=[WEATHER], options=options).message.tool_calls
+            calls = client.chat(model="qwen2", messages=messages, tools=[WEATHER], options=options).message.tool_calls
         if calls:
             return seed, calls
     raise AssertionError("no tool call in 16 seeds")
@@ -182,7 +178,7 @@ def test_a_tool_call_and_its_result(tools_node):
     # The call and its result sent back, as the client's own objects: the model answers on.
     messages = [*ASK, {"role": "assistant", "content": "", "tool_calls": calls},
                 {"role": "tool", "tool_name": "get_weather", "content": "sunny"}]
-    answer = client.chat(model="qwen", messages=messages, tools=[WEATHER], options={"temperature": 0,
+    answer = client.chat(model="qwen2", messages=messages, tools=[WEATHER], options={"temperature": 0,
                                                                                    "num_predict": 5})
     assert answer.done and answer.prompt_eval_count > 0
 
@@ -206,6 +202,7 @@ BAD_BODIES = [
     ("/api/chat", {**OK, "tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"a\udfff": {"type": "string"}}}}}]}, 400),
     ("/api/chat", {**OK, "format": "yaml"}, 400),
+    ("/api/chat", {**OK, "format": "json", "tools": [WEATHER]}, 400),
     ("/api/chat", {**OK, "format": {"type": "object", "properties": {"a": {"type": "no-such-type"}}}}, 400),
     ("/api/chat", {**OK, "options": "hot"}, 400),
     ("/api/chat", {**OK, "options": {"temperature": "hot"}}, 400),
@@ -243,12 +240,12 @@ def test_bad_bodies_get_ollama_errors(node, path, body, status):
     assert list(payload) == ["error"] and isinstance(payload["error"], str) and payload["error"], payload
 
 
-def test_the_node_keeps_serving_after_bad_bodies(node, client):
+def test_the_node_keeps_serving_after_bad_bodies(node, ollama_client):
     for path, body, _ in BAD_BODIES:
         post(node, path, body)
     status, raw, _ = post(node, "/api/chat", b'{"x": "' + b"a" * (5 * 1024 * 1024) + b'"}')
     assert status == 413 and json.loads(raw)["error"]
-    assert client.chat(model="llama", messages=ASK, options={"num_predict": 2}).done
+    assert ollama_client.chat(model="llama", messages=ASK, options={"num_predict": 2}).done
     assert node.health()[0] == 200
 
 
@@ -258,17 +255,17 @@ def test_a_client_gone_mid_stream_frees_the_request(node):
                                  b'"done":false')
 
 
-def test_logprobs_are_chat_completions_own(node, client):
+def test_logprobs_are_chat_completions_own(node, ollama_client):
     messages = [{"role": "user", "content": "hello"}]
     oc = openai.OpenAI(base_url=node.url + "/v1", api_key="none", max_retries=0, timeout=120)
     want = oc.chat.completions.create(model="llama", messages=messages, max_tokens=6, temperature=0, logprobs=True,
                                       top_logprobs=3).choices[0].logprobs.content
-    r = client.chat(model="llama", messages=messages, options={"temperature": 0, "num_predict": 6}, logprobs=True,
-                    top_logprobs=3)
+    r = ollama_client.chat(model="llama", messages=messages, options={"temperature": 0, "num_predict": 6},
+                           logprobs=True, top_logprobs=3)
     assert [(e.token, e.logprob) for e in r.logprobs] == [(e.token, e.logprob) for e in want]
     assert [[t.token for t in e.top_logprobs] for e in r.logprobs] == [[t.token for t in e.top_logprobs]
                                                                         for e in want]
-    parts = list(client.generate(model="llama", prompt="hello", options={"temperature": 0, "num_predict": 6},
-                                 logprobs=True, stream=True))
+    parts = list(ollama_client.generate(model="llama", prompt="hello", options={"temperature": 0, "num_predict": 6},
+                                        logprobs=True, stream=True))
     assert [e.token for p in parts for e in p.logprobs or []] == [e.token for e in want]
-    assert client.chat(model="llama", messages=messages, options={"num_predict": 2}).logprobs is None
+    assert ollama_client.chat(model="llama", messages=messages, options={"num_predict": 2}).logprobs is None

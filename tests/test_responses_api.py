@@ -8,13 +8,12 @@ body is a 4xx in OpenAI's error shape naming its field, and the node keeps servi
 from __future__ import annotations
 
 import json
-import socket
-import time
 import urllib.request
 
 import jsonschema
 import openai
 import pytest
+from helpers import assert_gone_mid_stream_frees
 from node_process import running_node
 
 from swarm.api.errors import ApiError
@@ -26,17 +25,6 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "The weathe
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
           "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0,
                                                                               "maximum": 120}}}
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory, tiny_models):
-    with running_node(tmp_path_factory.mktemp("responses"), "--model", str(tiny_models["llama"])) as n:
-        yield n
-
-
-@pytest.fixture
-def client(node):
-    return openai.OpenAI(base_url=node.url + "/v1", api_key="none", max_retries=0, timeout=120)
 
 
 def post(node, body: bytes | dict, path: str = "/v1/responses") -> tuple[int, dict, dict]:
@@ -108,6 +96,12 @@ def test_a_function_call_round_trip_with_and_without_previous_response_id(client
     done = [e for e in streamed if e.type == "response.function_call_arguments.done"]
     assert "".join(deltas) == done[0].arguments == call.arguments
     assert streamed[-1].type == "response.completed" and streamed[-1].response.output[0].call_id
+    with client.responses.stream(model="llama", input="What is the weather in Paris?", tools=[WEATHER],
+                                 tool_choice="required", max_output_tokens=200, temperature=0) as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_response()  # the SDK's accumulator rebuilt the call from the events
+    assert final.output[0].arguments == call.arguments and final.output[0].name == "get_weather"
 
 
 def test_text_format_json_schema_and_json_object(client):
@@ -142,8 +136,8 @@ def test_fields_that_change_nothing_are_accepted_and_named(node):
                                         "include": ["reasoning.encrypted_content"], "truncation": "auto",
                                         "prompt_cache_key": "k", "text": {"verbosity": "low"}, "metadata": {"a": "b"}})
     assert status == 200, body
-    assert headers["x-swarm-ignored"].split(", ") == ["reasoning", "user", "service_tier", "include", "truncation",
-                                                      "prompt_cache_key", "text.verbosity"]
+    assert headers["x-swarm-ignored"].split(", ") == ["reasoning", "user", "service_tier", "truncation",
+                                                      "prompt_cache_key", "include", "text.verbosity"]
     assert body["metadata"] == {"a": "b"}
     assert "accepted and ignored (nothing here changes with them): reasoning, user" in node.log.read_text()
     assert "x-swarm-ignored" not in post(node, {"input": "hi", "max_output_tokens": 2})[2]
@@ -186,7 +180,8 @@ BAD_BODIES = [
     ({**OK, "background": True}, 400, "background"),
     ({**OK, "conversation": "conv_1"}, 400, "conversation"),
     ({**OK, "reasoning": "high"}, 400, "reasoning"),
-    ({**OK, "include": ["message.output_text.logprobs"]}, 400, "include"),
+    ({**OK, "include": ["reasoning.encrypted_content", "no.such.output"]}, 400, "include"),
+    ({**OK, "top_logprobs": 50}, 400, "top_logprobs"),
     ({**OK, "frobnicate": 1}, 400, "frobnicate"),
     ({**OK, "model": "gpt-9"}, 404, "model"),
 ]
@@ -235,25 +230,6 @@ def test_a_client_gone_mid_stream_frees_the_request(node):
                                                          "temperature": 0.8, "stream": True}, b"data:")
 
 
-def assert_gone_mid_stream_frees(node, path: str, body: dict, marker: bytes) -> None:
-    """A client that reads a few events and hangs up: the node forgets the request on every stage."""
-    raw = json.dumps(body).encode()
-    with socket.create_connection(("127.0.0.1", node.api_port)) as s:
-        s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
-                  + f"Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
-        seen = b""
-        while seen.count(marker) < 5:
-            seen += s.recv(4096)
-        assert node.health()[1]["active_requests"] == 1
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        health = node.health()[1]
-        if health["active_requests"] == 0 and health["cached_requests"] == 0:
-            break
-        time.sleep(0.1)
-    assert health["active_requests"] == 0 and health["cached_requests"] == 0
-
-
 def test_an_openai_agents_sdk_agent_calls_its_tool_and_answers(tmp_path, default_model):
     """The Agents SDK's own loop over /v1/responses (streamed): a forced call of a Python function,
     its result sent back as a function_call_output, then the model's answer."""
@@ -275,3 +251,19 @@ def test_an_openai_agents_sdk_agent_calls_its_tool_and_answers(tmp_path, default
         result = Runner.run_sync(agent, "What is the weather in Paris?", max_turns=4)
     assert asked == ["Paris"]
     assert len(result.raw_responses) == 2 and isinstance(result.final_output, str) and result.final_output
+
+
+def test_logprobs_are_chat_completions_own(client):
+    want = client.chat.completions.create(model="llama", messages=[{"role": "user", "content": "hello"}],
+                                          max_tokens=6, temperature=0, logprobs=True,
+                                          top_logprobs=3).choices[0].logprobs.content
+    kwargs = dict(model="llama", input="hello", max_output_tokens=6, temperature=0, top_logprobs=3,
+                  include=["message.output_text.logprobs"])
+    got = client.responses.create(**kwargs).output[0].content[0].logprobs
+    assert [(e.token, e.logprob, e.bytes) for e in got] == [(e.token, e.logprob, e.bytes) for e in want]
+    assert [[t.token for t in e.top_logprobs] for e in got] == [[t.token for t in e.top_logprobs] for e in want]
+    events = list(client.responses.create(stream=True, **kwargs))
+    assert [e.token for ev in events if ev.type == "response.output_text.delta" for e in ev.logprobs] == \
+        [e.token for e in want]
+    assert client.responses.create(model="llama", input="hello", max_output_tokens=2).output[0].content[0].logprobs \
+        == []

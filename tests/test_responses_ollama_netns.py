@@ -5,20 +5,23 @@ Two swarms, each checked with every test: an open one serving the default model 
 can be read: "Paris"), and one with a secret (sealed links) and an API key serving a tiny random
 model whose chat template renders tools, where `<tool_call>` is a token of its own. Ollama has no
 tool_choice, so a model-initiated call needs a model that calls when it likes; the default model
-never does (it answers in prose), so on its swarm the tool test sends a call and its result back.
+never does (it answers in prose), so on its swarm the tool test sends a call and its result back. On the
+open swarm a streamed Responses answer also goes on unchanged through a kill -9 of its last stage.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import jsonschema
 import ollama
 import openai
 import pytest
-from model_zoo import build_random_model
+from helpers import http_json
 from netns import netns_unavailable_reason
-from netns_client import http_json, in_netns
+from netns_client import in_netns
 from swarm_cluster import SwarmCluster
 
 pytestmark = pytest.mark.skipif(netns_unavailable_reason() is not None, reason=str(netns_unavailable_reason()))
@@ -38,15 +41,15 @@ PLACE = {"type": "object", "additionalProperties": False, "required": ["city", "
 
 
 @pytest.fixture(scope="module", params=["open", "secret+key"])
-def swarm(request, tmp_path_factory, default_model):
+def swarm(request, tmp_path_factory, default_model, random_model):
     root = tmp_path_factory.mktemp(request.param.replace("+", "-"))
     if request.param == "open":
         cluster = SwarmCluster(root, 3, [])
         cluster.model = DEFAULT
     else:
-        model = build_random_model(root / "qwen", "qwen2", seed=3, tools_template=True)
-        cluster = SwarmCluster(root / "swarm", 3, ["--model", str(model)], secret="faces-netns-secret", api_key=KEY)
-        cluster.model = "qwen"
+        model = random_model("qwen2", seed=3, tools_template=True)
+        cluster = SwarmCluster(root, 3, ["--model", str(model)], secret="faces-netns-secret", api_key=KEY)
+        cluster.model = "qwen2"
     try:
         cluster.wait_serving(stages=3)
         yield cluster
@@ -174,3 +177,41 @@ def test_without_the_key_each_face_answers_401_in_its_shape(swarm):
     assert status == 401 and list(body) == ["error"] and isinstance(body["error"], str), body
     status, body = in_netns(entry.host.ns, http_json, entry.url + "/v1/responses", {"input": "hi"})
     assert status == 401 and body["error"]["code"] == "invalid_api_key", body
+
+
+def test_a_responses_stream_goes_on_through_a_kill_9_unchanged(swarm):
+    """Mid-answer the last stage is killed: the survivors re-plan, the entry replays the request, and the
+    Responses events go on as if nothing happened (the face sees only the service's text)."""
+    if swarm.model != DEFAULT:
+        pytest.skip("once is enough: the open swarm")
+    entry, doomed = swarm.nodes[0], swarm.nodes[2]
+    kwargs = dict(model=DEFAULT, input="Tell me a story about a cat and a dog.", max_output_tokens=60, temperature=0)
+    undisturbed = with_openai(swarm, lambda c: c.responses.create(**kwargs))
+    assert undisturbed.usage.output_tokens > 20, "long enough to be killed in the middle of"
+    events: list = []
+    failure: list = []
+
+    def consume():
+        try:
+            events.extend(with_openai(swarm, lambda c: list(c.responses.create(stream=True, **kwargs))))
+        except BaseException as e:  # handed to the test
+            failure.append(e)
+    replays = entry.proc.logs(10_000).count("replaying")
+    before = entry.get("/health")[1]["total_tokens"]
+    thread = threading.Thread(target=consume, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while entry.get("/health")[1]["total_tokens"] - before < 4:
+        assert time.monotonic() < deadline and thread.is_alive(), "the stream did not start"
+        time.sleep(0.05)
+    doomed.proc.kill9()
+    at_kill = entry.get("/health")[1]["total_tokens"] - before
+    thread.join(300)
+    assert not thread.is_alive() and not failure, failure
+    assert at_kill + 3 <= undisturbed.usage.output_tokens, f"the kill came too late ({at_kill} tokens in)"
+    assert entry.proc.logs(10_000).count("replaying") > replays, "the entry replayed the request"
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == undisturbed.output_text
+    assert events[-1].type == f"response.{undisturbed.status}"
+    assert events[-1].response.usage.output_tokens == undisturbed.usage.output_tokens
+    doomed.start()
+    swarm.wait_serving(stages=3)

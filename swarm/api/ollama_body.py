@@ -107,8 +107,10 @@ def _request(body: dict, messages, raw_prompt, tools: ToolRequest, params_of, ig
         params = params_of(chat)
     if body.get("think") not in (None, False):
         raise ApiError(400, "this model does not think; 'think' may only be false", param="think")
-    return OllamaRequest(model, messages, raw_prompt, tools, _format(body.get("format")), params, until_full,
-                         ignored)
+    schema = _format(body.get("format"))
+    if schema is not None and tools.offered:
+        raise ApiError(400, "'format' together with 'tools' is not supported: send one or the other", param="format")
+    return OllamaRequest(model, messages, raw_prompt, tools, schema, params, until_full, ignored)
 
 
 def _check_fields(body: dict, allowed: set[str]) -> list[str]:

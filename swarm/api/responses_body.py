@@ -3,7 +3,7 @@
 `input` (a string or items: messages, function_call, function_call_output) and
 `instructions` become chat messages; function `tools`, `tool_choice` and `text.format`
 are rewritten into chat completions' form and parsed by tool_params / response_format,
-the sampling fields by request_parsing, so a Responses request is decoded exactly as
+the sampling fields and logprobs by request_parsing, so a Responses request is decoded exactly as
 the same chat request is. Errors name the Responses field (`input[2].content`,
 `max_output_tokens`, `text.format`) in OpenAI's error shape.
 """
@@ -19,16 +19,17 @@ from .tool_params import ToolRequest, parse_tools
 
 # Applied (or, for store / metadata, done as asked).
 HONOURED = {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
-            "max_output_tokens", "temperature", "top_p", "stream", "previous_response_id", "store", "metadata"}
+            "max_output_tokens", "temperature", "top_p", "stream", "previous_response_id", "store", "metadata",
+            "include", "top_logprobs"}
 # Accepted, changing nothing here: named in the x-swarm-ignored header and the log.
 NO_EFFECT = {"reasoning", "service_tier", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
-             "truncation", "include", "stream_options", "user", "background", "max_tool_calls", "top_logprobs"}
+             "truncation", "stream_options", "user", "background", "max_tool_calls"}
 _WHY_NOT = {
     "background": "background responses are not supported; 'background' may only be false",
     "conversation": "conversations are not stored here; use 'previous_response_id' or send the whole 'input'",
     "prompt": "stored prompt templates are not supported; send 'instructions' and 'input'",
-    "top_logprobs": "logprobs are not supported on /v1/responses; 'top_logprobs' may only be 0",
 }
+LOGPROBS = "message.output_text.logprobs"
 # include: extra output this server never has (reasoning, tool results); asking for it changes nothing.
 _INCLUDABLE_NOTHING = {"reasoning.encrypted_content", "file_search_call.results", "web_search_call.results",
                        "web_search_call.action.sources", "message.input_image.image_url",
@@ -69,6 +70,8 @@ def parse_responses_body(body: dict, params_of) -> ResponsesRequest:
                   "parallel_tool_calls": body.get("parallel_tool_calls"),
                   "tools": _chat_tools(body.get("tools")), "tool_choice": _chat_tool_choice(body.get("tool_choice")),
                   "response_format": _chat_format(body.get("text"))}
+    if LOGPROBS in (body.get("include") or []) or body.get("top_logprobs"):  # as chat's logprobs
+        chat.update(logprobs=True, top_logprobs=body.get("top_logprobs"))
     with renamed_params({"max_tokens": "max_output_tokens", "response_format": "text.format",
                          r"tools\[(\d+)\]\.function": r"tools[\1]"}):
         tools = parse_tools(chat)
@@ -96,7 +99,8 @@ def parse_responses_body(body: dict, params_of) -> ResponsesRequest:
             "store": store is not False, "text": {"format": _format_echo(body.get("text"))},
             "tool_choice": body.get("tool_choice") or ("auto" if tools.tools else "none"),
             "tools": body.get("tools") or [], "truncation": "disabled", "user": body.get("user"),
-            "reasoning": {"effort": None, "summary": None}, "service_tier": "default"}
+            "reasoning": {"effort": None, "summary": None}, "service_tier": "default",
+            "top_logprobs": body.get("top_logprobs")}
     return ResponsesRequest(instructions, messages, tools, schema, params, previous, store is not False, echo,
                             ignored)
 
@@ -116,6 +120,14 @@ def _check_fields(body: dict) -> list[str]:
         _check_no_effect(name, value)
         if value not in ([], {}):  # an empty list or object asks for nothing at all
             ignored.append(name)
+    include = body.get("include") or []
+    if not isinstance(include, list) or not all(isinstance(v, str) for v in include):
+        raise ApiError(400, "'include' must be an array of strings", param="include")
+    for v in include:
+        if v not in _INCLUDABLE_NOTHING | {LOGPROBS}:
+            raise ApiError(400, f"include {v!r} is not supported", param="include", code="unsupported_parameter")
+    if set(include) - {LOGPROBS}:
+        ignored.append("include")
     text = body.get("text")
     if isinstance(text, dict) and text.get("verbosity") is not None:
         if text["verbosity"] not in ("low", "medium", "high"):
@@ -128,8 +140,6 @@ def _check_no_effect(name: str, value) -> None:
     """Ignored fields are still checked: a wrong type is a mistake the client should hear of."""
     if name == "background" and value is not False:
         raise ApiError(400, _WHY_NOT["background"], param=name, code="unsupported_parameter")
-    if name == "top_logprobs" and value != 0:
-        raise ApiError(400, _WHY_NOT["top_logprobs"], param=name, code="unsupported_parameter")
     if name in ("reasoning", "stream_options") and not isinstance(value, dict):
         raise ApiError(400, f"'{name}' must be an object", param=name)
     if name in ("service_tier", "safety_identifier", "prompt_cache_key", "prompt_cache_retention", "user") \
@@ -139,12 +149,6 @@ def _check_no_effect(name: str, value) -> None:
         raise ApiError(400, "'truncation' must be 'auto' or 'disabled'", param=name)
     if name == "max_tool_calls" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise ApiError(400, "'max_tool_calls' must be a positive integer", param=name)
-    if name == "include":
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ApiError(400, "'include' must be an array of strings", param=name)
-        for v in value:
-            if v not in _INCLUDABLE_NOTHING:
-                raise ApiError(400, f"include {v!r} is not supported", param=name, code="unsupported_parameter")
 
 
 def parse_input(items) -> list[dict]:

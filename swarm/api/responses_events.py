@@ -15,7 +15,8 @@ from __future__ import annotations
 import time
 import uuid
 
-from ..entry.service import Finished, TextDelta
+from ..entry.service import Finished, TextDelta, TokenScore
+from .response_shapes import TokenTexts
 
 
 def _id(prefix: str) -> str:
@@ -23,8 +24,9 @@ def _id(prefix: str) -> str:
 
 
 class ResponseBuilder:
-    def __init__(self, model: str, echo: dict):
+    def __init__(self, model: str, echo: dict, texts: TokenTexts | None = None):
         self.id, self.model, self.echo = _id("resp"), model, echo
+        self.texts = texts  # set when the request asked for logprobs
         self.created_at = int(time.time())
         self.output: list[dict] = []
         self.sequence = 0
@@ -44,7 +46,7 @@ class ResponseBuilder:
             events += self._close_message()
             status = self.status
             return events + [self._event(f"response.{status}", response=self.snapshot(status))]
-        events = self._text(ev.text) if ev.text else []
+        events = self._text(ev.text, ev.logprobs) if ev.text or (ev.logprobs and self.texts) else []
         for call in ev.tool_calls:
             events += self._close_message() + self._call(call)
         return events
@@ -75,7 +77,7 @@ class ResponseBuilder:
         return [{"role": "assistant", "content": text or (None if calls else ""),
                  **({"tool_calls": calls} if calls else {})}]
 
-    def _text(self, text: str) -> list[dict]:
+    def _text(self, text: str, scores: list[TokenScore] = ()) -> list[dict]:
         events = []
         if self._message is None:
             self._message = {"id": _id("msg"), "type": "message", "status": "in_progress", "role": "assistant",
@@ -86,11 +88,20 @@ class ResponseBuilder:
                        self._event("response.content_part.added", item_id=self._message["id"],
                                    output_index=self._index, content_index=0, part=_text_part(""))]
             self._message["content"].append(_text_part(""))
-        self._message["content"][0]["text"] += text
-        if text:
+        part = self._message["content"][0]
+        part["text"] += text
+        logprobs = [self._logprob(s) for s in scores] if self.texts is not None else []
+        part["logprobs"] += logprobs
+        if text or logprobs:
             events.append(self._event("response.output_text.delta", item_id=self._message["id"],
-                                      output_index=self._index, content_index=0, delta=text, logprobs=[]))
+                                      output_index=self._index, content_index=0, delta=text, logprobs=logprobs))
         return events
+
+    def _logprob(self, s: TokenScore) -> dict:
+        def entry(token: int, logprob: float) -> dict:
+            text, raw = self.texts(token)
+            return {"token": text, "bytes": raw, "logprob": logprob}
+        return {**entry(s.token, s.logprob), "top_logprobs": [entry(t, lp) for t, lp in s.top]}
 
     def _close_message(self) -> list[dict]:
         message, self._message = self._message, None
@@ -100,7 +111,7 @@ class ResponseBuilder:
         message["status"] = "completed"
         part = message["content"][0]
         return [self._event("response.output_text.done", item_id=message["id"], output_index=index,
-                            content_index=0, text=part["text"], logprobs=[]),
+                            content_index=0, text=part["text"], logprobs=list(part["logprobs"])),
                 self._event("response.content_part.done", item_id=message["id"], output_index=index,
                             content_index=0, part=dict(part)),
                 self._event("response.output_item.done", output_index=index, item=dict(message))]

@@ -20,6 +20,7 @@ from .request_fields import report_ignored
 from .request_parsing import read_json_object
 from .responses_body import ResponsesRequest, parse_responses_body
 from .responses_events import ResponseBuilder
+from .response_shapes import TokenTexts
 from .responses_store import ResponseStore
 from .sse import open_event_stream, send_event
 
@@ -28,6 +29,7 @@ class ResponsesRoutes:
     def __init__(self, generation: Generation, store: ResponseStore | None = None):
         self.generation = generation
         self.store = store if store is not None else ResponseStore()
+        self.texts = TokenTexts(generation.service.vocab)
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_post("/v1/responses", self.create)
@@ -52,7 +54,8 @@ class ResponsesRoutes:
         prompt = gen.encode_chat(req.messages(earlier), req.tools.offered, param="input")
         grammar, fmt = await gen.chat_grammar(req.tools, req.schema, schema_param="text.format")
         rules = req.params.with_rules(grammar=grammar)
-        builder = ResponseBuilder(gen.model_id, req.echo)
+        wants_logprobs = rules is not None and rules.logprobs is not None
+        builder = ResponseBuilder(gen.model_id, req.echo, self.texts if wants_logprobs else None)
         async with gen.started(prompt, req.params, rules, gen.tool_output(req.tools, fmt),
                                max_tokens_param="max_output_tokens") as started:
             events = started.events()
