@@ -52,7 +52,8 @@ def reachable_urls(host: str, port: int, path: str = "/v1") -> list[str]:
     address of this machine's interfaces (other machines' way in first, loopback last)."""
     if host not in ("0.0.0.0", "::", ""):
         return [_url(host, port, path)]
-    families = {socket.AF_INET} if host == "0.0.0.0" else {socket.AF_INET, socket.AF_INET6}
+    # asyncio's servers set IPV6_V6ONLY: "::" takes IPv6 only, "" a socket per family
+    families = {"0.0.0.0": {socket.AF_INET}, "::": {socket.AF_INET6}}.get(host, {socket.AF_INET, socket.AF_INET6})
     found = set()
     for entries in psutil.net_if_addrs().values():
         for entry in entries:
@@ -61,7 +62,7 @@ def reachable_urls(host: str, port: int, path: str = "/v1") -> list[str]:
                 if not address.is_link_local:  # an IPv6 link-local address needs its interface named
                     found.add(address)
     ordered = sorted(found, key=lambda a: (a.is_loopback, a.version, a))
-    return [_url(str(a), port, path) for a in ordered] or [_url("127.0.0.1", port, path)]
+    return [_url(str(a), port, path) for a in ordered] or [_url("::1" if host == "::" else "127.0.0.1", port, path)]
 
 
 def _url(host: str, port: int, path: str) -> str:
