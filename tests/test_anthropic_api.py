@@ -215,6 +215,11 @@ def test_fields_without_effect_are_accepted_and_named(node, llama):
     status, reply, headers = post(node, "/v1/messages", {**base, "messages": marked})
     assert status == 200 and {k.lower(): v for k, v in headers.items()}["x-swarm-ignored"] == "cache_control"
     assert reply["content"] == plain["content"]
+    streamed = urllib.request.Request(node.url + "/v1/messages", headers={
+        "Content-Type": "application/json", "x-api-key": KEY},
+        data=json.dumps({**base, "stream": True, "metadata": {"user_id": "u-1"}}).encode())
+    with urllib.request.urlopen(streamed, timeout=120) as r:
+        assert r.headers["x-swarm-ignored"] == "metadata" and b"event: message_stop" in r.read()
 
 
 def test_the_key_may_come_as_x_api_key_and_a_missing_one_is_anthropics_401(node, llama):
