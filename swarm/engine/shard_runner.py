@@ -26,6 +26,7 @@ from .cache_budget import CacheBudget, CacheFull, CacheLimits
 from .constraints import GrammarVocab
 from .decoding_rules import DecodingRules
 from .kept_batches import KeptBatch, KeptBatches
+from .prompt_cache import PromptCache, PromptCacheMiss, PromptCacheStats
 from .request_sampler import HistoryMismatch, RequestSampler
 from .sampling import SamplingParams, sample
 from .shard import Shard
@@ -54,7 +55,7 @@ class ShardRunner:
     """Synchronous: call only from the node's MLX worker thread."""
 
     def __init__(self, shard: Shard, limits: CacheLimits | None = None, context: int | None = None,
-                 vocab: GrammarVocab | None = None, keep_batches: bool = True):
+                 vocab: GrammarVocab | None = None, keep_batches: bool = True, prompt_cache_bytes: int = 0):
         self.shard = shard
         self.keep_batches = keep_batches and shard.can_batch  # False: the unrolled pass on own caches
         self.batches = KeptBatches()
@@ -63,6 +64,9 @@ class ShardRunner:
         self.context = context or 2**31 - 1
         self.input_limits = shard.input_limits(self.context)
         self._requests: dict[Key, _RequestState] = {}
+        # caches of finished requests, reused by later ones that start with the same tokens (prompt_cache.py)
+        self.prompts = PromptCache(prompt_cache_bytes)
+        self._missed: dict[Key, None] = {}  # requests that missed their prefix: their later frames are dropped
 
     @property
     def range(self):
@@ -70,12 +74,14 @@ class ShardRunner:
 
     def forward(self, request_id: str, x: mx.array, start_pos: int, sampling: SamplingParams | None = None,
                 entry: str = "", rules: DecodingRules | None = None,
-                ids: list[int] | None = None) -> mx.array | int | SampledToken:
+                ids: list[int] | None = None, prefix: list[int] | None = None) -> mx.array | int | SampledToken:
         """Run positions [start_pos, start_pos + L) of `entry`'s request through this shard.
 
         start_pos 0 always starts the request afresh (a replay after churn does that), with
         the request's decoding `rules` if it has any; every later forward of such a request
-        brings the token `ids` of its positions (see request_sampler.py).
+        brings the token `ids` of its positions (see request_sampler.py). So does a `prefix`:
+        the token ids of positions [0, start_pos), whose caches the request starts from, as kept
+        by `release(keep=...)` (prompt_cache.py); PromptCacheMiss if this stage does not hold them.
         On the last stage with `sampling`, returns the sampled token for the next position
         (a SampledToken when the rules ask for logprobs).
         Raises CacheMismatch when the caches do not hold start_pos, CacheFull past a cap.
@@ -84,18 +90,25 @@ class ShardRunner:
         if start_pos + length > self.context:
             raise CacheMismatch(f"request {request_id}: positions [{start_pos}, {start_pos + length}) run past "
                                 f"the context of {self.context}")
+        if prefix is not None and len(prefix) != start_pos:
+            raise CacheMismatch(f"request {request_id}: a prefix of {len(prefix)} tokens for position {start_pos}")
         state = self._requests.get(key)
-        if start_pos == 0:
+        if start_pos == 0 or prefix is not None:
             if state is not None:
                 self._drop(key)
-            state = self._start(key, length)
+            self._missed.pop(key, None)
+            state = self._start(key, length, prefix)
             if rules is not None and self.range.is_last:
                 try:
                     state.sampler = RequestSampler(rules, self.vocab)
+                    if prefix:
+                        state.sampler.observe(0, prefix)
                 except Exception as e:  # never expected: the entry checked the rules
                     self._drop(key)
                     raise CacheMismatch(f"request {request_id}: its decoding rules cannot apply here: {e}") from e
         elif state is None or state.offset != start_pos:
+            if state is None and key in self._missed:
+                raise PromptCacheMiss(f"request {request_id} missed its prefix here", quiet=True)
             held = state.offset if state else 0
             raise CacheMismatch(f"request {request_id}: cache holds {held} positions, frame starts at {start_pos}")
         else:
@@ -130,7 +143,16 @@ class ShardRunner:
             return sampler.draw(prepared, sampling, start_pos + length)
         return sample(out, sampling, start_pos + length)
 
-    def _start(self, key: Key, length: int) -> _RequestState:
+    def _start(self, key: Key, length: int, prefix: list[int] | None = None) -> _RequestState:
+        if prefix:
+            try:
+                caches = self.prompts.start_from(self._prompt_key(key[0]), prefix)
+            except PromptCacheMiss as e:
+                self._note_missed(key)
+                raise PromptCacheMiss(f"request {key[1]}: {e}") from None
+        else:
+            caches, prefix = self.shard.make_caches(), ()
+        length += len(prefix)
         why = self.budget.refusal(key[0], True, length)
         if why is not None:
             self.release_idle(IDLE_EVICT_S)  # abandoned requests go first
@@ -138,8 +160,16 @@ class ShardRunner:
         if why is not None:
             raise CacheFull(f"request {key[1]}: {why}")
         self.budget.add(key[0], True, length)
-        state = self._requests[key] = _RequestState(self.shard.make_caches(), counted=length)
+        state = self._requests[key] = _RequestState(caches, offset=len(prefix), counted=length)
         return state  # (its last_used is now)
+
+    def _prompt_key(self, entry: str) -> tuple:
+        return (entry, self.range.start, self.range.end)
+
+    def _note_missed(self, key: Key) -> None:
+        self._missed[key] = None
+        while len(self._missed) > MISSED_KEPT:
+            del self._missed[next(iter(self._missed))]
 
     def _grow(self, key: Key, state: _RequestState, length: int) -> None:
         why = self.budget.refusal(key[0], False, length)
@@ -222,6 +252,9 @@ class ShardRunner:
         for i, (rid, x, pos, *_) in enumerate(items):
             key = (entries[i], rid)
             state = self._requests.get(key)
+            if state is None and key in self._missed:
+                results[i] = PromptCacheMiss(f"request {rid} missed its prefix here", quiet=True)
+                continue
             if state is None or state.offset != pos or pos == 0 or x.shape[1] != 1 or pos + 1 > self.context:
                 held = state.offset if state else 0
                 results[i] = CacheMismatch(f"request {rid}: cache holds {held} positions, frame starts at {pos}")
@@ -300,6 +333,7 @@ class ShardRunner:
                 continue
             if key in self._requests:
                 self._drop(key)
+            self._missed.pop(key, None)
             try:
                 self._start(key, x.shape[1])
             except CacheFull as e:
@@ -331,12 +365,23 @@ class ShardRunner:
             self._count_padding(self.batches.adopt(keys, batch))
         return results
 
-    def release(self, request_id: str, entry: str = "") -> bool:
-        """Free `entry`'s request (False: it holds none by that id)."""
-        if (entry, request_id) not in self._requests:
+    def release(self, request_id: str, entry: str = "", keep: list[int] | None = None) -> bool:
+        """Free `entry`'s request (False: it holds none by that id). `keep`: the token ids of the
+        positions its caches hold, as its entry knows them: the caches are kept as theirs for later
+        requests of that entry (prompt_cache.py)."""
+        key = (entry, request_id)
+        self._missed.pop(key, None)
+        state = self._requests.get(key)
+        if state is None:
             return False
-        self._drop((entry, request_id))
+        if keep and self.prompts.max_bytes > 0:
+            self._own(key, state)  # (out of a kept batch: the caches of its own rows)
+            self.prompts.keep(self._prompt_key(entry), keep, state.caches, state.offset)
+        self._drop(key)
         return True
+
+    def prompt_stats(self) -> PromptCacheStats:
+        return self.prompts.stats()
 
     def holders(self, request_id: str) -> list[str]:
         """The entries holding a request of this id here (for a release from someone else)."""
@@ -359,4 +404,5 @@ class ShardRunner:
         return self.budget.kv_bytes()
 
 
+MISSED_KEPT = 1024  # requests remembered as having missed their prefix (their frames in flight are dropped)
 IDLE_EVICT_S = 60.0  # at a cap, requests idle this long are freed first: an honest one steps far more often

@@ -1,0 +1,172 @@
+"""A stage's prompt cache (engine/prompt_cache.py): a request that starts from the caches a finished
+request left gives the tokens and log-probabilities a cold run gives, for every family the zoo runs
+exactly, split 1-, 2- and 3-way; a stage that cannot start from exactly the prefix says so.
+
+ShardRunners chained in this process, as test_model_families.py does. A cold run is fed the same
+positions in the same pieces (the first turn's prompt chunks, its generated tokens one by one, then
+the second turn's rest), so the comparison is as strict as that file's.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from model_zoo import build_random_model
+
+from swarm.engine import families
+from swarm.engine.prompt_cache import PromptCacheMiss
+from swarm.engine.shard import load_shard
+from swarm.engine.shard_runner import ShardRunner
+from model_zoo import FAMILIES
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+TURN1 = [(i * 37) % 380 + 3 for i in range(30)]
+MORE = [(i * 53) % 370 + 5 for i in range(14)]  # the next turn's new tokens
+NEW_TOKENS = 6
+SPLITS = [[6], [2, 4], [1, 3, 2]]
+CHUNKS1 = [13, 16, 1]  # turn 1's prompt pieces (the last one is the sampled step)
+EXACT = [f for f in FAMILIES if f not in families.REFUSED]
+BUDGET = 64 << 20
+
+
+@pytest.fixture(scope="session")
+def zoo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pzoo")
+    built: dict[str, Path] = {}
+
+    def get(family: str) -> Path:
+        if family not in built:
+            built[family] = build_random_model(root / family, family, seed=1)
+        return built[family]
+    return get
+
+
+def runners(path: Path, sizes: list[int], budget: int = BUDGET) -> list[ShardRunner]:
+    bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+    return [ShardRunner(load_shard(path, a, b), prompt_cache_bytes=budget) for a, b in zip(bounds, bounds[1:])]
+
+
+def run(stages: list[ShardRunner], rid: str, tokens: list[int], pos: int, prefix: list[int] | None = None):
+    x = mx.array([tokens])
+    for stage in stages:
+        x = stage.forward(rid, x, pos, prefix=prefix)
+    return x
+
+
+def turn(stages, rid: str, history: list[int], pieces: list[int], start: int = 0,
+         prefix: list[int] | None = None) -> tuple[list[int], list[mx.array], int]:
+    """Feed history[start:] in `pieces` (the first from `prefix`'s caches when given), then decode greedily.
+    Returns the tokens, their log-probabilities and the positions the caches hold."""
+    assert sum(pieces) == len(history) - start
+    pos = start
+    for i, n in enumerate(pieces):
+        logits = run(stages, rid, history[pos:pos + n], pos, prefix if i == 0 else None)
+        pos += n
+    tokens, logprobs = [], []
+    for k in range(NEW_TOKENS):
+        logprobs.append(logits - mx.logsumexp(logits))
+        tokens.append(int(mx.argmax(logits)))
+        if k + 1 < NEW_TOKENS:
+            logits = run(stages, rid, [tokens[-1]], pos)
+            pos += 1
+    return tokens, logprobs, pos
+
+
+def assert_same(got, want, what: str) -> None:
+    assert got[0] == want[0], what
+    worst = max(float(mx.max(mx.abs(a - b))) for a, b in zip(got[1], want[1]))
+    assert worst < 1e-4, f"{what}: log-probabilities differ by {worst}"
+
+
+def release(stages, rid: str, keep: list[int] | None) -> None:
+    for stage in stages:
+        stage.release(rid, keep=keep)
+
+
+def first_turn(stages) -> tuple[list[int], list[int]]:
+    """Turn 1, released with what its caches hold; returns (those tokens, the next turn's history)."""
+    tokens, _, held = turn(stages, "t1", TURN1, CHUNKS1)
+    history = TURN1 + tokens
+    release(stages, "t1", history[:held])
+    return history[:held], history + MORE
+
+
+@pytest.mark.parametrize("family", EXACT)
+def test_a_continuation_from_the_cache_equals_a_cold_run(zoo, family):
+    path = zoo(family)
+    for sizes in SPLITS:
+        stages = runners(path, sizes)
+        kept, history = first_turn(stages)
+        rest = [len(history) - 1 - len(kept), 1]
+        cached = turn(stages, "t2", history, rest, start=len(kept), prefix=kept)
+        assert all(s.prompt_stats().hits == 1 for s in stages), f"{family} {sizes}: every stage starts from its cache"
+        assert sum(s.prompt_stats().tokens_saved for s in stages) == len(kept) * len(stages)
+        cold_stages = runners(path, sizes, budget=0)
+        same_pieces = turn(cold_stages, "c", history, CHUNKS1[:-1] + [1] * (len(kept) - sum(CHUNKS1[:-1])) + rest)
+        assert_same(cached, same_pieces, f"{family} split {sizes}: cached vs cold, same pieces")
+        cold = turn(cold_stages, "c2", history, [len(history) - 1, 1])
+        assert cached[0] == cold[0], f"{family} split {sizes}: cached vs a cold prefill of the whole history"
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gpt_oss", "qwen3_next"])
+def test_a_prompt_sharing_part_of_a_kept_sequence(zoo, family):
+    """Only the first 20 tokens are shared: trimmable caches start from 20 positions; a window that wrapped
+    or a recurrent state cannot be cut back, and the stage says so (the entry then runs it cold)."""
+    path = zoo(family)
+    stages = runners(path, [2, 4])
+    first_turn(stages)
+    history = TURN1[:20] + MORE
+    try:
+        cached = turn(stages, "t2", history, [len(history) - 21, 1], start=20, prefix=TURN1[:20])
+    except PromptCacheMiss:
+        assert family in ("gpt_oss", "qwen3_next"), f"{family}'s caches can be cut back"
+        return
+    assert family in ("llama", "qwen3")
+    cold = turn(runners(path, [2, 4], budget=0), "c", history, [13, 7, len(history) - 21, 1])
+    assert_same(cached, cold, f"{family}: part of a kept prefix")
+
+
+def test_eviction_under_a_small_budget_keeps_the_most_recent(zoo):
+    path = zoo("llama")
+    [probe] = runners(path, [6])
+    turn([probe], "p", TURN1, CHUNKS1)
+    release([probe], "p", TURN1)
+    one = probe.prompt_stats().bytes
+    stages = runners(path, [6], budget=int(one * 2.5))
+    prompts = [[t + k for t in TURN1] for k in range(4)]
+    for k, prompt in enumerate(prompts):
+        turn(stages, f"r{k}", prompt, CHUNKS1)
+        release(stages, f"r{k}", prompt)
+    stats = stages[0].prompt_stats()
+    assert stats.entries == 2 and stats.bytes <= int(one * 2.5)
+    for old in prompts[:2]:
+        with pytest.raises(PromptCacheMiss):
+            run(stages, "again", old[-1:], len(old) - 1, prefix=old[:-1])
+    turn(stages, "hit", prompts[3] + MORE, [len(MORE) - 1, 1], start=len(prompts[3]), prefix=prompts[3])
+    assert stages[0].prompt_stats().hits == 1
+
+
+def test_a_restarted_stage_misses_and_drops_the_requests_later_frames(zoo):
+    path = zoo("llama")
+    stages = runners(path, [2, 4])
+    kept, history = first_turn(stages)
+    stages[1] = runners(path, [2, 4])[1]  # the second stage restarted: its cache is empty
+    with pytest.raises(PromptCacheMiss) as missed:
+        run(stages, "t2", history[len(kept):-1], len(kept), prefix=kept)
+    assert not missed.value.quiet
+    with pytest.raises(PromptCacheMiss) as later:  # the rest of the attempt, in flight: dropped without a word
+        run(stages, "t2", history[-1:], len(history) - 1)
+    assert later.value.quiet
+    # the entry's cold retry starts afresh everywhere
+    cold = turn(stages, "t2", history, [len(history) - 1, 1])
+    assert cold[0] == turn(runners(path, [2, 4], budget=0), "c", history, [len(history) - 1, 1])[0]
+
+
+def test_a_budget_of_zero_keeps_nothing(zoo):
+    stages = runners(zoo("llama"), [6], budget=0)
+    first_turn(stages)
+    assert stages[0].prompt_stats().entries == 0
