@@ -35,6 +35,7 @@ from .api.request_gate import RequestGate
 from .engine.blas import blas_in_use
 from .engine.constraints import GrammarVocab
 from .engine.model_bytes import ModelBytes, measure_model_bytes
+from .engine.prompt_cache import PromptCacheSize
 from .engine.shard import check_splittable
 from .engine.speed_probe import cached_speed, measure_speed
 from .engine.worker import MlxWorker
@@ -42,6 +43,7 @@ from .entry.hop_timing import HopTiming
 from .entry.own_requests import OwnRequests
 from .entry.pending_tokens import PendingTokens
 from .entry.pipeline import NoPipeline
+from .entry.prompt_index import PromptIndex
 from .entry.run_ahead import RunAhead
 from .entry.service import InferenceService
 from .entry.stats import RequestStats
@@ -50,7 +52,7 @@ from .api.bootstrap_app import make_bootstrap_app
 from .models.generation_defaults import generation_defaults
 from .models.resolve import LocalModel, describe_model, is_local_spec, models_root, resolve_model
 from . import peer_security
-from .node_config import NodeConfig
+from .node_config import AUTO_PROMPT_CACHE, NodeConfig
 from .node_ports import port_error
 from .node_secrets import Secret, api_key, swarm_secret
 from .planning.coordinator import Coordinator
@@ -246,6 +248,8 @@ class Node:
             extra={"state": "joining" if model else "looking"})
         if cfg.node_id:
             profile = profile.replace(node_id=cfg.node_id)
+        if cfg.prompt_cache:  # a fixed prompt cache is memory the model's layers cannot have
+            profile = profile.replace(memory_available=max(0, profile.memory_available - cfg.prompt_cache))
         node_id = profile.node_id
 
         # Who else is there. Peer events wait in a queue until planning consumes them (below). Profiles
@@ -287,8 +291,10 @@ class Node:
         # message checked first against who may send it (stage/sender_rules.py).
         pending, run_ahead, hop_timing, own = PendingTokens(), RunAhead(node_id), HopTiming(), OwnRequests()
         vocab = GrammarVocab(self.tokenizer)  # grammars: checked by the entry, applied by the last stage
+        prompt_cache = PromptCacheSize(cfg.prompt_cache, profile.memory_available, AUTO_PROMPT_CACHE,
+                                       cfg.kv_reserve_tokens)
         host = StageHost(model.path, self.dtype, worker, dequantize=self.dequantize, context=model.context_length,
-                         layer_caches=sizes.caches, vocab=vocab)
+                         layer_caches=sizes.caches, vocab=vocab, prompt_cache=prompt_cache)
         rules = SenderRules(node_id, host.known_plan, lambda peer: discovery.endpoint_of(peer) is not None, own,
                             vocab_size(model.config))
         stage_service = StageService(host, lane, worker, pending, run_ahead, asyncio.get_running_loop(), rules,
@@ -304,7 +310,7 @@ class Node:
         # The entry side: requests through pipelines on agreed plans.
         stats = RequestStats(events.emit, entry=node_id)
         pipelines = SwarmPipelines(coordinator.agreed_plan, node_id, stage_service, pending, cfg.token_timeout,
-                                   hop_timing, run_ahead, own)
+                                   hop_timing, run_ahead, own, PromptIndex() if cfg.prompt_cache != 0 else None)
         service = InferenceService(self.tokenizer, model.context_length, pipelines, stats, cfg.default_max_tokens,
                                    cfg.recovery_timeout, vocab)
         defaults = generation_defaults(model.path, cfg.temperature, cfg.top_p, cfg.top_k)

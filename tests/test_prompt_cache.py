@@ -98,6 +98,8 @@ def first_turn(stages) -> tuple[list[int], list[int]]:
 @pytest.mark.parametrize("family", EXACT)
 def test_a_continuation_from_the_cache_equals_a_cold_run(zoo, family):
     path = zoo(family)
+    if family in families.PIECES_MATTER:
+        return _assert_pieces_matter(path, family)
     for sizes in SPLITS:
         stages = runners(path, sizes)
         kept, history = first_turn(stages)
@@ -110,6 +112,20 @@ def test_a_continuation_from_the_cache_equals_a_cold_run(zoo, family):
         assert_same(cached, same_pieces, f"{family} split {sizes}: cached vs cold, same pieces")
         cold = turn(cold_stages, "c2", history, [len(history) - 1, 1])
         assert cached[0] == cold[0], f"{family} split {sizes}: cached vs a cold prefill of the whole history"
+
+
+def _assert_pieces_matter(path: Path, family: str) -> None:
+    """A family listed as one whose output depends on the pieces a prompt comes in: it still does, and its
+    stages keep nothing, so every request runs cold."""
+    stages = runners(path, [2, 4])
+    kept, history = first_turn(stages)
+    assert all(s.prompt_stats().entries == 0 for s in stages)
+    with pytest.raises(PromptCacheMiss):
+        run(stages, "t2", history[len(kept):-1], len(kept), prefix=kept)
+    whole = turn(runners(path, [6], budget=0), "w", history, [len(history) - 1, 1])
+    pieces = turn(runners(path, [6], budget=0), "p", history, [len(kept), len(history) - 1 - len(kept), 1])
+    assert whole[0] != pieces[0] or max(float(mx.max(mx.abs(a - b))) for a, b in zip(whole[1], pieces[1])) > 1e-3, \
+        f"{family}: its output no longer depends on the pieces; take it off families.PIECES_MATTER"
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "gpt_oss", "qwen3_next"])

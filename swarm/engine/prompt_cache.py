@@ -20,13 +20,33 @@ entry's requests), and caches of other layers never match. MLX thread only.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
+from .model_bytes import LayerCache
 from .shard_caches import ShardCaches
 
 MAX_ENTRIES = 256  # sequences kept per stage, whatever their bytes (the trie walks them per token)
 _NOT_A_TOKEN = -1  # appended to a looked-up prefix: LRUPromptCache then leaves exactly the prefix to reuse
+
+
+@dataclass(frozen=True)
+class PromptCacheSize:
+    """A stage's prompt cache budget: `fixed` bytes (`--prompt-cache SIZE`, taken off the memory the node
+    offers the planner), or, with `fixed` None, what the plan leaves of the `offered` memory once the
+    stage's weights and the KV room the plan reserves for requests in flight are counted, up to `most`."""
+
+    fixed: int | None
+    offered: int = 0
+    most: int = 0
+    reserve_tokens: int = 0  # positions the plan reserves per layer for requests in flight
+
+    def for_layers(self, weight_bytes: int, caches: Sequence[LayerCache]) -> int:
+        if self.fixed is not None:
+            return self.fixed
+        in_flight = sum(c.reserve(self.reserve_tokens) for c in caches)
+        return max(0, min(self.most, self.offered - weight_bytes - in_flight))
 
 
 class PromptCacheMiss(Exception):

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
+from . import families
 from .cache_budget import CacheBudget, CacheFull, CacheLimits
 from .constraints import GrammarVocab
 from .decoding_rules import DecodingRules
@@ -65,7 +66,7 @@ class ShardRunner:
         self.input_limits = shard.input_limits(self.context)
         self._requests: dict[Key, _RequestState] = {}
         # caches of finished requests, reused by later ones that start with the same tokens (prompt_cache.py)
-        self.prompts = PromptCache(prompt_cache_bytes)
+        self.prompts = PromptCache(0 if shard.family in families.PIECES_MATTER else prompt_cache_bytes)
         self._missed: dict[Key, None] = {}  # requests that missed their prefix: their later frames are dropped
 
     @property

@@ -46,6 +46,7 @@ import time
 from collections import deque
 
 from ..engine.cache_budget import CacheFull
+from ..engine.prompt_cache import PromptCacheMiss
 from ..engine.shard_runner import CacheMismatch, ShardRunner
 from ..engine.token_logprobs import SampledToken
 from ..engine.worker import MlxWorker
@@ -103,8 +104,8 @@ class StageService:
     def post(self, node_id: str, forward: Forward) -> None:
         self.worker.post(self._mlx_send_or_fail, node_id, forward)
 
-    def post_release(self, rid: str, node_ids: list[str]) -> None:
-        self.worker.post(self._mlx_release_everywhere, rid, node_ids)
+    def post_release(self, rid: str, node_ids: list[str], keep: list[int] | None = None) -> None:
+        self.worker.post(self._mlx_release_everywhere, rid, node_ids, keep)
 
     def drop_peer(self, node_id: str) -> None:
         """A peer left: close our connection to it."""
@@ -174,11 +175,12 @@ class StageService:
         self.carried.note(node_id, forward)
         self.joins.mlx_sent(node_id, forward)
 
-    def _mlx_release_everywhere(self, rid: str, node_ids: list[str]) -> None:
+    def _mlx_release_everywhere(self, rid: str, node_ids: list[str], keep: list[int] | None = None) -> None:
         waiting = self.joins.mlx_released(rid)  # (steps held for it to come back may go now)
+        release = Release.keeping(rid, keep)
         for node_id in node_ids:
             try:
-                self.lane.mlx_send(node_id, Release(rid))  # to us: queued behind our stage's frames
+                self.lane.mlx_send(node_id, release)  # to us: queued behind our stage's frames
             except PeerUnreachable:
                 pass  # a dead stage freed its caches by dying
         self._mlx_send_steps(waiting)
@@ -224,7 +226,7 @@ class StageService:
 
     def _mlx_release(self, sender: str, message: Release) -> None:
         stage = self.host.stage
-        if stage is None or stage.release(message.rid, sender):
+        if stage is None or stage.release(message.rid, sender, message.kept_ids()):
             self.carried.forget(message.rid)
             return
         holders = stage.holders(message.rid)
@@ -320,6 +322,10 @@ class StageService:
 
     def _mlx_deliver(self, forward: Forward, out, took_s: float, stage: ShardRunner, plan, index: int,
                      together: int = 0) -> None:
+        if isinstance(out, PromptCacheMiss):
+            if not out.quiet:  # (a later frame of a request whose entry already knows it missed)
+                self._mlx_fail(forward, "prompt_cache_miss", f"node {self.node_id}: {out}")
+            return
         if isinstance(out, (CacheMismatch, CacheFull, ProtocolError)):
             kind = "protocol" if isinstance(out, ProtocolError) else "cache"
             self._mlx_fail(forward, kind, f"node {self.node_id}: {out}" if isinstance(out, CacheFull) else str(out))
@@ -372,8 +378,9 @@ def _compute(stage: ShardRunner, forward: Forward):
     t0 = time.perf_counter()
     try:
         out = stage.forward(forward.rid, forward.array(), forward.pos, forward.sampling, forward.entry,
-                            forward.rules, forward.token_ids() if stage.range.is_last else None)
-    except (CacheMismatch, CacheFull, ProtocolError) as e:
+                            forward.rules, forward.token_ids() if stage.range.is_last else None,
+                            forward.prefix_ids())
+    except (CacheMismatch, CacheFull, ProtocolError, PromptCacheMiss) as e:
         out = e
     return _result(stage, out), time.perf_counter() - t0
 
