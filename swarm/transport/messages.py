@@ -228,8 +228,8 @@ class Forward(NamedTuple):
         if type(ids) is not bytes or len(ids) != 4 * self.length:
             raise ProtocolError(f"'fwd' message: 'ids' must be {self.length} int32 token ids, got {_brief(ids)}")
         if rules is not None and self.pos != 0 and self.prefix is None:
-            raise ProtocolError(f"'fwd' message: 'rules' travel only with a request's first forward, got position "
-                                f"{self.pos}")
+            raise ProtocolError(f"'fwd' message: 'rules' travel only with a request's first forward (position 0 "
+                                f"or a kept prefix), got position {self.pos}")
         return self._replace(rules=None if rules is None else rules_from_wire(rules), ids=ids)
 
     @staticmethod
