@@ -18,6 +18,7 @@ from model_zoo import build_random_model
 
 from swarm.engine import families
 from swarm.engine.prompt_cache import PromptCacheMiss
+from swarm.engine.sampling import SamplingParams
 from swarm.engine.shard import load_shard
 from swarm.engine.shard_runner import ShardRunner
 from model_zoo import FAMILIES
@@ -31,6 +32,7 @@ SPLITS = [[6], [2, 4], [1, 3, 2]]
 CHUNKS1 = [13, 16, 1]  # turn 1's prompt pieces (the last one is the sampled step)
 EXACT = [f for f in FAMILIES if f not in families.REFUSED]
 BUDGET = 64 << 20
+GREEDY = SamplingParams(temperature=0.0)
 
 
 @pytest.fixture(scope="session")
@@ -186,3 +188,33 @@ def test_a_budget_of_zero_keeps_nothing(zoo):
     stages = runners(zoo("llama"), [6], budget=0)
     first_turn(stages)
     assert stages[0].prompt_stats().entries == 0
+
+
+@pytest.mark.parametrize("sizes", [[6], [2, 4]])
+def test_requests_from_prefixes_of_different_lengths_decode_in_one_batch(zoo, sizes):
+    """Three requests, two of them from kept prefixes of different lengths, one cold, decode side by side:
+    through kept batches (llama batches) their tokens are each one's alone."""
+    path = zoo("llama")
+    stages = runners(path, sizes)
+    long_kept, long_history = first_turn(stages)
+    short = TURN1[:22]
+    turn(stages, "s", short, [21, 1])
+    release(stages, "s", short)
+    starts = {"a": (long_history, len(long_kept)), "b": (short + MORE, len(short)), "c": (TURN1 + MORE, 0)}
+    logits = {}
+    for rid, (history, kept) in starts.items():  # each prompt's rest, alone (a prefixed one is no decode step)
+        logits[rid] = run(stages, rid, history[kept:], kept, prefix=history[:kept] if kept else None)
+    pos = {rid: len(h) for rid, (h, _) in starts.items()}
+    batched = {rid: [int(mx.argmax(logits[rid]))] for rid in starts}
+    for _ in range(NEW_TOKENS - 1):
+        items = [(rid, mx.array([[batched[rid][-1]]]), pos[rid], GREEDY) for rid in starts]
+        for stage in stages:
+            outs = stage.decode_batch(items)
+            items = [(rid, out, p, GREEDY) for (rid, _, p, _), out in zip(items, outs)]
+        for rid, token, _, _ in items:
+            batched[rid].append(token)
+            pos[rid] += 1
+    assert sum(s.batches.reused for s in stages) > 0, "the rows ran as kept batches"
+    alone = runners(path, sizes, budget=0)
+    for rid, (history, _) in starts.items():
+        assert batched[rid] == turn(alone, rid, history, [len(history) - 1, 1])[0], rid
