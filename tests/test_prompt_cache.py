@@ -218,3 +218,10 @@ def test_requests_from_prefixes_of_different_lengths_decode_in_one_batch(zoo, si
     alone = runners(path, sizes, budget=0)
     for rid, (history, _) in starts.items():
         assert batched[rid] == turn(alone, rid, history, [len(history) - 1, 1])[0], rid
+    # released while its rows are in a kept batch: its own rows are kept, and a next turn starts from them
+    history, _ = starts["b"]
+    kept = history + batched["b"][:-1]
+    release(stages, "b", kept)
+    again = kept + [batched["b"][-1]] + MORE
+    cached = turn(stages, "b2", again, [len(again) - 1 - len(kept), 1], start=len(kept), prefix=kept)
+    assert cached[0] == turn(alone, "b2", again, [len(again) - 1, 1])[0]
