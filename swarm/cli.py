@@ -22,9 +22,9 @@ from pathlib import Path  # noqa: E402
 from discovery.memory import parse_size  # noqa: E402
 
 from .engine.blas import maybe_reexec_with_blas  # noqa: E402
-from .node_config import (DEFAULT_API_PORT, DEFAULT_BATCH_DECODE, DEFAULT_MAX_ACTIVE, DEFAULT_MAX_QUEUE,  # noqa: E402
+from .node.config import (DEFAULT_API_PORT, DEFAULT_BATCH_DECODE, DEFAULT_MAX_ACTIVE, DEFAULT_MAX_QUEUE,  # noqa: E402
                           DEFAULT_PEER_PORT, DEFAULT_PROMPT_GATHER_MS, NodeConfig, default_state_dir)
-from .node_ports import PortError, check_port  # noqa: E402
+from .node.ports import PortError, check_port  # noqa: E402
 
 
 class _Parser(argparse.ArgumentParser):
@@ -234,7 +234,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
 
 def new_secret(state_dir: Path) -> int:
     """`swarm-node --new-secret`: write one, say how to use it everywhere."""
-    from .node_secrets import SECRET_ENV, new_secret_file
+    from .node.secrets import SECRET_ENV, new_secret_file
     try:
         path, text = new_secret_file(state_dir)
     except (FileExistsError, OSError) as e:
@@ -285,8 +285,8 @@ def _main(argv: list[str] | None) -> int:
     maybe_reexec_with_blas(sys.argv[1:] if argv is None else list(argv))
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .models.errors import ModelError
-    from .node import DuplicateNodeId, Node
-    from .node_lifecycle import Interrupted, serve
+    from .node.node import DuplicateNodeId, Node
+    from .node.lifecycle import Interrupted, serve
 
     try:
         node = Node(config_from_args(args))

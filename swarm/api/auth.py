@@ -1,6 +1,6 @@
 """The optional API key: `Authorization: Bearer <key>`, as OpenAI's clients send it.
 
-With a key (node_secrets.api_key: --api-key, $SWARM_API_KEY or the state dir's `api-key`),
+With a key (node/secrets.py, api_key: --api-key, $SWARM_API_KEY or the state dir's `api-key`),
 every route but /health answers 401 without it, in OpenAI's error shape, before anything
 else runs: chat and completions, models, the topology and its event stream. /health stays
 open (load balancers and peers poll it) and tells a caller without the key only whether the

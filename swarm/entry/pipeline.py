@@ -23,10 +23,6 @@ class PrefixMissed(PipelineBroken):
     """A stage did not hold the kept prefix the request started from: run it again cold, at once."""
 
 
-class NoPipeline(Exception):
-    """No whole pipeline could be had in time (peers gone, or the swarm cannot hold the model)."""
-
-
 class Pipeline(Protocol):
     async def forward(self, request_id: str, tokens: list[int], start_pos: int, sampling: SamplingParams | None,
                       continue_unless: frozenset[int] | None = None, rules: DecodingRules | None = None,
