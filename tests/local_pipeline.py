@@ -10,9 +10,6 @@ from swarm.engine.worker import MlxWorker
 from swarm.entry.pipeline import PrefixMissed
 from swarm.entry.prompt_index import PromptIndex, Reuse
 
-ROUTE = ("local",)
-
-
 class LocalPipeline:
     """All stages in this process, chained on the MLX worker thread. With `prompts` (an entry's index),
     finished requests leave their caches in the stages' prompt caches and later ones start from them."""
@@ -21,6 +18,11 @@ class LocalPipeline:
         self.stages = stages
         self.worker = worker
         self.prompts = prompts
+
+    @property
+    def route(self) -> tuple:
+        """Which stages hold which layers (entry/prompt_index.py): other stages, another route."""
+        return tuple((id(s), s.range.start, s.range.end) for s in self.stages)
 
     def _run(self, request_id: str, tokens: list[int], start_pos: int, sampling, rules, prefix):
         x = mx.array([tokens], dtype=mx.int32)
@@ -44,15 +46,15 @@ class LocalPipeline:
                 stage.release(request_id, keep=keep)
         await self.worker.run(_release)
         if keep:
-            self.prompts.add(ROUTE, keep)
+            self.prompts.add(self.route, keep)
 
     def reusable(self, history: list[int]) -> Reuse | None:
-        return self.prompts.reuse(ROUTE, history) if self.prompts is not None else None
+        return self.prompts.reuse(self.route, history) if self.prompts is not None else None
 
     def prefix_hit(self) -> None:
         if self.prompts is not None:
-            self.prompts.hit(ROUTE)
+            self.prompts.hit(self.route)
 
     def prefix_missed(self, history: list[int], reuse: Reuse) -> None:
         if self.prompts is not None:
-            self.prompts.missed(ROUTE, history, reuse)
+            self.prompts.missed(self.route, history, reuse)

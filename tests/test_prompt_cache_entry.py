@@ -14,6 +14,9 @@ from model_fixtures import tiny_models  # noqa: F401
 
 from partitioner import ModelSpec
 from partitioner.model import Plan, Stage
+from mlx_lm.utils import load_tokenizer
+
+from swarm.engine.constraints import GrammarVocab
 from swarm.engine.decoding_rules import DecodingRules
 from swarm.engine.prompt_cache import PromptCacheSize
 from swarm.engine.sampling import SamplingParams
@@ -21,6 +24,7 @@ from swarm.engine.shard import load_shard
 from swarm.engine.shard_runner import ShardRunner
 from swarm.engine.worker import MlxWorker
 from swarm.entry.generate import GenerationJob, generate_tokens
+from swarm.entry.grammars import json_schema_grammar
 from swarm.entry.pipeline import PipelineBroken
 from swarm.entry.prompt_index import MIN_REUSE, PromptIndex, route_of
 from swarm.stage.stage_host import StageHost
@@ -43,9 +47,9 @@ def worker():
     w.close()
 
 
-def stages(model_dir, worker, sizes=(2, 4), budget=32 << 20) -> list[ShardRunner]:
+def stages(model_dir, worker, sizes=(2, 4), budget=32 << 20, vocab=None) -> list[ShardRunner]:
     bounds = [0, *[sum(sizes[:i + 1]) for i in range(len(sizes))]]
-    return [ShardRunner(worker.run_sync(load_shard, model_dir, a, b), prompt_cache_bytes=budget)
+    return [ShardRunner(worker.run_sync(load_shard, model_dir, a, b), prompt_cache_bytes=budget, vocab=vocab)
             for a, b in zip(bounds, bounds[1:])]
 
 
@@ -85,6 +89,25 @@ def test_each_turn_starts_from_the_last_and_equals_a_cold_run(llama, worker):
     assert all(s.active_requests == 0 for s in warm), "requests' own caches are freed at the end"
 
 
+def test_a_grammar_holds_from_a_kept_prefix(llama, worker):
+    schema = {"type": "object", "additionalProperties": False, "required": ["a"],
+              "properties": {"a": {"type": "string", "maxLength": 4}}}
+
+    def rules_of(prompt_len):
+        return DecodingRules(prompt_len=prompt_len, grammar=json_schema_grammar(schema))
+    vocab = GrammarVocab(load_tokenizer(llama))
+    warm = stages(llama, worker, vocab=vocab)
+    got = conversation(LocalPipeline(warm, worker, PromptIndex()), SEEDED, rules_of)
+    assert got == conversation(LocalPipeline(stages(llama, worker, budget=0, vocab=vocab), worker), SEEDED, rules_of)
+    assert warm[-1].prompt_stats().hits == 2
+
+
+class SameRoute(LocalPipeline):
+    """A stage restarted on the same node with the same layers: the entry's route is unchanged."""
+
+    route = ("n1", "n2")
+
+
 def test_a_stage_that_lost_its_cache_makes_the_turn_run_cold_without_an_error(llama, worker):
     warm = stages(llama, worker)
     index = PromptIndex()
@@ -92,7 +115,7 @@ def test_a_stage_that_lost_its_cache_makes_the_turn_run_cold_without_an_error(ll
     def restart_the_last_stage(k):
         if k == 1:
             warm[1] = stages(llama, worker)[1]
-    got = conversation(LocalPipeline(warm, worker, index), between=restart_the_last_stage)
+    got = conversation(SameRoute(warm, worker, index), between=restart_the_last_stage)
     assert got == conversation(LocalPipeline(stages(llama, worker, budget=0), worker))
     assert warm[1].prompt_stats().misses == 1 and warm[1].prompt_stats().hits == 1  # turn 2 missed, turn 3 hit
     assert warm[0].prompt_stats().hits == 2  # stage 0 started turn 2 from its cache, then ran it again cold
@@ -106,6 +129,19 @@ def test_decoding_rules_hold_from_a_kept_prefix(llama, worker):
     got = conversation(LocalPipeline(warm, worker, PromptIndex()), SEEDED, rules_of)
     assert got == conversation(LocalPipeline(stages(llama, worker, budget=0), worker), SEEDED, rules_of)
     assert warm[-1].prompt_stats().hits == 2
+
+
+def test_a_replan_between_turns_gives_the_same_text(llama, worker):
+    """The layers move between turns: the new stages keep nothing and the entry's route changed, so the
+    turn runs cold without trying; the one after reuses the new stages' caches."""
+    pipeline = LocalPipeline(stages(llama, worker, (2, 4)), worker, PromptIndex())
+
+    def replan(k):
+        if k == 1:
+            pipeline.stages = stages(llama, worker, (3, 2, 1))
+    got = conversation(pipeline, between=replan)
+    assert got == conversation(LocalPipeline(stages(llama, worker, budget=0), worker))
+    assert all(s.prompt_stats().misses == 0 and s.prompt_stats().hits == 1 for s in pipeline.stages)
 
 
 class BreakOnce(LocalPipeline):
