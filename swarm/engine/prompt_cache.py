@@ -111,9 +111,6 @@ class PromptCache:
         self.tokens_saved += len(prefix)
         return found.slots
 
-    def clear(self) -> None:
-        self._lru.trim_to(n_sequences=0)
-
     def stats(self) -> PromptCacheStats:
         return PromptCacheStats(len(self._lru), self._lru.nbytes, self.hits, self.misses, self.tokens_saved)
 
