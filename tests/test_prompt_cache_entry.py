@@ -203,3 +203,20 @@ def test_a_stage_whose_layers_change_drops_its_prompts(llama, worker):
         await host.assign(Plan(spec, "balanced", (Stage("me", 0, 3), Stage("you", 3, 6)), (), 0.0, "p3"), (0, 3))
         assert host.stage is not first and host.stage.prompt_stats().entries == 0
     asyncio.run(run())
+
+
+def test_the_budget_is_what_the_plan_leaves_or_a_fixed_size():
+    from swarm.cli import build_parser, config_from_args
+    from swarm.engine.model_bytes import LayerCache
+
+    layers = [LayerCache(per_token=1000, fixed=0)] * 4
+    auto = PromptCacheSize(None, offered=50_000_000, most=512 << 20, reserve_tokens=4096)
+    assert auto.for_layers(30_000_000, layers) == 50_000_000 - 30_000_000 - 4 * 4096 * 1000
+    assert auto.for_layers(48_000_000, layers) == 0  # a tight node keeps nothing, and plans as before
+    assert PromptCacheSize(None, 10 << 30, 512 << 20, 4096).for_layers(1 << 30, layers) == 512 << 20
+    assert PromptCacheSize(64 << 20).for_layers(1 << 40, layers) == 64 << 20
+    parse = build_parser().parse_args
+    assert config_from_args(parse(["--prompt-cache", "256M"])).prompt_cache == 256 << 20
+    assert config_from_args(parse(["--prompt-cache", "0"])).prompt_cache == 0
+    assert config_from_args(parse(["--prompt-cache", "auto"])).prompt_cache is None
+    assert config_from_args(parse([])).prompt_cache is None
