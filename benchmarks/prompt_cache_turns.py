@@ -29,7 +29,8 @@ def run_all(node, turns: int, max_tokens: int) -> tuple[list[Turn], list[Turn]]:
 
 
 def swarm(root: Path, n: int, args: list[str], secret: str | None, turns: int, max_tokens: int):
-    cluster = SwarmCluster(root, n, args, secret=secret)
+    # A cold prefill of ~1,700 tokens on a loaded 2-core machine can take minutes: let the entry wait for it.
+    cluster = SwarmCluster(root, n, [*args, "--token-timeout", "900"], secret=secret)
     try:
         cluster.wait_serving(stages=n, timeout=600)
         return run_all(cluster.nodes[0], turns, max_tokens)
