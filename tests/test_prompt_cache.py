@@ -14,14 +14,13 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from model_zoo import build_random_model
+from model_zoo import FAMILIES
 
 from swarm.engine import families
 from swarm.engine.prompt_cache import PromptCacheMiss
 from swarm.engine.sampling import SamplingParams
 from swarm.engine.shard import load_shard
 from swarm.engine.shard_runner import ShardRunner
-from model_zoo import FAMILIES
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -36,15 +35,9 @@ GREEDY = SamplingParams(temperature=0.0)
 
 
 @pytest.fixture(scope="session")
-def zoo(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pzoo")
-    built: dict[str, Path] = {}
-
-    def get(family: str) -> Path:
-        if family not in built:
-            built[family] = build_random_model(root / family, family, seed=1)
-        return built[family]
-    return get
+def zoo(random_model):
+    """The zoo's model of a family, as tests/test_model_families.py builds it."""
+    return lambda family: random_model(family, seed=1)
 
 
 def runners(path: Path, sizes: list[int], budget: int = BUDGET) -> list[ShardRunner]:

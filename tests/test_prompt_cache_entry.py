@@ -10,11 +10,10 @@ import asyncio
 import mlx.core as mx
 import pytest
 from local_pipeline import LocalPipeline
-from model_fixtures import tiny_models  # noqa: F401
+from mlx_lm.utils import load_tokenizer
 
 from partitioner import ModelSpec
 from partitioner.model import Plan, Stage
-from mlx_lm.utils import load_tokenizer
 
 from swarm.engine.constraints import GrammarVocab
 from swarm.engine.decoding_rules import DecodingRules
@@ -33,11 +32,6 @@ GREEDY = SamplingParams(temperature=0.0)
 SEEDED = SamplingParams(temperature=0.9, top_p=0.95, seed=5)
 TURNS = [[(i * 31 + 7 * k) % 300 + 20 for i in range(24 + 3 * k)] for k in range(3)]
 NEW = 8
-
-
-@pytest.fixture(scope="module")
-def llama(tiny_models):
-    return tiny_models["llama"]
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ import time
 
 import pytest
 from chat_turns import Turn, conversation, long_prompt, stream_chat
-from model_fixtures import default_model, tiny_models  # noqa: F401
 from netns import netns_unavailable_reason
 from reference import reference_chat
 from swarm_cluster import SwarmCluster
