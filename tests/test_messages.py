@@ -12,7 +12,7 @@ from swarm.engine.token_logprobs import TokenLogprobs
 from swarm.transport.arrays import encode_array
 from swarm.transport.errors import ProtocolError
 from swarm.transport.frames import Frame, FrameParser, encode_frame
-from swarm.transport.messages import Error, Forward, Hello, Rejection, Release, Token, decode
+from swarm.transport.messages import MAX_KEEP_IDS, Error, Forward, Hello, Rejection, Release, Token, decode
 
 SAMPLING = SamplingParams(temperature=0.7, top_p=0.9, top_k=40, seed=2**64 - 1)
 
@@ -203,7 +203,9 @@ def test_a_kept_prefix_and_the_ids_to_keep_round_trip() -> None:
     assert onward.prefix_ids() == [1, 2, 3, 4]
     assert decode(on_the_wire(tokens_in())).prefix_ids() is None
     keep = list(range(40_000))  # longer than a header may be: the ids travel as the payload
-    assert decode(on_the_wire(Release.keeping("r1", keep))).kept_ids() == keep
+    assert decode(on_the_wire(Release.keeping("r1", keep))).kept_ids().tolist() == keep
     assert decode(on_the_wire(Release.keeping("r1", None))) == Release("r1")
     with pytest.raises(ProtocolError, match="int32"):
         decode(Frame({"t": "rel", "rid": "r1"}, b"\0" * 6))
+    with pytest.raises(ProtocolError, match="at most"):  # never turned into millions of Python ints
+        decode(Frame({"t": "rel", "rid": "r1"}, b"\0" * (4 * MAX_KEEP_IDS + 4)))

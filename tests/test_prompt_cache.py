@@ -218,3 +218,14 @@ def test_requests_from_prefixes_of_different_lengths_decode_in_one_batch(zoo, si
     again = kept + [batched["b"][-1]] + MORE
     cached = turn(stages, "b2", again, [len(again) - 1 - len(kept), 1], start=len(kept), prefix=kept)
     assert cached[0] == turn(alone, "b2", again, [len(again) - 1, 1])[0]
+
+
+def test_a_release_naming_more_positions_than_held_keeps_nothing(zoo):
+    """An entry that stopped mid-prefill (or lies) names tokens the caches do not hold: nothing is kept."""
+    [stage] = runners(zoo("llama"), [6])
+    run([stage], "r", TURN1[:10], 0)
+    stage.release("r", keep=TURN1)
+    assert stage.prompt_stats().entries == 0 and stage.active_requests == 0
+    run([stage], "r2", TURN1[:20], 0)
+    stage.release("r2", keep=TURN1[:20])
+    assert stage.prompt_stats().entries == 1

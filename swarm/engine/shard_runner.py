@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -367,18 +367,19 @@ class ShardRunner:
             self._count_padding(self.batches.adopt(keys, batch))
         return results
 
-    def release(self, request_id: str, entry: str = "", keep: list[int] | None = None) -> bool:
+    def release(self, request_id: str, entry: str = "", keep: Sequence[int] | None = None) -> bool:
         """Free `entry`'s request (False: it holds none by that id). `keep`: the token ids of the
-        positions its caches hold, as its entry knows them: the caches are kept as theirs for later
-        requests of that entry (prompt_cache.py)."""
+        positions its caches hold, as its entry knows them (a list, or a numpy view of a frame): the
+        caches are kept as theirs for later requests of that entry (prompt_cache.py)."""
         key = (entry, request_id)
         self._missed.pop(key, None)
         state = self._requests.get(key)
         if state is None:
             return False
-        if keep and self.prompts.max_bytes > 0:
+        if keep is not None and 0 < len(keep) <= state.offset and self.prompts.max_bytes > 0:
             self._own(key, state)  # (out of a kept batch: the caches of its own rows)
-            self.prompts.keep(self._prompt_key(entry), keep, state.caches, state.offset)
+            tokens = keep.tolist() if hasattr(keep, "tolist") else list(keep)
+            self.prompts.keep(self._prompt_key(entry), tokens, state.caches, state.offset)
         self._drop(key)
         return True
 

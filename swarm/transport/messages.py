@@ -42,6 +42,7 @@ MAX_TEXT_CHARS = 4096  # error messages
 MAX_TOKEN_ID = 2**31 - 1  # token ids travel as int32
 MAX_POSITION = 2**31 - 1
 MAX_COMPUTE_US = 2**62
+MAX_KEEP_IDS = 1 << 21  # token ids a Release may name (more than any context a node serves)
 MAX_TOGETHER = 1024  # prompts one pass may have sent side by side (Forward.together)
 _U64 = 2**64
 _HIDDEN_DTYPES = frozenset(WIRE_DTYPES) - {"int32"}
@@ -348,8 +349,9 @@ class Release(NamedTuple):
     def keeping(cls, rid: str, tokens: list[int] | None) -> Release:
         return cls(rid, _int32s(tokens) if tokens else None)
 
-    def kept_ids(self) -> list[int] | None:
-        return None if self.keep is None else np.frombuffer(self.keep, dtype="<i4").tolist()
+    def kept_ids(self) -> np.ndarray | None:
+        """The ids, as a view of the frame (a stage turns them into a list only once it holds that many)."""
+        return None if self.keep is None else np.frombuffer(self.keep, dtype="<i4")
 
     def to_frame(self) -> tuple[dict, bytes]:
         if self.keep is None:
@@ -361,8 +363,9 @@ class Release(NamedTuple):
         rid, keep = _text(frame.header, "rid"), frame.payload
         if not keep:
             return cls(rid)
-        if len(keep) % 4:
-            raise ProtocolError(f"'rel' message: its payload must be int32 token ids, got {len(keep)} bytes")
+        if len(keep) % 4 or len(keep) > 4 * MAX_KEEP_IDS:
+            raise ProtocolError(f"'rel' message: its payload must be at most {MAX_KEEP_IDS} int32 token ids, got "
+                                f"{len(keep)} bytes")
         return cls(rid, bytes(keep))
 
 
