@@ -64,6 +64,7 @@ class GenerationJob:
         """Prompt logprobs need every prompt position computed: such a request runs cold."""
         return self.may_reuse and not (self.rules is not None and self.rules.echo_logprobs
                                        and self.prompt_logprobs is None)
+
     def rules_now(self) -> DecodingRules | None:
         """The rules for the next attempt: prompt logprobs are asked for until they came."""
         rules = self.rules
