@@ -289,6 +289,28 @@ def test_a_node_getting_its_weights_shows_a_progress_bar():
     assert str(fetch_bar(110 << 20, 258 << 20, 31 << 20, "fetching", 40)).endswith(" 43% 110M/258M 31M/s")
 
 
+def test_a_stage_shows_its_prompt_cache():
+    from rich.console import Console
+
+    from tui.widgets.node_table import NodeTable
+
+    cache = {"max_bytes": 512 << 20, "entries": 2, "bytes": 38 << 20, "hits": 9, "misses": 1, "tokens_saved": 8123}
+    raw = {"model": {"n_layers": 30}, "plan": {"stages": [{"node_id": "a", "start": 0, "end": 15},
+                                                          {"node_id": "b", "start": 15, "end": 30}]},
+           "nodes": [{"id": "a", "name": "warm", "state": "serving", "layers": [0, 15],
+                      "stats": {"prompt_cache": cache}},
+                     {"id": "b", "name": "cold", "state": "serving", "layers": [15, 30],
+                      "stats": {"prompt_cache": {**cache, "entries": 0, "bytes": 0, "hits": 0}}}]}
+    table = NodeTable()
+    table.topology = Topology.parse(raw)
+    console = Console(width=80, record=True)
+    console.print(table._table())
+    screen = console.export_text()
+    third = screen.splitlines()[3].split()
+    assert third == ["cache", "2×38M", "9", "hits", "8.1k", "saved"], screen
+    assert "cache" not in screen[screen.index("cold"):], screen  # nothing kept, never hit: nothing shown
+
+
 def test_the_header_warns_of_an_open_swarm_only():
     from tui.widgets.header import SwarmHeader
     raw = {"swarm": "home", "model": {"id": "m"}, "can_serve": True, "nodes": []}

@@ -229,6 +229,8 @@ class Node:
             extra={STATE_KEY: (NodeState.JOINING if model else NodeState.LOOKING).value})
         if cfg.node_id:
             profile = profile.replace(node_id=cfg.node_id)
+        if cfg.prompt_cache:  # a fixed prompt cache is memory the model's layers cannot have
+            profile = profile.replace(memory_available=max(0, profile.memory_available - cfg.prompt_cache))
 
         store = None if model is None else (ChunkStore.partial if self._from_peers else ChunkStore.complete)(
             model.path, model.manifest)  # partial: fetched before this start (it starts over under a new id)
