@@ -86,3 +86,23 @@ def test_a_batch_takes_its_rows_back_from_steps_ahead(pair):
 def test_only_gpus_decode_ahead():
     assert Backend("cuda", "x", 1, 1).decode_ahead and Backend("metal", "x", 1, 1).decode_ahead
     assert not Backend("cpu", "x").decode_ahead
+
+
+def test_a_request_kept_for_its_prompt_leaves_no_step_ahead_in_the_kept_caches(model):
+    """Released with `keep` (the prompt cache), the caches hold the request's own positions only: a later
+    request from that prefix gives what a runner without steps ahead gives."""
+    plain = ShardRunner(load_shard(model, 0, None), prompt_cache_bytes=64 << 20)
+    ahead = ShardRunner(load_shard(model, 0, None), prompt_cache_bytes=64 << 20, decode_ahead=True)
+    history = {}
+    for runner in (plain, ahead):
+        seen = list(PROMPT)
+        t = _start(runner, "r", GREEDY)
+        for pos in range(len(PROMPT), len(PROMPT) + 5):
+            seen.append(t)
+            t = _step(runner, "r", t, pos, GREEDY)
+        assert runner.release("r", keep=seen)
+        history[id(runner)] = (seen, t)
+    assert history[id(plain)] == history[id(ahead)]
+    seen, t = history[id(plain)]
+    again = [r.forward("r2", mx.array([[t]], mx.int32), len(seen), GREEDY, prefix=seen) for r in (plain, ahead)]
+    assert again[0] == again[1]

@@ -1,7 +1,8 @@
-"""The optional API key: `Authorization: Bearer <key>`, as OpenAI's clients send it.
+"""The optional API key: `Authorization: Bearer <key>`, as OpenAI's clients send it, or
+`x-api-key: <key>`, as Anthropic's do.
 
 With a key (node/secrets.py, api_key: --api-key, $SWARM_API_KEY or the state dir's `api-key`),
-every route but /health answers 401 without it, in OpenAI's error shape, before anything
+every route but /health answers 401 without it, in the error shape of the API called (errors.py), before anything
 else runs: chat and completions, models, the topology and its event stream. /health stays
 open (load balancers and peers poll it) and tells a caller without the key only whether the
 node can serve (status/node_status.py). Without a key, everything is open, as before.
@@ -19,11 +20,13 @@ OPEN_PATHS = frozenset({"/health"})
 
 
 def bearer_matches(request: web.Request, key: str | None) -> bool:
-    """No key set, or the request carries it (compared in constant time)."""
+    """No key set, or the request carries it in either header (compared in constant time)."""
     if not key:
         return True
     scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), key.encode())
+    if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), key.encode()):
+        return True
+    return hmac.compare_digest(request.headers.get("x-api-key", "").strip().encode(), key.encode())
 
 
 def api_key_middleware(key: str | None):
@@ -31,11 +34,12 @@ def api_key_middleware(key: str | None):
     async def require_api_key(request: web.Request, handler):
         if request.path in OPEN_PATHS or bearer_matches(request, key):
             return await handler(request)
-        given = "Authorization" in request.headers
+        given = "Authorization" in request.headers or "x-api-key" in request.headers
         response = error_response(
             401, "Incorrect API key provided." if given else
-            "You didn't provide an API key. This node requires one: 'Authorization: Bearer <key>'.",
-            code="invalid_api_key")
+            "You didn't provide an API key. This node requires one: 'Authorization: Bearer <key>' "
+            "or 'x-api-key: <key>'.",
+            code="invalid_api_key", path=request.path)
         response.headers["WWW-Authenticate"] = 'Bearer realm="swarm"'
         return response
     return require_api_key
