@@ -30,6 +30,7 @@ from partitioner import ModelSpec
 
 from .api.admission import Admission
 from .api.app import make_app
+from .api.auth import ApiAccess
 from .api.connection_cap import CappedAppRunner
 from .api.request_gate import RequestGate
 from .engine.blas import blas_in_use
@@ -52,7 +53,7 @@ from .models.resolve import LocalModel, describe_model, is_local_spec, models_ro
 from . import peer_security
 from .node_config import NodeConfig
 from .node_ports import port_error
-from .node_secrets import Secret, api_key, swarm_secret
+from .node_secrets import API_KEY_FROM_SECRET, Secret, api_key, effective_api_key, swarm_secret
 from .planning.coordinator import Coordinator
 from .stage.sender_rules import SenderRules
 from .stage.stage_host import StageHost
@@ -231,6 +232,8 @@ class Node:
         peer_security.log_at_start(self.secret)
         # Stretched once (scrypt, slow on purpose), off the loop.
         link_key = await asyncio.to_thread(stretch_secret, self.secret.value) if self.secret else None
+        key = effective_api_key(self.api_key, link_key)  # a closed swarm's API is closed too
+        self._api_access = ApiAccess(key.value, local_without_key=key.source == API_KEY_FROM_SECRET)
 
         # What this node is: its model's sizes, its speed, its profile (and so its id). A node that
         # fetches its model names only the model it looks for until it has the model's small files.
@@ -311,13 +314,12 @@ class Node:
         log.info("requests that leave sampling out get %s", defaults.describe())
 
         # What the node tells: /health, /v1/topology, and the HTTP API over it all.
-        key = self.api_key
         peer_stats = PeerStats(discovery)
         status = NodeStatus(model, self.backend, discovery, coordinator, host, stage_service, links, stats,
                             hop_timing, peer_stats, weights, api_key=bool(key),
                             peers=peer_security.describe(self.secret))
         admission = Admission(cfg.max_active, cfg.max_queue)
-        app = make_app(service, status, events, model.model_id, admission, defaults, self.gate, api_key=key.value,
+        app = make_app(service, status, events, model.model_id, admission, defaults, self.gate, api_key=self._api_access,
                        body_timeout=cfg.http_timeout)
         # keepalive_timeout closes a connection idle between requests, and one that never completes
         # its headers (aiohttp's default keeps both for an hour). handler_cancellation: a client that
@@ -343,7 +345,10 @@ class Node:
         log.info("node %s (%s): API on %s:%d, peers on %s:%d, %.2f ms/layer/token, swarm %r (%s)",
                  node_id, profile.name, cfg.api_host, cfg.api_port, cfg.peer_host, listener.port, speed * 1e3,
                  cfg.swarm, "with a secret" if link_key else "OPEN: no secret")
-        if key:
+        if key.source == API_KEY_FROM_SECRET:
+            log.info("the API requires a key derived from the swarm secret for everything but /health, except "
+                     "from this machine (`swarm-node --print-api-key` prints it for clients elsewhere)")
+        elif key:
             log.info("the API requires its key (from %s) for everything but /health", key.source)
         else:
             log.warning("the API takes requests from anyone who can reach %s:%d (no API key: see --api-key)",
@@ -377,7 +382,7 @@ class Node:
             await discovery.update_profile(state=state)
 
         runner = web.AppRunner(make_bootstrap_app(lambda: {**waiting, "fetch": weights.status.to_dict()},
-                                                  discovery, cfg.model, self.api_key.value), access_log=None)
+                                                  discovery, cfg.model, self._api_access), access_log=None)
         await runner.setup()
         try:
             await _bound("api", cfg.api_host, cfg.api_port, web.TCPSite(runner, cfg.api_host, cfg.api_port).start)

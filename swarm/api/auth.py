@@ -1,15 +1,24 @@
-"""The optional API key: `Authorization: Bearer <key>`, as OpenAI's clients send it.
+"""Who may use the API: `Authorization: Bearer <key>`, as OpenAI's clients send it.
 
-With a key (node_secrets.api_key: --api-key, $SWARM_API_KEY or the state dir's `api-key`),
-every route but /health answers 401 without it, in OpenAI's error shape, before anything
-else runs: chat and completions, models, the topology and its event stream. /health stays
-open (load balancers and peers poll it) and tells a caller without the key only whether the
-node can serve (status/node_status.py). Without a key, everything is open, as before.
+A key comes from --api-key, $SWARM_API_KEY or the state dir's `api-key` (node_secrets.api_key);
+a swarm with a secret and none of them gets one derived from the secret
+(node_secrets.api_key_from_secret), so a closed swarm's API is closed too. With a key, every
+route but /health answers 401 without it, in OpenAI's error shape, before anything else runs:
+chat and completions, models, the topology and its event stream. /health stays open (load
+balancers and peers poll it) and tells a caller without the key only whether the node can
+serve (status/node_status.py).
+
+A derived key spares clients on the node's own machine (loopback, or the node's own address
+as the source: a TCP connection cannot come from there unless it starts there), so a closed
+swarm keeps working with `curl localhost` as an open one does. A key given explicitly is
+required of everyone. Without any key, everything is open.
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
+from dataclasses import dataclass
 
 from aiohttp import web
 
@@ -18,23 +27,53 @@ from .errors import error_response
 OPEN_PATHS = frozenset({"/health"})
 
 
-def bearer_matches(request: web.Request, key: str | None) -> bool:
-    """No key set, or the request carries it (compared in constant time)."""
-    if not key:
+@dataclass(frozen=True)
+class ApiAccess:
+    key: str | None = None
+    local_without_key: bool = False  # clients on this machine need no key (a key derived from the secret)
+
+
+def _as_access(access: ApiAccess | str | None) -> ApiAccess:
+    return access if isinstance(access, ApiAccess) else ApiAccess(access)
+
+
+def is_local(request: web.Request) -> bool:
+    """The client runs on this machine: a loopback source, or the address it connected to as its source."""
+    transport = request.transport
+    if transport is None:
+        return False
+    peer, own = transport.get_extra_info("peername"), transport.get_extra_info("sockname")
+    if not peer:
+        return False
+    try:
+        if ipaddress.ip_address(peer[0]).is_loopback:
+            return True
+    except ValueError:  # a Unix socket's path
+        return False
+    return bool(own) and own[0] == peer[0]
+
+
+def authorized(request: web.Request, access: ApiAccess | str | None) -> bool:
+    """No key set, a local client where that is enough, or the request carries the key (constant time)."""
+    access = _as_access(access)
+    if not access.key or (access.local_without_key and is_local(request)):
         return True
     scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), key.encode())
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), access.key.encode())
 
 
-def api_key_middleware(key: str | None):
+def api_key_middleware(access: ApiAccess | str | None):
+    access = _as_access(access)
+
     @web.middleware
     async def require_api_key(request: web.Request, handler):
-        if request.path in OPEN_PATHS or bearer_matches(request, key):
+        if request.path in OPEN_PATHS or authorized(request, access):
             return await handler(request)
         given = "Authorization" in request.headers
         response = error_response(
             401, "Incorrect API key provided." if given else
-            "You didn't provide an API key. This node requires one: 'Authorization: Bearer <key>'.",
+            "You didn't provide an API key. This node requires one: 'Authorization: Bearer <key>' "
+            "(`swarm-node --print-api-key` on a node's machine prints it).",
             code="invalid_api_key")
         response.headers["WWW-Authenticate"] = 'Bearer realm="swarm"'
         return response
