@@ -300,6 +300,12 @@ def _main(argv: list[str] | None) -> int:
     # Before MLX is imported: on Linux CPUs, re-exec once with an optimized BLAS preloaded.
     maybe_reexec_with_blas(sys.argv[1:] if argv is None else list(argv))
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .descriptor_limit import DescriptorLimitError, prepare_descriptor_limit
+    try:
+        prepare_descriptor_limit()
+    except DescriptorLimitError as e:
+        print(f"swarm-node: error: {e}", file=sys.stderr)
+        return 2
     from .models.errors import ModelError
     from .node import DuplicateNodeId, Node
     from .node_lifecycle import Interrupted, serve
