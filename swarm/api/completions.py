@@ -47,7 +47,7 @@ class CompletionRoutes:
         if schema is not None and tools.offered:
             raise ApiError(400, "response_format together with tools is not supported; send tool_choice 'none' "
                                 "or leave one out", param="response_format")
-        prompt = _encoded(self.service.encode_chat, messages, tools.offered)
+        prompt = await _encoded(self.service.encode_chat, messages, tools.offered)
         grammar, fmt = await self._chat_grammar(tools, schema)
         make_output = (lambda: ToolCallOutput(fmt, tools.tools)) if tools.offered else None
         return await self._respond(request, prompt, params, params.with_rules(grammar=grammar),
@@ -58,7 +58,7 @@ class CompletionRoutes:
         check_fields(body, COMPLETION_FIELDS)
         text = parse_prompt(body)
         params = self._params(body, chat=False)
-        prompt = _encoded(self.service.encode_text, text)
+        prompt = await _encoded(self.service.encode_text, text)
         return await self._respond(request, prompt, params, params.rules, TextShape(self.model_id, self.texts),
                                    None, echo=text if params.echo else None)
 
@@ -70,7 +70,11 @@ class CompletionRoutes:
         return params
 
     async def _chat_grammar(self, tools: ToolRequest, schema: dict | None) -> tuple[str | None, ToolFormat]:
-        """The grammar the answer follows, and the form its tool calls are parsed in."""
+        """The grammar the answer follows, and the form its tool calls are parsed in (built and checked on
+        the prompt threads: a schema's grammar, and the first one's view of the vocabulary, take a while)."""
+        return await self.service.off_loop(self._chat_grammar_now, tools, schema)
+
+    def _chat_grammar_now(self, tools: ToolRequest, schema: dict | None) -> tuple[str | None, ToolFormat]:
         vocab, fmt = self.service.vocab, self.service.chat_prompt.tool_format
         calls = [tool_call_schema(f["name"], f["parameters"]) for f in tools.forced or
                  [t["function"] for t in tools.offered or []]]
@@ -89,8 +93,8 @@ class CompletionRoutes:
         if len(grammar) > MAX_GRAMMAR_CHARS:
             raise ApiError(400, f"the {param} schema is too large ({len(grammar)} characters as a grammar, "
                                 f"at most {MAX_GRAMMAR_CHARS})", param=param)
-        try:  # the first grammar builds llguidance's view of the vocabulary: off the event loop
-            return await asyncio.to_thread(checked, grammar, vocab), fmt
+        try:
+            return checked(grammar, vocab), fmt
         except GrammarError as e:
             raise ApiError(400, f"the {param} schema cannot be followed: {e}", param=param)
 
@@ -144,9 +148,9 @@ class _Run:
         return [TokenScore(self.prompt[0], 0.0), *ev.scores]
 
 
-def _encoded(encode, *args) -> list[int]:
+async def _encoded(encode, *args) -> list[int]:
     try:
-        return encode(*args)
+        return await encode(*args)
     except PromptTooLong as e:
         raise ApiError(400, str(e), param="messages" if isinstance(args[0], list) else "prompt",
                        code="context_length_exceeded")
