@@ -266,7 +266,7 @@ class Node:
         lane = DataLane(node_id, cfg.swarm, links, worker.watch, worker.post, discovery.endpoint_of, key=link_key,
                         on_broken=self._mlx_on_link_broken)
         listener = PeerListener(node_id, cfg.swarm, cfg.peer_host, cfg.peer_port, links, lane,
-                                lambda: discovery.profile, key=link_key)
+                                lambda: discovery.profile, key=link_key, is_member=discovery.is_peer_address)
 
         # Weights: served to peers from what this node holds; fetched from them for layers it lacks, over
         # links for that purpose (authenticated and sealed like the data path's when the swarm has a secret).
