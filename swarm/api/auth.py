@@ -8,21 +8,20 @@ chat and completions, models, the topology and its event stream. /health stays o
 balancers and peers poll it) and tells a caller without the key only whether the node can
 serve (status/node_status.py).
 
-A derived key spares clients on the node's own machine (loopback, or the node's own address
-as the source: a TCP connection cannot come from there unless it starts there), so a closed
-swarm keeps working with `curl localhost` as an open one does. A key given explicitly is
+A derived key spares clients on the node's own machine (local_client.py), so a closed swarm
+keeps working with `curl localhost` as an open one does. A key given explicitly is
 required of everyone. Without any key, everything is open.
 """
 
 from __future__ import annotations
 
 import hmac
-import ipaddress
 from dataclasses import dataclass
 
 from aiohttp import web
 
 from .errors import error_response
+from .local_client import on_this_machine
 
 OPEN_PATHS = frozenset({"/health"})
 
@@ -37,26 +36,10 @@ def _as_access(access: ApiAccess | str | None) -> ApiAccess:
     return access if isinstance(access, ApiAccess) else ApiAccess(access)
 
 
-def is_local(request: web.Request) -> bool:
-    """The client runs on this machine: a loopback source, or the address it connected to as its source."""
-    transport = request.transport
-    if transport is None:
-        return False
-    peer, own = transport.get_extra_info("peername"), transport.get_extra_info("sockname")
-    if not peer:
-        return False
-    try:
-        if ipaddress.ip_address(peer[0]).is_loopback:
-            return True
-    except ValueError:  # a Unix socket's path
-        return False
-    return bool(own) and own[0] == peer[0]
-
-
 def authorized(request: web.Request, access: ApiAccess | str | None) -> bool:
     """No key set, a local client where that is enough, or the request carries the key (constant time)."""
     access = _as_access(access)
-    if not access.key or (access.local_without_key and is_local(request)):
+    if not access.key or (access.local_without_key and on_this_machine(request.transport)):
         return True
     scheme, _, given = request.headers.get("Authorization", "").partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), access.key.encode())

@@ -5,8 +5,9 @@ its headers on each) holds a file descriptor and a handler apiece until they tim
 So the runner's protocol factory is wrapped: a connection past the cap from its address
 gets a plain 429, one past the total a 503, and is closed before aiohttp ever sees it; the
 others are handed to aiohttp's own handler, unchanged. The total is half the descriptor
-limit as it is when the connection arrives: slow clients from many addresses can never take
-the descriptors the node's peers, probes and model files need.
+limit as it is when the connection arrives (clients on the node's own machine pass it): slow
+clients from many addresses can never take the descriptors the node's peers, probes and
+model files need.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from collections import Counter
 from typing import Any, Callable
 
 from aiohttp import web
+
+from .local_client import on_this_machine
 
 DEFAULT_PER_ADDRESS = 64
 MAX_TOTAL = 8192
@@ -66,7 +69,7 @@ class _Gate(asyncio.Protocol):
         self._address = peer[0] if peer else "?"
         cap = self._cap
         refusal = (_TOO_MANY if cap.open[self._address] >= cap.limit else
-                   _FULL if cap.held >= cap.total() else None)
+                   _FULL if cap.held >= cap.total() and not on_this_machine(transport) else None)
         if refusal is not None:
             cap.refused += 1
             transport.write(refusal)  # type: ignore[attr-defined]
