@@ -66,7 +66,7 @@ def main() -> None:
     from mlx_lm.utils import load_tokenizer
 
     from swarm.models.resolve import resolve_model
-    from swarm.node import backend_name
+    from swarm.node.node import backend_name
     model = resolve_model(args.model, backend=backend_name())
     tokenizer = load_tokenizer(model.path, eos_token_ids=model.config.get("eos_token_id"))
     prompt = list(tokenizer.encode(PROMPT))

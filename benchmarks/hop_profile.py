@@ -8,7 +8,7 @@ decode step, all at frame boundaries on the data lane: the entry sending the
 step, each node's MLX thread receiving the frame and (after its forward pass)
 sending the result on, ... until the entry has the token. A gap within one
 process is mostly its compute; gaps marked "*" cross from one process to the
-next (the socket plus waking the receiver). See swarm/hop_trace.py.
+next (the socket plus waking the receiver). See swarm/transport/hop_trace.py.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from swarm import hop_trace  # noqa: E402
+from swarm.transport import hop_trace  # noqa: E402
 from swarm.bench.client import stream_completion  # noqa: E402
 from swarm.bench.cluster import LocalCluster  # noqa: E402
 from swarm.bench.prompts import PROMPT  # noqa: E402

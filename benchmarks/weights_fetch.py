@@ -38,7 +38,7 @@ from swarm.transport.link_crypto import stretch_secret  # noqa: E402
 from swarm.transport.link_handshake import LinkAuth  # noqa: E402
 from swarm.transport.links import PeerLinks  # noqa: E402
 from swarm.transport.listener import PeerListener  # noqa: E402
-from swarm.weights.manifest import build_manifest, model_files  # noqa: E402
+from swarm.models.manifest import build_manifest, model_files  # noqa: E402
 from swarm.weights.store import ChunkStore  # noqa: E402
 from swarm.weights.transfer import WEIGHTS_MAX_PAYLOAD, WEIGHTS_PURPOSE, WeightFetch, serve_weights  # noqa: E402
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import weights_fetch as wf  # noqa: E402
 
-from swarm.weights.manifest import build_manifest  # noqa: E402
+from swarm.models.manifest import build_manifest  # noqa: E402
 
 _spent: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])  # kind of thread -> user, system
 _run = threading.Thread.run

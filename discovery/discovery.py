@@ -21,7 +21,7 @@ so by every node, secret or not.
 Our own id in another node's record: the later-started of the two must take a new id
 (node_id.must_remint). Standalone, discovery re-mints in place (its id is only its own);
 a caller whose other parts hold the id too passes `on_duplicate` and decides itself
-(the swarm node starts over under a new id: swarm/node.py).
+(the swarm node starts over under a new id: swarm/node/node.py).
 """
 
 from __future__ import annotations

@@ -22,9 +22,9 @@ from pathlib import Path  # noqa: E402
 from discovery.memory import parse_size  # noqa: E402
 
 from .engine.blas import maybe_reexec_with_blas  # noqa: E402
-from .node_config import (DEFAULT_API_PORT, DEFAULT_BATCH_DECODE, DEFAULT_MAX_ACTIVE, DEFAULT_MAX_QUEUE,  # noqa: E402
+from .node.config import (DEFAULT_API_PORT, DEFAULT_BATCH_DECODE, DEFAULT_MAX_ACTIVE, DEFAULT_MAX_QUEUE,  # noqa: E402
                           DEFAULT_PEER_PORT, DEFAULT_PROMPT_GATHER_MS, NodeConfig, default_state_dir)
-from .node_ports import PortError, check_port  # noqa: E402
+from .node.ports import PortError, check_port  # noqa: E402
 
 
 class _Parser(argparse.ArgumentParser):
@@ -228,7 +228,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
 
 def new_secret(state_dir: Path) -> int:
     """`swarm-node --new-secret`: write one, say how to use it everywhere."""
-    from .node_secrets import SECRET_ENV, new_secret_file
+    from .node.secrets import SECRET_ENV, new_secret_file
     try:
         path, text = new_secret_file(state_dir)
     except (FileExistsError, OSError) as e:
@@ -249,7 +249,7 @@ connect to nodes without it: restart every node of the swarm with it.""")
 
 def print_api_key(args: argparse.Namespace) -> int:
     """`swarm-node --print-api-key`: the key clients elsewhere send, found as a node would find it."""
-    from .node_secrets import API_KEY_FROM_SECRET, api_key, effective_api_key, swarm_secret
+    from .node.secrets import API_KEY_FROM_SECRET, api_key, effective_api_key, swarm_secret
     from .transport.link_crypto import stretch_secret
     try:
         secret = swarm_secret(args.secret, args.state_dir)
@@ -300,15 +300,15 @@ def _main(argv: list[str] | None) -> int:
     # Before MLX is imported: on Linux CPUs, re-exec once with an optimized BLAS preloaded.
     maybe_reexec_with_blas(sys.argv[1:] if argv is None else list(argv))
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from .descriptor_limit import DescriptorLimitError, prepare_descriptor_limit
+    from .node.descriptor_limit import DescriptorLimitError, prepare_descriptor_limit
     try:
         prepare_descriptor_limit()
     except DescriptorLimitError as e:
         print(f"swarm-node: error: {e}", file=sys.stderr)
         return 2
     from .models.errors import ModelError
-    from .node import DuplicateNodeId, Node
-    from .node_lifecycle import Interrupted, serve
+    from .node.node import DuplicateNodeId, Node
+    from .node.lifecycle import Interrupted, serve
 
     try:
         node = Node(config_from_args(args))

@@ -21,7 +21,7 @@ from swarm.bench.cluster import LocalCluster, get_json
 from swarm.engine.sampling import SamplingParams
 from swarm.engine.shard import load_shard
 from swarm.engine.shard_runner import ShardRunner
-from swarm.node_config import DEFAULT_BATCH_DECODE
+from swarm.node.config import DEFAULT_BATCH_DECODE
 from model_zoo import build_random_model
 
 from reference import reference_chat

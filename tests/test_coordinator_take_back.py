@@ -27,7 +27,7 @@ class FixedView:
 
 
 def coordinator(view: FixedView) -> Coordinator:
-    return Coordinator(view.own, SPEC, "fp", view, None, None, None, deadlines=LoadDeadlines(view.own))
+    return Coordinator(view.own, SPEC, "fp", view, None, None, deadlines=LoadDeadlines(view.own))
 
 
 def test_a_node_left_out_that_announces_our_plan_with_it_is_taken_back_and_a_stranger_plan_is_not():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from swarm import hop_trace
+from swarm.transport import hop_trace
 
 
 def test_marks_are_written_only_when_tracing(tmp_path, monkeypatch):

@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from swarm.node_secrets import api_key, new_secret_file, readable_by_others, swarm_secret
+from swarm.node.secrets import api_key, new_secret_file, readable_by_others, swarm_secret
 
 
 def test_the_flag_wins_over_the_environment_which_wins_over_the_file(tmp_path):

@@ -1,4 +1,4 @@
-"""Who may send a node what (stage/sender_rules.py), rule by rule, on real plans and messages."""
+"""Who may send a node what (node/sender_rules.py), rule by rule, on real plans and messages."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from partitioner import ModelSpec, Plan, Stage
 
 from swarm.engine.sampling import SamplingParams
 from swarm.entry.own_requests import OwnRequests
-from swarm.stage.sender_rules import LATE, SenderRules
+from swarm.node.sender_rules import LATE, SenderRules
 from swarm.transport.messages import Error, Forward, Token
 
 PLAN = Plan(ModelSpec(6, 1000), "balanced", (Stage("a", 0, 2), Stage("b", 2, 4), Stage("c", 4, 6)), (), 0.0, "p1")

@@ -1,4 +1,4 @@
-"""The stage service's checks with its real parts (MLX thread, lane, listener, a tiny model's last
+"""The node inbox's and the stage's checks with their real parts (MLX thread, lane, listener, a tiny model's last
 three layers) and real peers over loopback: a frame from the stage before it that this stage cannot
 serve earns the request's entry an Error saying why; the same frame from anyone else earns nobody
 anything; releases free only the sender's own requests."""
@@ -18,10 +18,12 @@ from partitioner import ModelSpec, Plan, Stage
 from swarm.engine.model_bytes import measure_model_bytes
 from swarm.engine.sampling import SamplingParams
 from swarm.engine.worker import MlxWorker
+from swarm.entry.entry_inbox import EntryInbox
 from swarm.entry.own_requests import OwnRequests
 from swarm.entry.pending_tokens import PendingTokens
 from swarm.entry.run_ahead import RunAhead
-from swarm.stage.sender_rules import SenderRules
+from swarm.node.inbox import NodeInbox
+from swarm.node.sender_rules import SenderRules
 from swarm.stage.stage_host import StageHost
 from swarm.stage.stage_service import StageService
 from swarm.transport.lane import DataLane
@@ -48,8 +50,11 @@ async def stage(tiny_models):  # noqa: F811
     host = StageHost(path, mx.float32, worker, context=4096, layer_caches=sizes.caches)
     await host.assign(PLAN, (3, 6))
     rules = SenderRules("us", host.known_plan, lambda n: n in addresses, OwnRequests(), 384)
-    service = StageService(host, lane, worker, PendingTokens(), RunAhead("us"), asyncio.get_running_loop(), rules)
-    service.start()
+    service = StageService(host, lane, worker)
+    entry = EntryInbox("us", worker, PendingTokens(), RunAhead("us"), asyncio.get_running_loop(),
+                       service.mlx_send_or_fail, lane.mlx_send)
+    inbox = NodeInbox(lane, worker, rules, service, entry)
+    inbox.start()
     await listener.start()
     addresses["us"] = (HOST, listener.port)
     prev = await PeerNode("prev", addresses).start()
@@ -57,7 +62,7 @@ async def stage(tiny_models):  # noqa: F811
     yield service, prev, stranger
     await prev.stop()
     await stranger.stop()
-    await service.stop()
+    await inbox.stop()
     await listener.stop()
     worker.close()
 

@@ -18,7 +18,7 @@ from reference import reference_chat
 from swarm_cluster import SwarmCluster
 
 from swarm.models.resolve import DEFAULT_MODEL_ID
-from swarm.weights.manifest import cached_manifest
+from swarm.models.manifest import cached_manifest
 from swarm.weights.needs import stage_chunks, stage_tensor_names
 
 pytestmark = pytest.mark.skipif(netns_unavailable_reason() is not None, reason=str(netns_unavailable_reason()))

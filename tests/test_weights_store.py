@@ -9,10 +9,10 @@ import blake3
 import mlx.core as mx
 import pytest
 
-from swarm.weights import manifest as manifest_module
+from swarm.models import manifest as manifest_module
 from swarm.weights.fetch_queue import FetchQueue
-from swarm.weights.manifest import Manifest, ManifestError, build_manifest, cached_manifest
-from swarm.weights.safetensors_header import read_layout
+from swarm.models.manifest import Manifest, ManifestError, build_manifest, cached_manifest
+from swarm.models.safetensors_header import read_layout
 from swarm.weights.store import HELD_FILE, ChunkRejected, ChunkStore
 
 

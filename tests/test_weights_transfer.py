@@ -14,8 +14,8 @@ import pytest
 from swarm.transport.frames import PREFIX, pack_header
 from swarm.transport.stream_link import StreamFrameLink
 from swarm.transport.thread_link import ThreadFrameLink, run_on_own_thread
-from swarm.weights import manifest as manifest_module
-from swarm.weights.manifest import build_manifest
+from swarm.models import manifest as manifest_module
+from swarm.models.manifest import build_manifest
 from swarm.weights.store import ChunkStore
 from swarm.weights.transfer import FetchStuck, WeightFetch, fetch_manifest, serve_weights_on_thread
 

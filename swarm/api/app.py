@@ -2,7 +2,7 @@
 
 Hardened for a network with strangers on it: an API key, optional in an open swarm (auth.py), bodies of at
 most MAX_BODY_BYTES that must arrive within the HTTP timeout (request_parsing.py), and,
-set where the server is run (node.py): a connection that sends no complete request within
+set where the server is run (node/node.py): a connection that sends no complete request within
 that timeout is closed (aiohttp's keep-alive timeout, which also covers unfinished
 headers), and at most so many connections per address (connection_cap.py).
 """

@@ -1,8 +1,8 @@
 """Who may use the API: `Authorization: Bearer <key>`, as OpenAI's clients send it.
 
-A key comes from --api-key, $SWARM_API_KEY or the state dir's `api-key` (node_secrets.api_key);
+A key comes from --api-key, $SWARM_API_KEY or the state dir's `api-key` (node/secrets.py);
 a swarm with a secret and none of them gets one derived from the secret
-(node_secrets.api_key_from_secret), so a closed swarm's API is closed too. With a key, every
+(node/secrets.py: api_key_from_secret), so a closed swarm's API is closed too. With a key, every
 route but /health answers 401 without it, in OpenAI's error shape, before anything else runs:
 chat and completions, models, the topology and its event stream. /health stays open (load
 balancers and peers poll it) and tells a caller without the key only whether the node can

@@ -12,7 +12,7 @@ from ..engine.decoding_rules import MAX_GRAMMAR_CHARS, DecodingRules
 from ..entry.chat_prompt import JSON_TOOLS, TemplateRejected, ToolFormat
 from ..entry.grammars import (GrammarError, checked, forced_tool_calls_grammar, json_schema_grammar,
                               lazy_tool_calls_grammar, tool_call_schema)
-from ..entry.pipeline import NoPipeline
+from ..planning.errors import NoPipeline
 from ..entry.service import Finished, InferenceService, PromptScores, PromptTooLong, TextDelta, TokenScore
 from ..entry.tool_call_output import ToolCallOutput
 from ..models.generation_defaults import GenerationDefaults

@@ -18,7 +18,7 @@ import mlx.core as mx
 from discovery.memory import measure_memory
 
 from . import ring
-from ..node_config import DEFAULT_BATCH_DECODE
+from ..node.config import DEFAULT_BATCH_DECODE
 from .cluster import LocalCluster
 from .measure import MlxLmAlone, measure_swarm, measure_swarm_pair
 from .prompts import PROMPT
@@ -73,7 +73,7 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
 
     from swarm.engine.blas import blas_in_use
     from swarm.models.resolve import resolve_model
-    from swarm.node import backend_name
+    from swarm.node.node import backend_name
 
     backend = backend_name()
     model = resolve_model(model_arg, backend=backend)

@@ -23,7 +23,8 @@ from ..engine.decoding_rules import DecodingRules
 from ..engine.input_limits import MAX_CHUNK
 from ..engine.sampling import SamplingParams
 from ..engine.token_logprobs import SampledToken, TokenLogprobs
-from .pipeline import NoPipeline, Pipeline, PipelineBroken
+from ..planning.errors import NoPipeline
+from .pipeline import Pipeline, PipelineBroken
 
 log = logging.getLogger(__name__)
 

@@ -2,9 +2,9 @@
 
 A token or an error for a request is only ever sent by a stage of that request's plan
 (tokens by its last stage) to the request's entry. So the entry records, before it sends a
-request's first frame into a plan, which plan that is and who its stages are; the stage
-service asks here, on the MLX thread, before a token or an error reaches the waiting client
-or starts the next step (stage/sender_rules.py).
+request's first frame into a plan, which plan that is and who its stages are; the node's
+inbox asks here, on the MLX thread, before a token or an error reaches the waiting client
+or starts the next step (node/sender_rules.py).
 
 Written on the event loop (`begin`, `end`), read on the MLX thread: each is one dict operation
 on an immutable value, so no lock is needed.

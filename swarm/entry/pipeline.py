@@ -18,10 +18,6 @@ class PipelineBroken(Exception):
     """The pipeline lost a stage or its state; the caller may replay once it is whole again."""
 
 
-class NoPipeline(Exception):
-    """No whole pipeline could be had in time (peers gone, or the swarm cannot hold the model)."""
-
-
 class Pipeline(Protocol):
     async def forward(self, request_id: str, tokens: list[int], start_pos: int, sampling: SamplingParams | None,
                       continue_unless: frozenset[int] | None = None,

@@ -1,6 +1,6 @@
 """The entry node's view of one agreed plan as a Pipeline (see pipeline.py). Event loop.
 
-Every message leaves through the outbox: the stage service posts it to the MLX
+Every message leaves through the outbox: the entry's inbox posts it to the MLX
 thread, whose data lane sends it (or queues it for our own stage 0). A send that
 fails comes back as an Error message for the request, like any stage's failure.
 """
@@ -23,7 +23,7 @@ from .run_ahead import RunAhead
 
 
 class Outbox(Protocol):
-    """How the event loop hands messages to the MLX thread (stage/stage_service.py)."""
+    """How the event loop hands messages to the MLX thread (entry_inbox.py)."""
 
     def post(self, node_id: str, forward: Forward) -> None:
         """Send `forward` on the MLX thread; if it cannot be, an Error reaches its entry."""
@@ -49,7 +49,7 @@ class SwarmPipeline:
         (see run_ahead.py); None: it may not. `rules`: see pipeline.py."""
         first, plan_id = self.plan.stages[0].node_id, self.plan.plan_id
         at = start_pos + len(tokens)
-        self.own.begin(request_id, self.plan)  # only this plan's stages may answer it (stage/sender_rules.py)
+        self.own.begin(request_id, self.plan)  # only this plan's stages may answer it (node/sender_rules.py)
         fut = self.pending.expect(request_id, plan_id, at) if sampling else None  # before sending: errors too
         started = self.run_ahead.started(request_id, plan_id, start_pos, tokens)
         t0 = started or time.perf_counter()

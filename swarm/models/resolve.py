@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..weights.manifest import Manifest, cached_manifest
+from .manifest import Manifest, cached_manifest
 from .cache_dir import default_cache_root
 from .errors import ModelFormatError, ModelNotFoundError
 from .gguf_convert import cached_conversion, default_model_gguf
@@ -42,7 +42,7 @@ class LocalModel:
 
     @property
     def fingerprint(self) -> str:
-        """Equal only for the same bytes: it covers every chunk's hash (weights/manifest.py)."""
+        """Equal only for the same bytes: it covers every chunk's hash (manifest.py)."""
         return self.manifest.fingerprint
 
     @property

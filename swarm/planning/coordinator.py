@@ -23,17 +23,17 @@ import asyncio
 import contextlib
 import logging
 import time
+from typing import Callable
 
 from discovery import Discovery
 from discovery.view import PeerEvent
 from partitioner import InsufficientMemoryError, ModelSpec, NodeCapacity, Plan, make_plan
 
-from ..entry.pending_tokens import PendingTokens
-from ..entry.pipeline import NoPipeline
 from ..events import EventBus
 from ..stage.stage_host import StageHost
 from ..weights.peer_weights import NotEnoughDisk, PeerWeights, parse_fetch
 from ..weights.transfer import FetchStuck
+from .errors import NoPipeline
 from .load_deadlines import Announced, LoadDeadlines
 
 log = logging.getLogger(__name__)
@@ -53,11 +53,14 @@ PROSPECTS_WAIT_S = 30.0
 
 class Coordinator:
     def __init__(self, node_id: str, spec: ModelSpec, fingerprint: str, discovery: Discovery, host: StageHost,
-                 pending: PendingTokens, events: EventBus, *, strategy: str = "balanced",
+                 events: EventBus, *, strategy: str = "balanced",
                  recovery_timeout: float = 30.0, weights: PeerWeights | None = None,
                  deadlines: LoadDeadlines | None = None):
         self.node_id, self.spec, self.fingerprint, self.discovery = node_id, spec, fingerprint, discovery
-        self.host, self.pending, self.events = host, pending, events
+        self.host, self.events = host, events
+        # Told when requests on a plan may have lost a stage (reason, plan ids still whole): the entry's
+        # pending tokens break, so that its requests replay at once (entry/pending_tokens.py).
+        self.on_plans_broken: list[Callable[[str, frozenset[str]], None]] = []
         self.strategy, self.recovery_timeout = strategy, recovery_timeout
         self.weights = weights  # None: this node never fetches (tests of planning alone)
         self.deadlines = deadlines or LoadDeadlines(node_id)
@@ -87,7 +90,7 @@ class Coordinator:
             self._membership_changed = time.monotonic()
             self.events.emit(event.kind, {"node_id": event.node_id, "name": event.profile.name})
         if event.kind == "leave" and self.plan and event.node_id in {s.node_id for s in self.plan.stages}:
-            self.pending.break_all(f"node {event.node_id} left")
+            self._plans_broken(f"node {event.node_id} left")
         await self.replan()
         await self._notify()  # an update may be a peer announcing the plan it now serves
 
@@ -115,12 +118,15 @@ class Coordinator:
         self._note_agreement()
         self.plan = plan
         self.deadlines.adopt(plan)
-        self.pending.break_all("the plan changed", keep_plans=frozenset(
-            p.plan_id for p in (plan, self.before) if p is not None))
+        self._plans_broken("the plan changed", frozenset(p.plan_id for p in (plan, self.before) if p is not None))
         self.events.emit("plan", {"plan": plan.to_dict() if plan else None, "error": error})
         await self._notify()
         if self._apply_task is None or self._apply_task.done():
             self._apply_task = asyncio.create_task(self._apply(), name="apply-plan")
+
+    def _plans_broken(self, reason: str, whole: frozenset[str] = frozenset()) -> None:
+        for listener in self.on_plans_broken:
+            listener(reason, whole)
 
     def own_layers(self, plan: Plan | None) -> tuple[int, int] | None:
         for s in plan.stages if plan else ():

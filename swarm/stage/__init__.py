@@ -1,1 +1,1 @@
-"""The stage side: the layers this node holds and the one dispatcher that serves every peer message."""
+"""The stage side: the layers this node holds, and the frames for them queued, batched, computed and sent on."""

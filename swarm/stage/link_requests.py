@@ -10,7 +10,7 @@ a tampered frame closes that link only and the request completes).
 
 Requests whose entry is this node or that peer are not noted: both ends of a link
 see it break, and an entry's own broken link already replays its requests
-(node.py, `_on_link_broken`). Bounded: a request is forgotten when released, and at
+(entry/entry_inbox.py, `mlx_link_broken`). Bounded: a request is forgotten when released, and at
 most `per_peer` (the most recent) are kept per peer. MLX thread only.
 """
 

@@ -6,7 +6,7 @@ layers change, so no message is served by layers of another plan.
 
 It also remembers the last few plans it was given (`known_plan`, from the moment it is given
 one, before loading): who may send a frame for a plan is decided by that plan's stages
-(stage/sender_rules.py), also for the plan just left behind, whose late frames still get an
+(node/sender_rules.py), also for the plan just left behind, whose late frames still get an
 answer.
 """
 

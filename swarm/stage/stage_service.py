@@ -1,27 +1,16 @@
-"""The node's one dispatcher: every message for this node, computed or handed on.
+"""The stage: the frames for this node's layers, queued, batched, computed and sent on. MLX thread.
 
-On the MLX thread: the data lane (transport/lane.py) decodes each frame from a peer
-into a typed message and calls `mlx_on_message(sender, message)`, as it does for
-the messages this node sends itself (the entry's own steps into its own stage 0, the
-last stage's tokens for its own requests). So there is one switch:
-
-  Forward, Release -> queued for our stage; computed after each round of socket
-                      events, in arrival order, the result sent on by the lane
-  Token, Error     -> for a request this node is the entry of: its client waits on
-                      the event loop (pending tokens); a token whose next step was
-                      armed starts that step right here (entry/run_ahead.py), or holds
-                      a request's first one to join the steps out (entry/cohort_join.py)
-
-Who may send what is decided first, for every message (sender_rules.py): a frame from anyone
-else is dropped with one log line at a bounded rate (transport/log_limit.py), and nobody else hears of
-it, since the entry it names may be a victim. A frame from the right sender that this stage
+The node's inbox (node/inbox.py) hands over every Forward a sender may send this node, and
+every Release, in arrival order (`mlx_take`); they are computed after each round of socket
+events and the result sent on by the lane. A frame from the right sender that this stage
 cannot serve (another plan, token ids outside the vocabulary, positions past the context, the
 wrong width, a cap on cached requests: engine/input_limits.py, engine/cache_budget.py) earns
 its entry an Error saying why. Never a crash, never a silent divergence.
 
-From the event loop: `post` and `post_release` (the entry's outbox) hand messages
-to the MLX thread, which sends them; a send that fails becomes an Error for the
-request's entry, however the message got here.
+Every forward this node sends, its own requests' steps included, goes through
+`mlx_send_or_fail`: a send that fails becomes an Error for the request's entry, however the
+forward got here; and a link that breaks tells the entries of the requests it carried
+(link_requests.py).
 
 Frames for our stage are computed in arrival order, which also keeps each request's
 frames in order downstream. Different requests still overlap across nodes: while we
@@ -49,17 +38,13 @@ from ..engine.cache_budget import CacheFull
 from ..engine.shard_runner import CacheMismatch, ShardRunner
 from ..engine.token_logprobs import SampledToken
 from ..engine.worker import MlxWorker
-from ..entry.cohort_join import CohortJoin
-from ..entry.pending_tokens import PendingTokens
-from ..entry.run_ahead import RunAhead
 from ..transport.arrays import encode_array
 from ..transport.errors import PeerUnreachable, ProtocolError
 from ..transport.lane import DataLane
 from ..transport.log_limit import LogLimiter
-from ..transport.messages import Error, Forward, Message, Release, Token
+from ..transport.messages import Error, Forward, Release, Token
 from .link_requests import LinkRequests
 from .prompt_gather import PromptGather, is_new_prompt
-from .sender_rules import LATE, SenderRules, describe
 from .stage_host import StageHost
 
 log = logging.getLogger(__name__)
@@ -72,14 +57,12 @@ LOG_EVERY_S = 10.0  # a flood of bad frames or failing requests: one line per ki
 
 
 class StageService:
-    def __init__(self, host: StageHost, lane: DataLane, worker: MlxWorker, pending: PendingTokens,
-                 run_ahead: RunAhead, loop: asyncio.AbstractEventLoop, rules: SenderRules, max_batch: int = 1,
+    def __init__(self, host: StageHost, lane: DataLane, worker: MlxWorker, max_batch: int = 1,
                  prompt_gather_s: float = 0.0):
-        self.host, self.lane, self.worker, self.pending = host, lane, worker, pending
-        self.run_ahead, self.loop, self.rules, self.max_batch = run_ahead, loop, rules, max_batch
+        self.host, self.lane, self.worker, self.max_batch = host, lane, worker, max_batch
         self.gather = PromptGather(prompt_gather_s)  # `--prompt-gather`; MLX thread only
         self.node_id = lane.node_id
-        self.refusals = LogLimiter(refused_log)  # frames from senders that may not send them
+        self.refusals = LogLimiter(refused_log)  # frames from senders that may not send them (node/inbox.py too)
         self.failures = LogLimiter(log, logging.INFO)  # requests this stage could not serve
         self.batched_passes = 0  # passes that ran more than one request's decode step
         self.batched_rows = 0
@@ -87,30 +70,21 @@ class StageService:
         self.prompt_rows = 0
         # (sender, message) for our stage, in arrival order; MLX thread only
         self._queue: deque[tuple[str, Forward | Release]] = deque()
-        self.joins = CohortJoin(self.node_id)  # our requests' first decode steps join the cohort out; MLX thread
         self.carried = LinkRequests(self.node_id)  # whose entry to tell when a link breaks; MLX thread only
         self._last_gc = time.monotonic()
 
     def start(self) -> None:
-        """Take every message for this node from now on (the lane's handler, our queue after each round)."""
-        self.lane.serve(self.mlx_on_message)
+        """Compute what is queued after each round of socket events, from now on."""
         self.worker.after_events(self._mlx_serve_queue)
 
-    async def stop(self) -> None:
-        await self.worker.run(self.lane.mlx_close)
+    # -- MLX thread: what the node's inbox hands over ----------------------------------------
+    def mlx_take(self, sender: str, message: Forward | Release) -> None:
+        """Queue a frame for our stage: a Forward its sender may send us, or a Release (it frees the
+        sender's own request only)."""
+        self._queue.append((sender, message))
+        if isinstance(message, Forward):
+            self.gather.queued(message)
 
-    # -- event loop: the entry's outbox (entry/swarm_pipeline.py) -------------------------------
-    def post(self, node_id: str, forward: Forward) -> None:
-        self.worker.post(self._mlx_send_or_fail, node_id, forward)
-
-    def post_release(self, rid: str, node_ids: list[str]) -> None:
-        self.worker.post(self._mlx_release_everywhere, rid, node_ids)
-
-    def drop_peer(self, node_id: str) -> None:
-        """A peer left: close our connection to it."""
-        self.worker.post(self.lane.mlx_drop, node_id)
-
-    # -- MLX thread: the lane's report of a broken link --------------------------------------
     def mlx_link_broken(self, peer: str, problem: str) -> None:
         """The link to `peer` broke: frames we sent on it may be lost, so their requests' entries replay
         now (link_requests.py) instead of waiting out their token timeout."""
@@ -118,70 +92,19 @@ class StageService:
             self._mlx_fail_request(rid, plan_id, entry, "link",
                                    f"the link from {self.node_id} to {peer} broke ({problem}): a frame may be lost")
 
+    def _mlx_refuse(self, sender: str, what: str, why: str) -> None:
+        self.refusals.every(sender, LOG_EVERY_S, "refused %s from %s: %s", what, sender, why)
+
     # -- MLX thread -------------------------------------------------------------------------
-    def mlx_on_message(self, sender: str, message: Message) -> None:
-        if isinstance(message, Forward):
-            why = self.rules.mlx_forward(sender, message)
-            if why is None:
-                self._queue.append((sender, message))
-                self.gather.queued(message)
-            else:
-                self._mlx_refuse(sender, describe(message), why)
-        elif isinstance(message, Release):
-            self._queue.append((sender, message))  # it frees the sender's own request only
-        elif isinstance(message, (Token, Error)):
-            why = self.rules.mlx_answer(sender, message)
-            if why is None:
-                self._mlx_to_entry(message)
-                return
-            if why is not LATE:
-                self._mlx_refuse(sender, describe(message), why)
-            self._mlx_send_steps(self.joins.mlx_flush_if_alone())
-        else:  # the lane passes nothing else: a bug if it did
-            log.error("no handler for a %s from %s", type(message).__name__, sender)
-
-    def _mlx_to_entry(self, message: Token | Error) -> None:
-        """A token or error for a request this node is the entry of: its client waits on the loop."""
-        started = None
-        if isinstance(message, Token) and (problem := self.rules.mlx_token_problem(message)):
-            # a buggy last stage: the request replays
-            self.failures.every("token", LOG_EVERY_S, "request %s: %s", message.rid, problem)
-            message = Error(message.rid, message.plan_id, "protocol", problem)
-        if isinstance(message, Token):
-            step = self.run_ahead.mlx_next_step(message)
-            if step is not None:
-                started = step.started
-            to_send = self.joins.mlx_token(message.rid, message.at, step)
-        else:
-            to_send = self.joins.mlx_error(message.rid)
-        self._mlx_send_steps(to_send)
-        self.loop.call_soon_threadsafe(self.pending.resolve, message, started)
-
-    def _mlx_send_steps(self, steps: list) -> None:
-        if len(steps) == 1:
-            self._mlx_send_or_fail(steps[0].to, steps[0].forward)
-            return
-        with self.lane.mlx_sending_together():  # they arrive side by side, to be batched
-            for step in steps:
-                self._mlx_send_or_fail(step.to, step.forward)
-
-    def _mlx_send_or_fail(self, node_id: str, forward: Forward) -> None:
+    def mlx_send_or_fail(self, node_id: str, forward: Forward) -> bool:
+        """Send `forward` to `node_id`; if it cannot be, its entry gets an Error. True: it was sent."""
         try:
             self.lane.mlx_send(node_id, forward)
         except PeerUnreachable as e:
             self._mlx_fail(forward, "unreachable", str(e))
-            return
+            return False
         self.carried.note(node_id, forward)
-        self.joins.mlx_sent(node_id, forward)
-
-    def _mlx_release_everywhere(self, rid: str, node_ids: list[str]) -> None:
-        waiting = self.joins.mlx_released(rid)  # (steps held for it to come back may go now)
-        for node_id in node_ids:
-            try:
-                self.lane.mlx_send(node_id, Release(rid))  # to us: queued behind our stage's frames
-            except PeerUnreachable:
-                pass  # a dead stage freed its caches by dying
-        self._mlx_send_steps(waiting)
+        return True
 
     def _mlx_fail(self, forward: Forward, kind: str, message: str) -> None:
         self._mlx_fail_request(forward.rid, forward.plan_id, forward.entry, kind, message)
@@ -231,9 +154,6 @@ class StageService:
         if holders:  # (none: a stage that never saw the request, or already freed it: normal)
             self._mlx_refuse(sender, f"a release of request {message.rid}",
                              f"only its entry ({', '.join(holders)}) may free it")
-
-    def _mlx_refuse(self, sender: str, what: str, why: str) -> None:
-        self.refusals.every(sender, LOG_EVERY_S, "refused %s from %s: %s", what, sender, why)
 
     def _with_queued_decode_steps(self, first: Forward) -> list[Forward]:
         """`first`, plus the decode steps queued right behind it, up to max_batch.
@@ -336,7 +256,7 @@ class StageService:
                     log.info("request %s: its token could not reach entry %s (%s)", forward.rid, forward.entry, e)
             return
         nxt = plan.stages[index + 1]
-        self._mlx_send_or_fail(nxt.node_id, forward.onward(nxt.start, out, compute_us, together))
+        self.mlx_send_or_fail(nxt.node_id, forward.onward(nxt.start, out, compute_us, together))
 
 
 def _compute_prompts(stage: ShardRunner, accepted: list[Forward]):

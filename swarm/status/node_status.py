@@ -30,7 +30,7 @@ class NodeStatus:
                  hop_timing: HopTiming, peer_stats: PeerStats, weights: PeerWeights, *, api_key: bool = False,
                  peers: dict | None = None):
         self.model, self.backend, self.discovery, self.coordinator = model, backend, discovery, coordinator
-        self.peers_security = peers or {"peers": "open"}  # peer_security.describe
+        self.peers_security = peers or {"peers": "open"}  # node/peer_security.py, describe
         self.host, self.stage_service, self.links = host, stage_service, links
         self.stats, self.hop_timing, self.peer_stats = stats, hop_timing, peer_stats
         self.weights = weights
@@ -40,7 +40,7 @@ class NodeStatus:
         return self.coordinator.status()
 
     def security(self) -> dict:
-        """The peers' half (peer_security.describe: an open swarm said loudly) and the API's."""
+        """The peers' half (node/peer_security.py, describe: an open swarm said loudly) and the API's."""
         return {**self.peers_security, "api_key": self.api_key}
 
     def health(self, authorized: bool = True) -> dict:

@@ -1,7 +1,7 @@
 """The data lane: every peer frame is read and written here, by the MLX thread itself.
 
 This is the node's transport interface: `mlx_send(node_id, message)` and the
-`on_message(sender, message)` handler given to `serve` (stage/stage_service.py).
+`on_message(sender, message)` handler given to `serve` (node/inbox.py).
 It knows messages and connections, nothing of plans or stages.
 
 A pipeline stage idles while the others compute, and on an idle machine every
@@ -62,7 +62,7 @@ import socket
 import time
 from typing import Callable
 
-from .. import hop_trace
+from . import hop_trace
 from .connection import PeerConnection
 from .errors import HandshakeRejected, PeerUnreachable, ProtocolError
 from .frames import DEFAULT_MAX_PAYLOAD_BYTES
@@ -102,9 +102,12 @@ class DataLane:
         self._corked: list[PeerConnection] | None = None  # links written inside mlx_sending_together
         self._closed = False
 
-    def serve(self, on_message: OnMessage) -> None:
-        """From now on, every message for this node goes to `on_message` (set once, at start)."""
+    def serve(self, on_message: OnMessage, on_broken: OnBroken | None = None) -> None:
+        """From now on, every message for this node goes to `on_message`, and every link that breaks is
+        reported to `on_broken` (set once, at start)."""
         self._on_message = on_message
+        if on_broken is not None:
+            self._on_broken = on_broken
 
     # -- any thread -------------------------------------------------------------------------
     def take_over(self, conn: PeerConnection, replaced: PeerConnection | None) -> None:

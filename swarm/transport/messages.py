@@ -6,7 +6,7 @@ header once, where frames come in (the data lane), and raises ProtocolError for
 anything that is not a well-formed message of its type, naming the field. It checks
 what the message itself can know (types, ranges, that a payload fits its dtype and
 shape); whether the sender may send it, or whether a plan's stage can serve it, is
-decided by whoever receives it (stage/stage_service.py).
+decided by whoever receives it (node/inbox.py, stage/stage_service.py).
 
 NamedTuples, not frozen dataclasses, and one combined check per message before any
 field-by-field explanation: a forward is decoded and re-encoded on every hop, right

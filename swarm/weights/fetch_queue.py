@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .manifest import Chunk
+from ..models.manifest import Chunk
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import Awaitable, Callable
 from discovery import Discovery
 
 from ..transport.errors import ProtocolError
-from .manifest import Manifest, ManifestError
+from ..models.manifest import Manifest, ManifestError
 from .peer_weights import NotEnoughDisk, PeerWeights, fetched_model_dir
 from .store import ChunkStore
 from .transfer import FetchStuck, OpenLink, fetch_manifest

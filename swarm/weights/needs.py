@@ -17,7 +17,7 @@ from mlx_lm.utils import load_model
 from ..engine import families
 from ..engine.model_outline import outline
 from ..engine.shard import LayerRange, Shard
-from .manifest import Chunk, Manifest
+from ..models.manifest import Chunk, Manifest
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from typing import Awaitable, Callable
 
 from ..engine.worker import MlxWorker
 from .fetch_queue import FetchProgress
-from .manifest import Chunk
+from ..models.manifest import Chunk
 from .needs import stage_chunks, stage_tensor_names
 from .store import ChunkStore
 from .transfer import FetchStuck, FrameLink, OpenLink, WeightFetch, serve_weights

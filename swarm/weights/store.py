@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Iterable
 
-from .manifest import Chunk, Manifest, chunk_hasher
+from ..models.manifest import Chunk, Manifest, chunk_hasher
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from ..transport.errors import ConnectionClosed, ProtocolError
 from ..transport.frames import Frame
 from ..transport.thread_link import ThreadFrameLink, run_on_own_thread
 from .fetch_queue import FetchProgress, FetchQueue
-from .manifest import Chunk, Manifest, ManifestError
+from ..models.manifest import Chunk, Manifest, ManifestError
 from .store import ChunkRejected, ChunkStore
 
 log = logging.getLogger(__name__)

@@ -28,51 +28,52 @@ from discovery.profile import NodeProfile
 from discovery.view import PeerEvent
 from partitioner import ModelSpec
 
-from .api.admission import Admission
-from .api.app import make_app
-from .api.auth import ApiAccess
-from .api.connection_cap import CappedAppRunner
-from .api.request_gate import RequestGate
-from .engine.blas import blas_in_use
-from .engine.constraints import GrammarVocab
-from .engine.model_bytes import ModelBytes, measure_model_bytes
-from .engine.shard import check_splittable
-from .engine.speed_probe import cached_speed, measure_speed
-from .engine.worker import MlxWorker
-from .entry.hop_timing import HopTiming
-from .entry.own_requests import OwnRequests
-from .entry.pending_tokens import PendingTokens
-from .entry.pipeline import NoPipeline
-from .entry.run_ahead import RunAhead
-from .entry.service import InferenceService
-from .entry.stats import RequestStats
-from .entry.swarm_pipeline import SwarmPipelines
-from .api.bootstrap_app import make_bootstrap_app
-from .models.generation_defaults import generation_defaults
-from .models.resolve import LocalModel, describe_model, is_local_spec, models_root, resolve_model
+from ..api.admission import Admission
+from ..api.app import make_app
+from ..api.auth import ApiAccess
+from ..api.connection_cap import CappedAppRunner
+from ..api.request_gate import RequestGate
+from ..engine.blas import blas_in_use
+from ..engine.constraints import GrammarVocab
+from ..engine.model_bytes import ModelBytes, measure_model_bytes
+from ..engine.shard import check_splittable
+from ..engine.speed_probe import cached_speed, measure_speed
+from ..engine.worker import MlxWorker
+from ..entry.entry_inbox import EntryInbox
+from ..entry.hop_timing import HopTiming
+from ..entry.own_requests import OwnRequests
+from ..entry.pending_tokens import PendingTokens
+from ..entry.run_ahead import RunAhead
+from ..entry.service import InferenceService
+from ..entry.stats import RequestStats
+from ..entry.swarm_pipeline import SwarmPipelines
+from ..api.bootstrap_app import make_bootstrap_app
+from ..models.generation_defaults import generation_defaults
+from ..models.resolve import LocalModel, describe_model, is_local_spec, models_root, resolve_model
 from . import peer_security
-from .node_config import NodeConfig
-from .node_ports import port_error
-from .node_secrets import API_KEY_FROM_SECRET, Secret, api_key, effective_api_key, swarm_secret
-from .planning.coordinator import Coordinator
-from .stage.sender_rules import SenderRules
-from .stage.stage_host import StageHost
-from .stage.stage_service import StageService
-from .events import EventBus
-from .status.node_status import NodeStatus
-from .status.peer_stats import PeerStats
-from .transport.lane import DataLane
-from .transport.link_crypto import stretch_secret
-from .transport.link_handshake import LinkAuth
-from .transport.links import PeerLinks
-from .transport.listener import PeerListener
-from .transport.log_limit import limit_loop_exceptions
-from .transport.peer_profiles import ProfileFetcher
-from .transport.handshake import dial_stream
-from .weights.model_from_peers import model_files_from_peers
-from .weights.peer_weights import PeerWeights
-from .weights.store import ChunkStore
-from .weights.transfer import WEIGHTS_MAX_PAYLOAD, WEIGHTS_PURPOSE
+from .config import NodeConfig
+from .ports import port_error
+from .inbox import NodeInbox
+from .secrets import API_KEY_FROM_SECRET, Secret, api_key, effective_api_key, swarm_secret
+from .sender_rules import SenderRules
+from ..planning.coordinator import Coordinator
+from ..stage.stage_host import StageHost
+from ..stage.stage_service import StageService
+from ..events import EventBus
+from ..status.node_status import NodeStatus
+from ..status.peer_stats import PeerStats
+from ..transport.lane import DataLane
+from ..transport.link_crypto import stretch_secret
+from ..transport.link_handshake import LinkAuth
+from ..transport.links import PeerLinks
+from ..transport.listener import PeerListener
+from ..transport.log_limit import limit_loop_exceptions
+from ..transport.peer_profiles import ProfileFetcher
+from ..transport.handshake import dial_stream
+from ..weights.model_from_peers import model_files_from_peers
+from ..weights.peer_weights import PeerWeights
+from ..weights.store import ChunkStore
+from ..weights.transfer import WEIGHTS_MAX_PAYLOAD, WEIGHTS_PURPOSE
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ class Node:
         # The API's door: closed on Ctrl-C while taken requests finish. One for every run (a restart under
         # a new id must not reopen a door the user closed).
         self.gate = RequestGate()
-        self.serving = asyncio.Event()  # set while a run has started every part (node_lifecycle.py waits on it)
+        self.serving = asyncio.Event()  # set while a run has started every part (lifecycle.py waits on it)
         self._stops: list = []  # what to stop, in reverse order of starting
         self._start_over = asyncio.Event()  # set when this run's id turned out to be another node's
         self._fatal: str | None = None
@@ -171,7 +172,7 @@ class Node:
         """Serve until `stop` is set; start over under a new id when ours is another node's.
 
         `stop` set while a start is under way stops the start (what it started is stopped).
-        Raises what a start raised (e.g. node_ports.PortError), or DuplicateNodeId when the id
+        Raises what a start raised (e.g. ports.PortError), or DuplicateNodeId when the id
         came from --node-id (which a new id cannot change)."""
         while True:
             self._start_over = asyncio.Event()
@@ -225,7 +226,7 @@ class Node:
         self.worker = MlxWorker()
         self._stops = []
         cfg, model, worker = self.config, self.model, self.worker
-        loop = self._loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
         limit_loop_exceptions(loop)  # e.g. accept() out of descriptors: not a traceback per connection
         if not hasattr(self, "secret"):
             self.prepare_secret()
@@ -260,11 +261,10 @@ class Node:
                               on_event=peer_events, state_dir=cfg.state_dir, on_duplicate=self._on_duplicate_id,
                               fetch_profile=ProfileFetcher(auth), mdns_is_hint=link_key is not None)
 
-        # The peer data path: one connection per peer, read and written on the MLX thread. A link that
-        # breaks may have lost frames: their requests replay (see _mlx_on_link_broken).
+        # The peer data path: one connection per peer, read and written on the MLX thread; every message
+        # goes to the node's inbox (below), and so does a link that breaks.
         links = PeerLinks(node_id)
-        lane = DataLane(node_id, cfg.swarm, links, worker.watch, worker.post, discovery.endpoint_of, key=link_key,
-                        on_broken=self._mlx_on_link_broken)
+        lane = DataLane(node_id, cfg.swarm, links, worker.watch, worker.post, discovery.endpoint_of, key=link_key)
         listener = PeerListener(node_id, cfg.swarm, cfg.peer_host, cfg.peer_port, links, lane,
                                 lambda: discovery.profile, key=link_key, is_member=discovery.is_peer_address)
 
@@ -286,27 +286,36 @@ class Node:
             await discovery.update_profile(model_id=model.model_id, model_fingerprint=model.fingerprint,
                                            speed=speed, state="joining")
 
-        # The entry side's bookkeeping, and the stage side that serves every peer message, each
-        # message checked first against who may send it (stage/sender_rules.py).
-        pending, run_ahead, hop_timing, own = PendingTokens(), RunAhead(node_id), HopTiming(), OwnRequests()
+        # The stage: the layers this node holds, and the frames for them queued, batched and computed.
         vocab = GrammarVocab(self.tokenizer)  # grammars: checked by the entry, applied by the last stage
         host = StageHost(model.path, self.dtype, worker, dequantize=self.dequantize, context=model.context_length,
                          layer_caches=sizes.caches, vocab=vocab)
-        rules = SenderRules(node_id, host.known_plan, lambda peer: discovery.endpoint_of(peer) is not None, own,
-                            vocab_size(model.config))
-        stage_service = StageService(host, lane, worker, pending, run_ahead, asyncio.get_running_loop(), rules,
-                                     max_batch=cfg.batch_decode, prompt_gather_s=cfg.prompt_gather_ms / 1000)
+        stage_service = StageService(host, lane, worker, max_batch=cfg.batch_decode,
+                                     prompt_gather_s=cfg.prompt_gather_ms / 1000)
 
         # Planning: the plan from the view, our layers loaded, agreement.
         events = EventBus()
         coordinator = Coordinator(node_id, model_spec(sizes, cfg.kv_reserve_tokens), model.fingerprint, discovery,
-                                  host, pending, events, strategy=cfg.strategy, recovery_timeout=cfg.recovery_timeout,
+                                  host, events, strategy=cfg.strategy, recovery_timeout=cfg.recovery_timeout,
                                   weights=weights)
-        self._coordinator, self._pending, self._stage_service = coordinator, pending, stage_service
+
+        # The entry: its requests' pending tokens (broken when planning says a plan lost a stage), the
+        # run-ahead, and its inbox for the tokens and errors that come back.
+        pending, run_ahead, hop_timing, own = PendingTokens(), RunAhead(node_id), HopTiming(), OwnRequests()
+        coordinator.on_plans_broken.append(pending.break_all)
+        entry_inbox = EntryInbox(node_id, worker, pending, run_ahead, loop,
+                                 stage_service.mlx_send_or_fail, lane.mlx_send, lane.mlx_sending_together,
+                                 current_plan=lambda: coordinator.plan)
+
+        # The node's inbox: every peer message, checked first against who may send it (sender_rules.py),
+        # to the stage or to the entry.
+        rules = SenderRules(node_id, host.known_plan, lambda peer: discovery.endpoint_of(peer) is not None, own,
+                            vocab_size(model.config))
+        inbox = NodeInbox(lane, worker, rules, stage_service, entry_inbox)
 
         # The entry side: requests through pipelines on agreed plans.
         stats = RequestStats(events.emit, entry=node_id)
-        pipelines = SwarmPipelines(coordinator.agreed_plan, node_id, stage_service, pending, cfg.token_timeout,
+        pipelines = SwarmPipelines(coordinator.agreed_plan, node_id, entry_inbox, pending, cfg.token_timeout,
                                    hop_timing, run_ahead, own)
         service = InferenceService(self.tokenizer, model.context_length, pipelines, stats, cfg.default_max_tokens,
                                    cfg.recovery_timeout, vocab)
@@ -324,15 +333,15 @@ class Node:
         # keepalive_timeout closes a connection idle between requests, and one that never completes
         # its headers (aiohttp's default keeps both for an hour). handler_cancellation: a client that
         # goes away cancels its handler, streaming or not, and leaving the handler frees the request on
-        # every stage. Taken requests are drained before a stop (node_lifecycle.py), so a stop waits
+        # every stage. Taken requests are drained before a stop (lifecycle.py), so a stop waits
         # for nothing long; a restart under a new id cuts off what it finds within shutdown_timeout.
         runner = CappedAppRunner(app, per_address=cfg.http_connections_per_address, access_log=None,
                                  keepalive_timeout=cfg.http_timeout, handler_cancellation=True,
                                  shutdown_timeout=1.0)
 
         # Start, in the same order.
-        stage_service.start()
-        self._stops.append(stage_service.stop)
+        inbox.start()
+        self._stops.append(inbox.stop)
         if not self._started(listener.stop):
             await self._start(lambda: _bound("peer", cfg.peer_host, cfg.peer_port, listener.start), listener.stop)
         await runner.setup()
@@ -355,7 +364,7 @@ class Node:
                         cfg.api_host, cfg.api_port)
         await coordinator.start()
         self._stops.append(coordinator.stop)
-        consumer = asyncio.create_task(_consume_peer_events(peer_events, stage_service, coordinator),
+        consumer = asyncio.create_task(_consume_peer_events(peer_events, inbox, coordinator),
                                        name="peer-events")
         self._stops.append(lambda: _cancel(consumer))
         host = cfg.api_host if cfg.api_host not in ("0.0.0.0", "::", "") else "127.0.0.1"
@@ -397,19 +406,6 @@ class Node:
             await runner.cleanup()
         return self.model, sizes, speed
 
-    def _mlx_on_link_broken(self, peer: str, problem: str) -> None:
-        """The lane's report (MLX thread): entries of requests we sent frames for on that link are told, and
-        our own requests are seen to on the event loop."""
-        self._stage_service.mlx_link_broken(peer, problem)
-        self._loop.call_soon_threadsafe(self._on_link_broken, peer, problem)
-
-    def _on_link_broken(self, peer: str, problem: str) -> None:
-        """A link to `peer` broke (event loop): frames on it may be lost, so if `peer` is a stage of the plan,
-        the requests this node is the entry of replay now rather than wait out the token timeout."""
-        plan = self._coordinator.plan
-        if plan is not None and peer in {s.node_id for s in plan.stages}:
-            self._pending.break_all(f"the link to {peer} broke ({problem})")
-
     async def stop(self) -> None:
         for stop in reversed(self._stops):
             try:
@@ -432,13 +428,13 @@ def _holders(discovery: Discovery, weights: PeerWeights) -> list[str]:
     return [p.node_id for p in discovery.view() if p.profile.model_fingerprint == fingerprint]
 
 
-async def _consume_peer_events(events: asyncio.Queue[PeerEvent], stage_service: StageService,
+async def _consume_peer_events(events: asyncio.Queue[PeerEvent], inbox: NodeInbox,
                                coordinator: Coordinator) -> None:
     while True:
         event = await events.get()
         try:
             if event.kind == "leave":
-                stage_service.drop_peer(event.node_id)
+                inbox.drop_peer(event.node_id)
             await coordinator.on_peer_event(event)
         except Exception:
             log.exception("handling %s of %s failed", event.kind, event.node_id)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from .node_secrets import Secret, readable_by_others
-from .transport import sodium_gcm
+from .secrets import Secret, readable_by_others
+from ..transport import sodium_gcm
 
 log = logging.getLogger("swarm.security")
 
