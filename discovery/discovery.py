@@ -6,7 +6,9 @@ Sources of knowledge, all funnelled into one PeerTable:
   * liveness: every admitted peer is asked for its profile every
     `probe_interval`; `probe_failures` failures in a row is a leave (< 3 s).
   * endpoint polling: static peers, and mDNS peers declared gone, are asked
-    for their profile every `probe_interval` until they answer.
+    for their profile every `probe_interval` until they answer; one that keeps
+    failing is asked less and less often, and only so many per round
+    (probe_backoff.py: records naming endpoints that never answer cost bounded work).
 
 How a profile is asked for is the caller's: `fetch_profile(host, port, timeout)`,
 by default the plain SWPF exchange (profile_exchange.py; the caller then serves
@@ -36,6 +38,7 @@ from typing import Any, Awaitable, Callable, Iterable, Union
 from . import liveness
 from .mdns import MdnsAgent, local_ipv4_addresses, resolve_interfaces
 from .node_id import must_remint, remint_node_id
+from .probe_backoff import ProbeBackoff
 from .profile import NodeProfile
 from .profile_exchange import OwnResourcesExhausted, ProfileExchangeError, fetch_profile
 from .static_peers import Endpoint, ProfileFetcher, poll_endpoints
@@ -87,6 +90,7 @@ class Discovery:
         self._state_dir = state_dir
         self._interval, self._timeout, self._failure_limit = probe_interval, probe_timeout, probe_failures
         self._exhausted_said_at = float("-inf")
+        self._backoff = ProbeBackoff()
         self._tasks: list[asyncio.Task[Any]] = []
         self._reminting = False
         self._on_duplicate = on_duplicate
@@ -280,7 +284,12 @@ class Discovery:
             admitted = {p.endpoint for p in self._table.peers.values()}
             candidates = {e for e in self._static + [known[0] for known in self._mdns_endpoints.values()]
                           if (e.host, e.port) not in admitted}
-            for endpoint, profile in await poll_endpoints(candidates, max(self._timeout, 1.0), self._fetch):
+            asked = self._backoff.due(candidates)  # endpoints that keep failing are asked less and less
+            answered = await poll_endpoints(asked, max(self._timeout, 1.0), self._fetch)
+            for endpoint in set(asked) - {e for e, _ in answered}:
+                self._backoff.failed(endpoint)
+            for endpoint, profile in answered:
+                self._backoff.answered(endpoint)
                 self._gone_instances.discard(profile.instance)
                 self._observe(profile, (endpoint.host,), endpoint.source)
             with contextlib.suppress(asyncio.TimeoutError):
