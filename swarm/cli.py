@@ -243,7 +243,8 @@ This node uses it from now on. Give every other node of the swarm the same secre
     SWARM_SECRET={text} swarm-node
     a file named `secret` holding it in that node's state dir ({default_state_dir()} by default)
 (the flag wins over the environment, which wins over the file). Nodes with the secret never
-connect to nodes without it: restart every node of the swarm with it.""")
+connect to nodes without it: restart every node of the swarm with it. The API is closed with it
+too: clients on other machines send the key `swarm-node --print-api-key` prints.""")
     return 0
 
 
