@@ -9,8 +9,7 @@ penalties with logit bias, and all of them at once. Rounds alternate the kinds s
 the machine's drift spreads over all of them. Prints, per kind, the median decode
 step (the forward with the rules in its evaluation, the grammar's mask, the draw)
 and what it adds to a plain step. Then what rebuilding a request's sampler costs a
-new last stage after churn (rules + N tokens of history replayed). The grammar
-libraries compared with each other: benchmarks/grammar_libraries.py.
+new last stage after churn (rules + N tokens of history replayed).
 """
 
 from __future__ import annotations

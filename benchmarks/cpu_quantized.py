@@ -13,7 +13,7 @@ of `--tokens` after a 32-token prompt (the prompt's prefill is timed too);
 variants run in alternating rounds so the machine's drift hits all of them
 alike; the median per variant is shown.
 The node's default (`--dequantize no`: packed weights and their scales as stored,
-other floats in float32) and its `--dequantize yes` follow this table: see the README.
+other floats in float32) and its `--dequantize yes` follow this table: see docs/performance.md.
 """
 
 from __future__ import annotations

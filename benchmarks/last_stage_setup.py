@@ -1,4 +1,4 @@
-"""What the last-stage benchmarks (constrained_sampling.py, grammar_libraries.py) set up alike:
+"""What the last-stage benchmarks (constrained_sampling.py) set up:
 their arguments, the model, its tokenizer and the JSON-describing prompt they decode from."""
 
 from __future__ import annotations

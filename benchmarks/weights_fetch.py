@@ -115,7 +115,7 @@ async def fetch(port: int, manifest, out_dir: Path, secret: bool) -> tuple[float
 
 
 def parse_args(description: str, rounds: int) -> argparse.Namespace:
-    """--model (the built-in model's directory when not given) and --rounds (weights_fetch_threads.py too)."""
+    """--model (the built-in model's directory when not given) and --rounds."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--model", type=Path, default=None, help="model directory (default: the built-in model)")
     p.add_argument("--rounds", type=int, default=rounds)

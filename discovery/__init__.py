@@ -7,6 +7,7 @@ from .discovery import Discovery
 from .liveness import serve_liveness_port
 from .local_profile import build_local_profile
 from .node_id import load_or_mint_node_id
+from .node_state import NodeState
 from .profile import PROTOCOL_VERSION, SERVICE_TYPE, MalformedProfile, NodeProfile, belongs_to_swarm
 from .profile_exchange import MAGIC, ProfileExchangeError, answer_profile_request, fetch_profile
 from .view import PeerEvent, PeerInfo

@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
+
+from .node_state import STATE_KEY, NodeState
+
+log = logging.getLogger(__name__)
 
 SERVICE_TYPE = "_swarm._tcp.local."
 PROTOCOL_VERSION = 3  # 3: sealed frames of one AEAD call each when small (sealed_frames.py)
@@ -94,6 +99,8 @@ class NodeProfile:
         for key, value in self.extra.items():
             if not isinstance(key, str) or not isinstance(value, str) or not key or "=" in key:
                 problems.append(f"extra field {key!r}: keys and values must be strings, keys without '='")
+        if STATE_KEY in self.extra and NodeState.parse(self.extra[STATE_KEY]) is None:
+            problems.append(f"state {self.extra[STATE_KEY]!r} not one of {[s.value for s in NodeState]}")
         if problems:
             raise MalformedProfile("; ".join(problems))
         for entry_key, entry_value in self._txt_pairs():
@@ -160,7 +167,7 @@ class NodeProfile:
                 if name == "extra":
                     if not isinstance(value, Mapping):
                         raise MalformedProfile("extra must be an object")
-                    kwargs[name] = {str(k): str(v) for k, v in value.items()}
+                    kwargs[name] = _known_state_only({str(k): str(v) for k, v in value.items()}, data)
                 elif name in ("api_port", "peer_port", "memory_total", "memory_available", "protocol_version"):
                     kwargs[name] = int(value)
                 elif name in ("speed", "started_at"):
@@ -189,6 +196,11 @@ class NodeProfile:
                            instance=self.instance, started_at=self.started_at, extra={HINT_KEY: "1"})
 
     @property
+    def state(self) -> NodeState | None:
+        """What the node says it is doing (None: it says nothing)."""
+        return NodeState.parse(self.extra.get(STATE_KEY))
+
+    @property
     def is_hint(self) -> bool:
         return self.extra.get(HINT_KEY) == "1"
 
@@ -203,7 +215,25 @@ class NodeProfile:
         for name in [n for n in changes if n not in known]:
             extra[name] = changes.pop(name)
         extra = {k: str(v) for k, v in extra.items() if v is not None}
+        if STATE_KEY in extra and NodeState.parse(extra[STATE_KEY]) is None:
+            raise ValueError(f"unknown node state {extra[STATE_KEY]!r}: one of {[s.value for s in NodeState]}")
         return dataclasses.replace(self, extra=extra, **changes)
+
+
+_said_unknown: set[str] = set()
+
+
+def _known_state_only(extra: dict[str, str], data: Mapping[str, Any]) -> dict[str, str]:
+    """A peer's extra fields without a state this build does not know (a newer peer's, or garbage):
+    the profile is taken as saying no state, and the first few such states are logged."""
+    state = extra.get(STATE_KEY)
+    if state is None or NodeState.parse(state) is not None:
+        return extra
+    if len(_said_unknown) < 16 and state not in _said_unknown:
+        _said_unknown.add(state)
+        log.warning("node %s says it is in state %r, which this build does not know: taken as no state",
+                    str(data.get("node_id"))[:64], state[:64])
+    return {k: v for k, v in extra.items() if k != STATE_KEY}
 
 
 def belongs_to_swarm(profile: NodeProfile, swarm: str) -> bool:

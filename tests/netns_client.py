@@ -11,9 +11,12 @@ import ctypes
 import json
 import os
 import threading
+import time
 import urllib.error
 import urllib.request
 from typing import Any, Callable, TypeVar
+
+from helpers import streamed_text
 
 T = TypeVar("T")
 CLONE_NEWNET = 0x40000000
@@ -43,17 +46,6 @@ def in_netns(ns: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return result["value"]
 
 
-def http_json(url: str, body: dict | None = None, timeout: float = 120) -> tuple[int, dict]:
-    """GET (or POST a JSON body) from inside the current thread's namespace."""
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
-
-
 def sse_events(url: str, body: dict, timeout: float = 300) -> list[dict]:
     """POST a streaming request and collect its data events (until [DONE])."""
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
@@ -72,7 +64,6 @@ def sse_into(url: str, body: dict, sink: list, timeout: float = 300) -> None:
     """Stream a request, appending (arrival time, event) to `sink` as events come.
 
     An {"error": ...} event or a broken connection is appended too, as ("error", ...)."""
-    import time
     req = urllib.request.Request(url, data=json.dumps({**body, "stream": True}).encode(),
                                  headers={"Content-Type": "application/json"})
     try:
@@ -88,7 +79,35 @@ def sse_into(url: str, body: dict, sink: list, timeout: float = 300) -> None:
         sink.append((time.monotonic(), {"error": {"message": f"connection: {e}"}}))
 
 
-def stream_text(events: list) -> str:
-    def piece(choice: dict) -> str:
-        return (choice.get("delta") or {}).get("content") or choice.get("text") or ""
-    return "".join(piece(e["choices"][0]) for _, e in events if isinstance(e, dict) and e.get("choices"))
+class Stream:
+    """A streaming chat request running in the background, recording when each event arrived."""
+
+    def __init__(self, node, body: dict):
+        self.events: list = []
+        self.thread = threading.Thread(target=in_netns, daemon=True,
+                                       args=(node.host.ns, sse_into, node.url + "/v1/chat/completions",
+                                             body, self.events))
+        self.thread.start()
+
+    def wait_tokens(self, n: int, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while sum(1 for _, e in self.events if isinstance(e, dict) and e.get("choices")) < n:
+            assert time.monotonic() < deadline, f"stream stalled: {self.events[-3:]}"
+            assert self.thread.is_alive() or self.done, "stream ended early"
+            time.sleep(0.05)
+
+    @property
+    def done(self) -> bool:
+        return bool(self.events) and self.events[-1][1] == "[DONE]"
+
+    def finish(self, timeout: float = 180) -> str:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "stream did not finish"
+        errors = [e for _, e in self.events if isinstance(e, dict) and "error" in e]
+        assert not errors, errors
+        assert self.done
+        return streamed_text(e for _, e in self.events if isinstance(e, dict))
+
+    def gap_after(self, t: float) -> float:
+        """Seconds from t to the next event (the recovery time after a death at t)."""
+        return next(at for at, _ in self.events if at > t) - t

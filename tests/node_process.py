@@ -10,7 +10,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from swarm.bench.cluster import free_port, get_json  # noqa: F401  (tests import them from here too)
+from swarm.bench.cluster import free_port, get_json
 
 
 class NodeProcess:

@@ -83,7 +83,7 @@ def token(seq: int, rid: str = "r1", plan: str = "p1") -> Token:
 
 
 def hello_bytes(node_id: str, swarm: str = SWARM, **fields) -> bytes:
-    return b"".join(bytes(p) for p in encode_frame(*Hello(PROTOCOL_VERSION, node_id, swarm, **fields).to_frame()))
+    return frame_bytes(*Hello(PROTOCOL_VERSION, node_id, swarm, **fields).to_frame())
 
 
 def frame_bytes(header: dict, payload: bytes = b"") -> bytes:

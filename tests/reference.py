@@ -17,10 +17,16 @@ def _load(model_dir: str):
     return model, load_tokenizer(Path(model_dir), eos_token_ids=config.get("eos_token_id"))
 
 
+def chat_prompt(model_dir, messages: list[dict]) -> list[int]:
+    """The prompt tokens of a chat, as the model's own chat template writes them."""
+    _, tok = _load(str(model_dir))
+    return tok.apply_chat_template(messages, add_generation_prompt=True)
+
+
 def reference_chat(model_dir, messages: list[dict], max_tokens: int) -> tuple[str, int]:
     """(text, completion tokens) of a greedy chat completion, stopping at end-of-sequence."""
     model, tok = _load(str(model_dir))
-    prompt = tok.apply_chat_template(messages, add_generation_prompt=True)
+    prompt = chat_prompt(model_dir, messages)
     tokens = []
     for (t, _), _ in zip(generate_step(mx.array(prompt), model, max_tokens=max_tokens), range(max_tokens)):
         tokens.append(int(t))

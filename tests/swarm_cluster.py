@@ -12,8 +12,9 @@ import sys
 import time
 from pathlib import Path
 
+from helpers import http_json
 from netns import Host, Network, Proc
-from netns_client import http_json, in_netns, sse_events
+from netns_client import in_netns, sse_events
 
 API_PORT = 8800
 PEER_PORT = 8801

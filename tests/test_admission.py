@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import openai
 import pytest
-from model_fixtures import tiny_models  # noqa: F401
-from node_process import get_json, running_node
+from helpers import openai_client, wait_until
+from node_process import running_node
+from swarm.bench.cluster import get_json
 
 from swarm.api.admission import Admission, Overloaded
 
@@ -74,18 +74,10 @@ def test_a_waiter_that_gives_up_frees_its_place():
 
 # -- a real node, the official openai client ------------------------------------------------------
 
-def _wait_for(predicate, timeout: float = 30.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.01)
-
-
-def test_a_full_node_answers_429_with_retry_after_and_the_admitted_ones_finish_equal(tmp_path, tiny_models):
+def test_a_full_node_answers_429_with_retry_after_and_the_admitted_ones_finish_equal(tmp_path, llama):
     kwargs = dict(model="llama", messages=[{"role": "user", "content": "count"}], temperature=0, max_tokens=400)
-    with running_node(tmp_path, "--model", str(tiny_models["llama"]), "--max-active", "1", "--max-queue", "1") as node:
-        client = openai.OpenAI(base_url=node.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    with running_node(tmp_path, "--model", str(llama), "--max-active", "1", "--max-queue", "1") as node:
+        client = openai_client(node.url)
         alone = client.chat.completions.create(**kwargs).choices[0].message.content
 
         def admission() -> dict:
@@ -98,7 +90,7 @@ def test_a_full_node_answers_429_with_retry_after_and_the_admitted_ones_finish_e
         t = threading.Thread(target=lambda: second.update(
             text=client.chat.completions.create(**kwargs).choices[0].message.content))
         t.start()
-        _wait_for(lambda: admission()["queued"] == 1, what="the second request never queued")
+        wait_until(lambda: admission()["queued"] == 1, 30, "the second request queued")
         with pytest.raises(openai.RateLimitError) as refused:
             client.chat.completions.create(**kwargs)
         err = refused.value
@@ -109,5 +101,5 @@ def test_a_full_node_answers_429_with_retry_after_and_the_admitted_ones_finish_e
         assert (head.choices[0].delta.content or "") + rest == alone
         t.join(120)
         assert second["text"] == alone
-        _wait_for(lambda: admission()["active"] == 0, what="a slot was never given back")
+        wait_until(lambda: admission()["active"] == 0, 30, "the slot given back")
         assert admission() == {"active": 0, "queued": 0, "max_active": 1, "max_queued": 1, "refused": 1}

@@ -4,24 +4,11 @@ from __future__ import annotations
 
 import json
 import socket
-import time
-import urllib.request
 
-import openai
 import pytest
-from model_fixtures import default_model, tiny_models  # noqa: F401
-from node_process import get_json, running_node
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory, tiny_models):
-    with running_node(tmp_path_factory.mktemp("api"), "--model", str(tiny_models["llama"])) as n:
-        yield n
-
-
-@pytest.fixture
-def client(node):
-    return openai.OpenAI(base_url=node.url + "/v1", api_key="none", max_retries=0, timeout=60)
+from helpers import openai_client, post_raw, wait_until
+from node_process import running_node
+from swarm.bench.cluster import get_json
 
 
 def test_health_and_models(node, client):
@@ -76,15 +63,6 @@ def test_completions_streaming(client):
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
-def post_raw(node, path: str, body: bytes, content_type="application/json") -> tuple[int, dict]:
-    req = urllib.request.Request(node.url + path, data=body, headers={"Content-Type": content_type})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
 BAD_BODIES = [
     (b"{not json", 400, None),
     (b"", 400, None),
@@ -132,18 +110,13 @@ def test_disconnect_mid_stream_frees_caches(node):
         while seen.count(b"data:") < 3:
             seen += s.recv(4096)
         assert node.health()[1]["active_requests"] == 1
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        health = node.health()[1]
-        if health["active_requests"] == 0 and health["cached_requests"] == 0:
-            break
-        time.sleep(0.1)
-    assert health["active_requests"] == 0 and health["cached_requests"] == 0
+    wait_until(lambda: node.health()[1]["active_requests"] == 0 and node.health()[1]["cached_requests"] == 0, 10,
+               "the request ended and its caches freed")
 
 
 def test_default_model_answers_through_the_api(tmp_path, default_model):
     with running_node(tmp_path) as node:
-        client = openai.OpenAI(base_url=node.url + "/v1", api_key="none", max_retries=0, timeout=120)
+        client = openai_client(node.url)
         r = client.chat.completions.create(model="SmolLM2-135M-Instruct", max_tokens=12, temperature=0,
                                            messages=[{"role": "user", "content": "What is the capital of France?"}])
         assert "Paris" in r.choices[0].message.content

@@ -16,11 +16,11 @@ import jsonschema
 import openai
 import pytest
 from mlx_lm.utils import load_tokenizer
-from model_fixtures import tiny_models  # noqa: F401
-from model_zoo import TOOLS_CHAT_TEMPLATE, build_random_model
-from node_process import get_json, running_node
+from model_zoo import TOOLS_CHAT_TEMPLATE
+from helpers import openai_client, post_raw, streamed_answer
+from node_process import running_node
+from swarm.bench.cluster import get_json
 from reference import reference_prompt_logprobs, reference_tokens, reference_with_penalties
-from test_api import post_raw
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
@@ -39,35 +39,15 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def llama(tiny_models):
-    return tiny_models["llama"]
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory, llama):
-    with running_node(tmp_path_factory.mktemp("features"), "--model", str(llama)) as n:
-        yield n
-
-
-@pytest.fixture(scope="module")
-def tools_model(tmp_path_factory):
+def tools_model(random_model):
     """A model whose chat template renders tools (Qwen 2.5's), <tool_call> being a token of its own."""
-    return build_random_model(tmp_path_factory.mktemp("qwen-tools") / "m", "qwen2", seed=3, tools_template=True)
+    return random_model("qwen2", seed=3, tools_template=True)
 
 
 @pytest.fixture(scope="module")
 def tools_node(tmp_path_factory, tools_model):
     with running_node(tmp_path_factory.mktemp("tools"), "--model", str(tools_model)) as n:
         yield n
-
-
-def client_of(node) -> openai.OpenAI:
-    return openai.OpenAI(base_url=node.url + "/v1", api_key="none", max_retries=0, timeout=120)
-
-
-@pytest.fixture
-def client(node):
-    return client_of(node)
 
 
 def model_id(node) -> str:
@@ -80,23 +60,6 @@ def assert_calls_follow_their_schemas(calls, tools=TOOLS) -> None:
     for call in calls:
         assert call.type == "function" and call.id
         jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
-
-
-def streamed(chunks) -> dict:
-    """A streamed chat answer put together as the openai client's users do."""
-    out: dict = {"content": "", "calls": {}, "finish": None, "logprobs": []}
-    for c in chunks:
-        for ch in c.choices:
-            out["content"] += ch.delta.content or ""
-            for tc in ch.delta.tool_calls or []:
-                call = out["calls"].setdefault(tc.index, {"name": "", "arguments": "", "id": None})
-                call["name"] += tc.function.name or ""
-                call["arguments"] += tc.function.arguments or ""
-                call["id"] = call["id"] or tc.id
-            if ch.logprobs and ch.logprobs.content:
-                out["logprobs"] += ch.logprobs.content
-            out["finish"] = ch.finish_reason or out["finish"]
-    return out
 
 
 # -- tool calls ------------------------------------------------------------------------------------
@@ -117,7 +80,7 @@ def test_forced_tool_calls_hold_their_schema(client, choice):
 def test_a_streamed_tool_call_equals_the_whole_one(client):
     kwargs = dict(model="llama", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=300)
     whole = client.chat.completions.create(**kwargs).choices[0]
-    got = streamed(client.chat.completions.create(stream=True, **kwargs))
+    got = streamed_answer(client.chat.completions.create(stream=True, **kwargs))
     [call] = got["calls"].values()
     assert got["finish"] == "tool_calls" and got["content"] == ""
     assert (call["name"], call["arguments"]) == (whole.message.tool_calls[0].function.name,
@@ -141,13 +104,13 @@ def test_auto_with_a_template_that_renders_tools(tools_node, tools_model):
     tool_calls. Without the push, it answers in text."""
     tok = load_tokenizer(tools_model)
     [start] = tok.encode("<tool_call>", add_special_tokens=False)
-    client, mid = client_of(tools_node), model_id(tools_node)
+    client, mid = openai_client(tools_node.url), model_id(tools_node)
     for seed in range(2):
         r = client.chat.completions.create(model=mid, messages=ASK, tools=TOOLS, temperature=1.0, seed=seed,
                                            max_tokens=300, logit_bias={str(start): 100, "2": 50})
         assert r.choices[0].finish_reason == "tool_calls", r.choices[0].message
         assert_calls_follow_their_schemas(r.choices[0].message.tool_calls)
-    got = streamed(client.chat.completions.create(model=mid, messages=ASK, tools=TOOLS, max_tokens=300,
+    got = streamed_answer(client.chat.completions.create(model=mid, messages=ASK, tools=TOOLS, max_tokens=300,
                                                   logit_bias={str(start): 100, "2": 50}, stream=True))
     assert got["finish"] == "tool_calls" and len(got["calls"]) == 1
     plain = client.chat.completions.create(model=mid, messages=ASK, tools=TOOLS, max_tokens=20,
@@ -182,7 +145,7 @@ def qwen_rendering(tokenizer, messages, tools) -> list[int]:
 
 def test_past_calls_and_results_render_through_the_template(tools_node, tools_model):
     tok = load_tokenizer(tools_model)
-    r = client_of(tools_node).chat.completions.create(model=model_id(tools_node), messages=CONVERSATION,
+    r = openai_client(tools_node.url).chat.completions.create(model=model_id(tools_node), messages=CONVERSATION,
                                                       tools=TOOLS, max_tokens=3)
     assert r.usage.prompt_tokens == len(qwen_rendering(tok, CONVERSATION, TOOLS))
 
@@ -211,7 +174,7 @@ def test_json_schema_output_validates_even_from_a_random_model(client):
                                            response_format=fmt, temperature=1.0, seed=seed, max_tokens=300)
         assert r.choices[0].finish_reason == "stop"
         jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
-    got = streamed(client.chat.completions.create(model="llama", messages=[{"role": "user", "content": "Who?"}],
+    got = streamed_answer(client.chat.completions.create(model="llama", messages=[{"role": "user", "content": "Who?"}],
                                                   response_format=fmt, max_tokens=300, stream=True))
     jsonschema.validate(json.loads(got["content"]), PERSON)
 
@@ -248,7 +211,7 @@ def test_chat_logprobs_are_the_models_own_log_softmax(client, llama):
         assert entry.logprob == pytest.approx(float(lp[token]), abs=1e-4)
         best = sorted(range(len(lp)), key=lambda t: -lp[t])[:4]
         assert [t.logprob for t in entry.top_logprobs] == pytest.approx([float(lp[t]) for t in best], abs=1e-4)
-    got = streamed(client.chat.completions.create(model="llama", messages=ASK, logprobs=True, top_logprobs=4,
+    got = streamed_answer(client.chat.completions.create(model="llama", messages=ASK, logprobs=True, top_logprobs=4,
                                                   max_tokens=16, temperature=0, stream=True))
     assert [(e.token, round(e.logprob, 4)) for e in got["logprobs"]] == \
         [(e.token, round(e.logprob, 4)) for e in content]
@@ -395,7 +358,7 @@ def post_sse_or_json(node, path: str, body: dict) -> tuple[int, object]:
 # -- batched decode ------------------------------------------------------------------------------------
 def test_batched_decode_applies_each_requests_rules(tmp_path, llama):
     with running_node(tmp_path, "--model", str(llama), "--batch-decode", "4") as node:
-        client = client_of(node)
+        client = openai_client(node.url)
         fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
         results: dict = {}
 

@@ -16,13 +16,11 @@ import threading
 import time
 
 import jsonschema
-import openai
 import pytest
-from model_fixtures import default_model  # noqa: F401
+from helpers import openai_client, streamed_answer
 from netns import netns_unavailable_reason
 from netns_client import in_netns
 from swarm_cluster import SwarmCluster
-from test_api_features import streamed
 
 pytestmark = pytest.mark.skipif(netns_unavailable_reason() is not None, reason=str(netns_unavailable_reason()))
 
@@ -60,7 +58,7 @@ class OpenAIStream:
 
     def _run(self, node, ask: dict) -> None:
         def consume():
-            client = openai.OpenAI(base_url=node.url + "/v1", api_key="none", max_retries=0, timeout=300)
+            client = openai_client(node.url, timeout=300)
             for chunk in client.chat.completions.create(model="SmolLM2-135M-Instruct", stream=True, **ask):
                 self.chunks.append((time.monotonic(), chunk))
         try:
@@ -72,7 +70,7 @@ class OpenAIStream:
         self.thread.join(timeout)
         assert not self.thread.is_alive(), "the stream did not finish"
         assert self.error is None, repr(self.error)
-        return streamed(c for _, c in self.chunks)
+        return streamed_answer(c for _, c in self.chunks)
 
 
 def generated(node) -> int:

@@ -9,26 +9,16 @@ import urllib.request
 
 import openai
 import pytest
-from model_fixtures import tiny_models  # noqa: F401
-from node_process import get_json, running_node
+from helpers import openai_client
+from node_process import running_node
+from swarm.bench.cluster import get_json
 from reference import reference_chat
 
 from tui.client import NodeClient
 
 KEY = "sk-swarm-test-0123456789"
 MESSAGES = [{"role": "user", "content": "Say hello"}]
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory, tiny_models):  # noqa: F811
-    # The key from the environment, as a deployment would pass it.
-    with running_node(tmp_path_factory.mktemp("api-key"), "--model", str(tiny_models["llama"]),
-                      env={"SWARM_API_KEY": KEY}) as n:
-        yield n
-
-
-def client(node, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=node.url + "/v1", api_key=key, max_retries=0, timeout=60)
+NODE_ENV = {"SWARM_API_KEY": KEY}  # the key from the environment, as a deployment would pass it
 
 
 def get(node, path: str, key: str | None = None) -> tuple[int, dict]:
@@ -42,21 +32,22 @@ def get(node, path: str, key: str | None = None) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
-def test_the_right_key_is_served(node, tiny_models):  # noqa: F811
-    expected, _ = reference_chat(tiny_models["llama"], MESSAGES, 8)
-    reply = client(node, KEY).chat.completions.create(model=tiny_models["llama"].name, messages=MESSAGES,
-                                                      max_tokens=8, temperature=0)
+def test_the_right_key_is_served(node, llama):
+    expected, _ = reference_chat(llama, MESSAGES, 8)
+    reply = openai_client(node.url, KEY).chat.completions.create(model=llama.name, messages=MESSAGES,
+                                                                 max_tokens=8, temperature=0)
     assert reply.choices[0].message.content == expected
-    assert [m.id for m in client(node, KEY).models.list()] == [tiny_models["llama"].name]
+    assert [m.id for m in openai_client(node.url, KEY).models.list()] == [llama.name]
 
 
 def test_a_wrong_key_is_a_401_in_openais_shape(node):
     with pytest.raises(openai.AuthenticationError) as caught:
-        client(node, "sk-wrong").chat.completions.create(model="llama", messages=MESSAGES, max_tokens=2)
+        openai_client(node.url, "sk-wrong").chat.completions.create(model="llama", messages=MESSAGES,
+                                                                    max_tokens=2)
     assert caught.value.status_code == 401
     assert caught.value.body["code"] == "invalid_api_key" and "Incorrect API key" in caught.value.body["message"]
     with pytest.raises(openai.AuthenticationError):
-        client(node, "sk-wrong").models.list()
+        openai_client(node.url, "sk-wrong").models.list()
 
 
 def test_no_key_is_a_401(node):
@@ -99,8 +90,8 @@ async def test_the_dashboards_client_sends_the_key(node):
         await without.close()
 
 
-def test_a_node_without_a_key_says_so(tmp_path, tiny_models):  # noqa: F811
-    with running_node(tmp_path, "--model", str(tiny_models["llama"])) as n:
+def test_a_node_without_a_key_says_so(tmp_path, llama):
+    with running_node(tmp_path, "--model", str(llama)) as n:
         status, health = get_json(n.url + "/health")
         assert status == 200 and health["security"]["api_key"] is False and health["node_id"]
         status, topology = get_json(n.url + "/v1/topology")

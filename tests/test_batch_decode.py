@@ -22,8 +22,7 @@ from swarm.engine.sampling import SamplingParams
 from swarm.engine.shard import load_shard
 from swarm.engine.shard_runner import ShardRunner
 from swarm.node.config import DEFAULT_BATCH_DECODE
-from model_zoo import build_random_model
-
+from helpers import NARROW_SHAPE, chat_body
 from reference import reference_chat
 
 MAX_TOKENS = 24
@@ -33,18 +32,10 @@ PROMPTS = ["Tell me about cats.", "Count to twenty, please.", "What is a bridge?
 
 def _chat(url: str, content: str) -> str:
     model = get_json(url + "/v1/models")[1]["data"][0]["id"]
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": content}],
-                       "max_tokens": MAX_TOKENS, "temperature": 0}).encode()
+    body = json.dumps({"model": model, **chat_body(content, MAX_TOKENS)}).encode()
     req = urllib.request.Request(url + "/v1/chat/completions", body, {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=300) as r:
         return json.loads(r.read())["choices"][0]["message"]["content"]
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory) -> Path:
-    # Wide enough that a step takes a few ms, so steps of other requests queue behind it.
-    return build_random_model(tmp_path_factory.mktemp("batch") / "m", family="qwen3", n_layers=6, hidden=256,
-                              heads=8, kv_heads=2, intermediate=768, seed=7)
 
 
 # The families the unrolled batched pass is allowed for, then families it must not
@@ -56,9 +47,8 @@ OTHERS = ["glm4", "ministral", "gemma3_text", "gpt_oss", "deepseek_v3", "granite
 
 
 @pytest.fixture(scope="module", params=UNROLLED + OTHERS)
-def family_model(request, tmp_path_factory) -> tuple[str, Path]:
-    return request.param, build_random_model(tmp_path_factory.mktemp(request.param) / "m", family=request.param,
-                                             n_layers=6, hidden=128, heads=4, kv_heads=2, intermediate=256, seed=7)
+def family_model(request, random_model) -> tuple[str, Path]:
+    return request.param, random_model(request.param, **NARROW_SHAPE)
 
 
 @pytest.mark.parametrize("bounds", [(0, None), (0, 2), (2, 5), (5, None)])
@@ -67,7 +57,7 @@ def test_batched_stage_equals_one_request_at_a_time(family_model, bounds) -> Non
     and contexts past the sliding windows, on every stage position (first, middle, last, alone)."""
     family, model = family_model
     single, batched = (ShardRunner(load_shard(model, *bounds)) for _ in range(2))
-    assert batched.shard.can_batch == (family in UNROLLED), "only proven families take the unrolled pass"
+    assert batched.shard.unrolls_decode == (family in UNROLLED), "only proven families take the unrolled pass"
     first, last = bounds[0] == 0, bounds[1] is None
     prompts = [[5, 9, 13, 2, 7, 1, 3, 9, 2], [3, 3], [11, 4, 8, 1, 9, 6, 2, 10, 5, 7, 7, 8, 2]]
     hidden = {i: mx.random.normal((1, len(p), 128), key=mx.random.key(i)) for i, p in enumerate(prompts)}

@@ -17,15 +17,14 @@ from swarm.engine.cache_budget import CacheLimits
 from swarm.engine.sampling import SamplingParams
 from swarm.engine.shard import load_shard
 from swarm.engine.shard_runner import CacheMismatch, ShardRunner
-from model_zoo import build_random_model
+from helpers import NARROW_SHAPE
 
 GREEDY = SamplingParams()
 
 
 @pytest.fixture(scope="module", params=["qwen3", "llama", "qwen2"])
-def family_model(request, tmp_path_factory):
-    return request.param, build_random_model(tmp_path_factory.mktemp(request.param) / "m", family=request.param,
-                                             n_layers=6, hidden=128, heads=4, kv_heads=2, intermediate=256, seed=7)
+def family_model(request, random_model):
+    return request.param, random_model(request.param, **NARROW_SHAPE)
 
 
 @pytest.mark.parametrize("bounds", [(0, None), (0, 2), (2, 5), (5, None)])

@@ -7,13 +7,12 @@ undisturbed run; the client sees a pause, never an error or a repeated token.
 from __future__ import annotations
 
 import os
-import threading
 import time
 
 import pytest
-from model_fixtures import default_model, tiny_models  # noqa: F401
+from helpers import chat_body
 from netns import netns_unavailable_reason
-from netns_client import in_netns, sse_into, stream_text
+from netns_client import Stream
 from reference import reference_chat
 from swarm_cluster import SwarmCluster
 
@@ -24,46 +23,12 @@ TOKENS = 36
 RECOVERY_TIMES: list[float] = []
 
 
-class Stream:
-    """A streaming chat request running in the background, recording when each event arrived."""
-
-    def __init__(self, node, body: dict):
-        self.events: list = []
-        self.thread = threading.Thread(target=in_netns, daemon=True,
-                                       args=(node.host.ns, sse_into, node.url + "/v1/chat/completions",
-                                             body, self.events))
-        self.thread.start()
-
-    def wait_tokens(self, n: int, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while sum(1 for _, e in self.events if isinstance(e, dict) and e.get("choices")) < n:
-            assert time.monotonic() < deadline, f"stream stalled: {self.events[-3:]}"
-            assert self.thread.is_alive() or self.done, "stream ended early"
-            time.sleep(0.05)
-
-    @property
-    def done(self) -> bool:
-        return bool(self.events) and self.events[-1][1] == "[DONE]"
-
-    def finish(self, timeout: float = 180) -> str:
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), "stream did not finish"
-        errors = [e for _, e in self.events if isinstance(e, dict) and "error" in e]
-        assert not errors, errors
-        assert self.done
-        return stream_text(self.events)
-
-    def gap_after(self, t: float) -> float:
-        """Seconds from t to the next event (the recovery time after a death at t)."""
-        return next(at for at, _ in self.events if at > t) - t
-
-
 def greedy(max_tokens: int = TOKENS) -> dict:
-    return {"messages": MESSAGES, "max_tokens": max_tokens, "temperature": 0}
+    return chat_body(MESSAGES, max_tokens)
 
 
 def seeded(max_tokens: int = TOKENS) -> dict:
-    return {"messages": MESSAGES, "max_tokens": max_tokens, "temperature": 0.9, "top_p": 0.95, "seed": 1234}
+    return chat_body(MESSAGES, max_tokens, temperature=0.9, top_p=0.95, seed=1234)
 
 
 @pytest.fixture(scope="module")
@@ -149,10 +114,9 @@ def test_entry_death_breaks_only_its_own_clients(swarm, undisturbed):
     swarm.wait_serving(stages=3)
 
 
-def test_lost_capacity_gives_503_then_recovers(tmp_path, tiny_models):
+def test_lost_capacity_gives_503_then_recovers(tmp_path, llama):
     # Each node can hold 4 of the 6 layers: the model needs both.
-    model = tiny_models["llama"]
-    cluster = SwarmCluster(tmp_path, 2, ["--model", str(model), "--recovery-timeout", "3",
+    cluster = SwarmCluster(tmp_path, 2, ["--model", str(llama), "--recovery-timeout", "3",
                                          "--memory-limit", "5.2M"])
     try:
         cluster.wait_serving(stages=2)

@@ -9,7 +9,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from node_process import free_port, get_json
+from swarm.bench.cluster import free_port, get_json
 
 
 def run_node(*args: str, tmp_path) -> subprocess.CompletedProcess:  # a later --state-dir wins

@@ -18,7 +18,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from model_fixtures import tiny_models  # noqa: F401
 from netns import netns_unavailable_reason
 from netns_client import in_netns
 from swarm_cluster import API_PORT, SwarmCluster

@@ -15,8 +15,8 @@ import time
 
 import pytest
 from discovery.profile import PROTOCOL_VERSION
-from model_fixtures import tiny_models  # noqa: F401
-from node_process import get_json, running_node
+from node_process import running_node
+from swarm.bench.cluster import get_json
 from reference import reference_chat
 from stranger import flood
 
@@ -39,11 +39,10 @@ def post_chat(url: str, question: str) -> tuple[int, dict]:
         return 0, {"error": str(e)}
 
 
-def test_two_thousand_hellos_leave_an_open_node_serving_with_bounded_descriptors(tmp_path, tiny_models):
-    model = tiny_models["llama"]
+def test_two_thousand_hellos_leave_an_open_node_serving_with_bounded_descriptors(tmp_path, llama):
     question = "Say hello in Spanish."
-    expected, _ = reference_chat(model, [{"role": "user", "content": question}], 12)
-    with running_node(tmp_path, "--model", str(model), "--speed", "0.002") as node:
+    expected, _ = reference_chat(llama, [{"role": "user", "content": question}], 12)
+    with running_node(tmp_path, "--model", str(llama), "--speed", "0.002") as node:
         pid = node.proc.pid
         resource.prlimit(pid, resource.RLIMIT_NOFILE, (1024, 1024))
         before = len(os.listdir(f"/proc/{pid}/fd"))

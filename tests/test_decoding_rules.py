@@ -17,7 +17,6 @@ import pytest
 from local_pipeline import LocalPipeline
 from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model, load_tokenizer
-from model_fixtures import tiny_models  # noqa: F401
 from reference import reference_with_penalties
 
 from swarm.engine.constraints import GrammarVocab
@@ -37,11 +36,6 @@ BOUNDED = {"type": "object", "additionalProperties": False, "required": ["name",
            "properties": {"name": {"type": "string", "maxLength": 12},
                           "age": {"type": "integer", "minimum": 0, "maximum": 120},
                           "tags": {"type": "array", "maxItems": 3, "items": {"type": "string", "maxLength": 5}}}}
-
-
-@pytest.fixture(scope="module")
-def llama(tiny_models):
-    return tiny_models["llama"]
 
 
 @pytest.fixture(scope="module")

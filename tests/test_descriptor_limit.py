@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-from model_fixtures import tiny_models  # noqa: F401
 from node_process import free_port, get_json
 
 pytestmark = pytest.mark.timeout(300)

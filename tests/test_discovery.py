@@ -18,6 +18,7 @@ from discovery.profile import MAX_TXT_ENTRY, MalformedProfile, belongs_to_swarm
 from discovery.profile_exchange import MAGIC, ProfileExchangeError
 from discovery.static_peers import parse_peer_address
 from discovery.view import PeerTable
+from helpers import eventually
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -308,13 +309,6 @@ async def test_static_peers_join_update_leave_and_view():
         await server_a.wait_closed()
 
 
-async def until(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
-
-
 def test_a_hint_says_who_and_where_and_nothing_to_plan_with():
     hint = make_profile("x", extra={"plan": "p1"}).as_hint()
     assert hint.is_hint and (hint.node_id, hint.peer_port, hint.instance) == ("x", 7946, "inst-x")
@@ -341,9 +335,9 @@ async def test_with_mdns_as_a_hint_only_what_the_fetcher_returns_enters_the_view
         d._on_mdns_found("rogue._swarm._tcp.local.", make_profile("rogue", peer_port=9), ("127.0.0.9",))
         d._on_mdns_found("b._swarm._tcp.local.", lies, ("127.0.0.1",))
         assert d.view() == []  # nothing from the record itself
-        await until(lambda: [p.node_id for p in d.view()] == ["b"])
+        await eventually(lambda: [p.node_id for p in d.view()] == ["b"])
         assert d.view()[0].profile == real  # what the fetcher returned, not what the record said
-        await until(lambda: asked.count(("127.0.0.9", 9)) >= 2)  # still asked, never admitted
+        await eventually(lambda: asked.count(("127.0.0.9", 9)) >= 2)  # still asked, never admitted
         assert [p.node_id for p in d.view()] == ["b"]
         d._on_mdns_lost("b._swarm._tcp.local.")  # anyone can send a goodbye: the peer is asked first
         await asyncio.sleep(0.5)

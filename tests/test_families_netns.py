@@ -15,20 +15,17 @@ from __future__ import annotations
 import time
 
 import pytest
+from helpers import chat_body, streamed_text
 from model_zoo import build_random_model
 from netns import netns_unavailable_reason
+from netns_client import Stream
 from reference import reference_chat
 from swarm_cluster import SwarmCluster
-from test_churn_netns import Stream
 
 pytestmark = pytest.mark.skipif(netns_unavailable_reason() is not None, reason=str(netns_unavailable_reason()))
 
 MESSAGES = [{"role": "user", "content": "Tell me a long story about the sea, the river and the robot."}]
 TOKENS = 28
-
-
-def chat(max_tokens: int = TOKENS) -> dict:
-    return {"messages": MESSAGES, "max_tokens": max_tokens, "temperature": 0}
 
 
 @pytest.mark.parametrize("family", ["gpt_oss", "deepseek_v3", "gemma3_text"])
@@ -40,14 +37,14 @@ def test_family_over_three_hosts_like_mlx_lm_alone(tmp_path, family):
     try:
         topology = cluster.wait_serving(stages=3)
         assert [s["end"] - s["start"] for s in topology["plan"]["stages"]] == [2, 2, 2]
-        status, reply = cluster.nodes[0].post("/v1/chat/completions", chat())
+        body = chat_body(MESSAGES, TOKENS)
+        status, reply = cluster.nodes[0].post("/v1/chat/completions", body)
         assert status == 200, reply
         assert reply["choices"][0]["message"]["content"] == expected
         assert reply["usage"]["completion_tokens"] == TOKENS and len(reply["swarm"]["path"]) == 3
-        events = cluster.nodes[1].stream("/v1/chat/completions", chat())
-        assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"]) == expected
+        assert streamed_text(cluster.nodes[1].stream("/v1/chat/completions", body)) == expected
 
-        stream = Stream(cluster.nodes[0], chat())
+        stream = Stream(cluster.nodes[0], body)
         stream.wait_tokens(4)
         victim = cluster.nodes[2]
         victim.proc.kill9()

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
-import openai
-from model_fixtures import tiny_models  # noqa: F401
+from helpers import openai_client
 from node_process import running_node
 
 from swarm.models.generation_defaults import GenerationDefaults, generation_defaults
@@ -43,16 +42,16 @@ def test_nonsense_in_the_config_is_left_out(tmp_path):
     assert (d.temperature, d.top_p, d.top_k) == (0.0, 1.0, 0)
 
 
-def test_a_node_fills_left_out_fields_from_the_generation_config(tmp_path, tiny_models):
-    model = shutil.copytree(tiny_models["llama"], tmp_path / "llama")
+def test_a_node_fills_left_out_fields_from_the_generation_config(tmp_path, llama):
+    model = shutil.copytree(llama, tmp_path / "llama")
     with_config(model, {"do_sample": True, "temperature": 1.3, "top_p": 0.7})
     with running_node(tmp_path, "--model", str(model)) as node:
-        client = openai.OpenAI(base_url=node.url + "/v1", api_key="none", max_retries=0, timeout=120)
+        client = openai_client(node.url)
         ask = dict(model="llama", messages=[{"role": "user", "content": "hi"}], max_tokens=16, seed=9)
         left_out = client.chat.completions.create(**ask).choices[0].message.content
         assert left_out == client.chat.completions.create(temperature=1.3, top_p=0.7, **ask).choices[0].message.content
         assert left_out != client.chat.completions.create(temperature=0, **ask).choices[0].message.content
     with running_node(tmp_path, "--model", str(model), "--temperature", "0") as node:
-        client = openai.OpenAI(base_url=node.url + "/v1", api_key="none", max_retries=0, timeout=120)
+        client = openai_client(node.url)
         assert client.chat.completions.create(**ask).choices[0].message.content == \
             client.chat.completions.create(temperature=0, **ask).choices[0].message.content

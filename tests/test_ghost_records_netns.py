@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-from model_fixtures import tiny_models  # noqa: F401
 from netns import netns_unavailable_reason
 from swarm_cluster import SwarmCluster
 

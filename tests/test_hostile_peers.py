@@ -19,9 +19,9 @@ import time
 import numpy as np
 import psutil
 import pytest
-from frame_attacker import HOST, Victim, post_json, start_stranger
-from model_fixtures import tiny_models  # noqa: F401
-from reference import _load, reference_chat
+from frame_attacker import HOST, Victim, start_stranger
+from helpers import eventually, http_json
+from reference import chat_prompt, reference_chat
 
 from swarm.bench.cluster import LocalCluster, free_port, get_json
 from swarm.engine.sampling import SamplingParams
@@ -41,24 +41,23 @@ def stranger_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def swarm(tmp_path_factory, tiny_models, stranger_port):  # noqa: F811
+def swarm(tmp_path_factory, llama, stranger_port):
     workdir = tmp_path_factory.mktemp("hostile-peers")
     args = ("--peer", f"{HOST}:{stranger_port}", "--recovery-timeout", "10")
-    with LocalCluster(2, workdir, str(tiny_models["llama"]), log_level="DEBUG", extra_args=args) as cluster:
+    with LocalCluster(2, workdir, str(llama), log_level="DEBUG", extra_args=args) as cluster:
         yield cluster
 
 
 @pytest.fixture(scope="module")
-def expected(tiny_models):  # noqa: F811
-    text, n = reference_chat(tiny_models["llama"], VICTIM, VICTIM_TOKENS)
+def expected(llama):
+    text, n = reference_chat(llama, VICTIM, VICTIM_TOKENS)
     assert n == VICTIM_TOKENS, "the victim's stream must run its whole length: the attacks run beside it"
     return text
 
 
 @pytest.fixture(scope="module")
-def prompt_len(tiny_models) -> int:  # noqa: F811
-    _, tokenizer = _load(str(tiny_models["llama"]))
-    return len(tokenizer.apply_chat_template(VICTIM, add_generation_prompt=True))
+def prompt_len(llama) -> int:
+    return len(chat_prompt(llama, VICTIM))
 
 
 def plan_of(swarm) -> tuple[str, list[dict]]:
@@ -75,20 +74,14 @@ def in_view(swarm, node_id: str) -> bool:
     return True
 
 
-async def eventually(predicate, timeout: float = 30.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not await asyncio.to_thread(predicate):
-        assert time.monotonic() < deadline, f"not reached in {timeout:.0f} s: {what}"
-        await asyncio.sleep(0.1)
-
-
 @pytest.fixture
 async def stranger(swarm, stranger_port):
     s = await start_stranger(swarm.swarm, stranger_port)
     for node in swarm.nodes:
         s.addresses[node.node_id] = (HOST, node.peer_port)
     try:
-        await eventually(lambda: in_view(swarm, s.node_id), what="the stranger in both nodes' view")
+        await eventually(lambda: in_view(swarm, s.node_id), timeout=30,
+                         what="the stranger in both nodes' view", blocking=True)
         yield s
     finally:
         await s.stop()
@@ -238,7 +231,8 @@ async def test_fake_requests_cannot_pin_more_caches_than_a_cap(swarm, stranger, 
     for stage in stages:
         await stranger.send_all(stage["node_id"], releases)
     await eventually(lambda: all(get_json(n.url + "/health")[1]["cached_requests"] <= before[n.node_id]
-                                 for n in swarm.nodes), what="the fakes released by their entry")
+                                 for n in swarm.nodes), timeout=30, what="the fakes released by their entry",
+                     blocking=True)
 
 
 async def test_fake_requests_cannot_hold_more_kv_than_a_cap(swarm, stranger):
@@ -276,7 +270,7 @@ async def test_token_ids_outside_the_vocabulary_are_refused(swarm, stranger, exp
     await stranger.send_all(first, [Forward.of_tokens(rid, plan_id, 0, stranger.node_id, GREEDY, [1, token])])
     sender, answer = await wait_answer(stranger, rid)
     assert isinstance(answer, Error) and answer.kind == "protocol" and "vocabulary" in answer.message, answer
-    status, reply = post_json(swarm.entry.url + "/v1/chat/completions",
+    status, reply = http_json(swarm.entry.url + "/v1/chat/completions",
                               {"messages": VICTIM, "max_tokens": VICTIM_TOKENS, "temperature": 0})
     assert status == 200 and reply["choices"][0]["message"]["content"] == expected
 
@@ -340,7 +334,7 @@ async def test_a_thousand_hostile_frames_change_nothing(swarm, stranger, expecte
         assert rss1 - rss0 < 200 * 2**20 and fds1 - fds0 < 10
     for node in swarm.nodes:
         assert node.proc.poll() is None, f"{node.node_id} died"
-    status, reply = post_json(swarm.entry.url + "/v1/chat/completions",
+    status, reply = http_json(swarm.entry.url + "/v1/chat/completions",
                               {"messages": VICTIM, "max_tokens": VICTIM_TOKENS, "temperature": 0})
     assert status == 200 and reply["choices"][0]["message"]["content"] == expected
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 from discovery.profile import PROTOCOL_VERSION
-from model_fixtures import tiny_models  # noqa: F401
+from helpers import chat_body, http_json
 from netns import netns_unavailable_reason
-from netns_client import http_json, in_netns
+from netns_client import in_netns
 from reference import reference_chat
 from stranger import flood, frame, hello, hello_session, send_and_close
 from swarm_cluster import API_PORT, PEER_PORT, TEST_SPEED, SwarmCluster
@@ -33,23 +33,15 @@ SECRET = "correct horse battery staple, but longer: 6f1c2b9e"
 ROGUE_ID = "rogue-0000"
 
 
-def chat(question: str, max_tokens: int = 12) -> dict:
-    return {"messages": [{"role": "user", "content": question}], "max_tokens": max_tokens, "temperature": 0}
-
-
 @pytest.fixture(scope="module")
-def secret_swarm(tmp_path_factory, tiny_models):
+def secret_swarm(tmp_path_factory, llama):
     """(cluster of 3 with the secret, the stranger host, the model)."""
     root = tmp_path_factory.mktemp("secret-swarm")
-    for i in range(3):
-        (root / f"state{i}").mkdir()
-        (root / f"state{i}" / "secret").write_text(SECRET + "\n")
-    model = tiny_models["llama"]
-    cluster = SwarmCluster(root, 3, ["--model", str(model)])
+    cluster = SwarmCluster(root, 3, ["--model", str(llama)], secret=SECRET)
     try:
         stranger = cluster.network.add_host()
         cluster.wait_serving(stages=3, timeout=120)
-        yield cluster, stranger, model
+        yield cluster, stranger, llama
     finally:
         cluster.close()
 
@@ -66,9 +58,9 @@ def plan_and_members(cluster) -> list[tuple[str, set[str], set[str]]]:
 
 
 def assert_text_unchanged(cluster, model, question: str = "What is the capital of France?") -> None:
-    expected, _ = reference_chat(model, chat(question)["messages"], 12)
+    expected, _ = reference_chat(model, chat_body(question)["messages"], 12)
     for node in cluster.nodes:
-        status, reply = node.post("/v1/chat/completions", chat(question), timeout=60)
+        status, reply = node.post("/v1/chat/completions", chat_body(question), timeout=60)
         assert status == 200, reply
         assert reply["choices"][0]["message"]["content"] == expected
 
@@ -246,14 +238,14 @@ def test_two_thousand_connections_leave_a_node_serving_with_bounded_descriptors(
         peak[0] = max(peak[0], open_fds(pid))
 
     question = "Name a colour."
-    expected, _ = reference_chat(model, chat(question)["messages"], 12)
+    expected, _ = reference_chat(model, chat_body(question)["messages"], 12)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         flooding = pool.submit(in_netns, stranger.ns, flood, target.host.ip, PEER_PORT, swarm, PROTOCOL_VERSION,
                                2000, 25.0, sample)
         time.sleep(3)  # into the flood
         replies = []
         while not flooding.done():
-            status, reply = target.post("/v1/chat/completions", chat(question), timeout=60)
+            status, reply = target.post("/v1/chat/completions", chat_body(question), timeout=60)
             replies.append((status, reply))
             sample()
             time.sleep(1)

@@ -6,26 +6,18 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import resource
 import socket
 import time
 
 import psutil
-import pytest
-from model_fixtures import tiny_models  # noqa: F401
-from node_process import get_json, running_node
+from helpers import chat_body
+from swarm.bench.cluster import get_json
 from reference import reference_chat
 
 TIMEOUT_S = 5  # the node's --http-timeout
 PER_ADDRESS = 64  # the node's default cap
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory, tiny_models):  # noqa: F811
-    with running_node(tmp_path_factory.mktemp("http"), "--model", str(tiny_models["llama"]),
-                      "--http-timeout", str(TIMEOUT_S)) as n:
-        yield n
+NODE_ARGS = ("--http-timeout", str(TIMEOUT_S))
 
 
 def closed_by_server(sock: socket.socket, within: float) -> tuple[bool, bytes]:
@@ -99,8 +91,8 @@ def chat_from(address: str, port: int, question: str) -> tuple[int, dict]:
     """A chat sent from `address` (another loopback address than the flood's)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60, source_address=(address, 0))
     try:
-        body = {"messages": [{"role": "user", "content": question}], "max_tokens": 12, "temperature": 0}
-        conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+        conn.request("POST", "/v1/chat/completions", json.dumps(chat_body(question)),
+                     {"Content-Type": "application/json"})
         r = conn.getresponse()
         return r.status, json.loads(r.read())
     except OSError as e:
@@ -109,12 +101,12 @@ def chat_from(address: str, port: int, question: str) -> tuple[int, dict]:
         conn.close()
 
 
-def test_two_thousand_connections_from_one_address_leave_the_api_serving(node, tiny_models):  # noqa: F811
+def test_two_thousand_connections_from_one_address_leave_the_api_serving(node, llama):
     """2,000 connections opened at once from one address, each with headers it never finishes, at a
     node with 1,024 descriptors (a default Linux login's): others are served the right text
     throughout, and the node's descriptors and memory stay bounded."""
     question = "Say hello in Spanish."
-    expected, _ = reference_chat(tiny_models["llama"], [{"role": "user", "content": question}], 12)
+    expected, _ = reference_chat(llama, [{"role": "user", "content": question}], 12)
     pid = node.proc.pid
     resource.prlimit(pid, resource.RLIMIT_NOFILE, (1024, 1024))
     proc = psutil.Process(pid)

@@ -11,8 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 # swarm/'s packages (and top-level modules), lowest first: each may import only those before it.
-LAYERS = ["events", "models", "engine", "transport", "weights", "stage", "planning", "entry", "status", "api",
-          "node", "bench", "cli"]
+LAYERS = ["environment", "events", "models", "engine", "transport", "weights", "stage", "planning", "entry", "status",
+          "api", "node", "bench", "cli"]
 NO_ENTRY = ("stage", "planning", "transport", "engine")
 
 

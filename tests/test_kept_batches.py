@@ -6,7 +6,7 @@ in, one that leaves (released, run alone, replayed from position 0) is filtered 
 own caches extracted. Every step here is checked against a runner that serves each request
 alone, so a row mixed up with another, a cache extracted wrong or a padding left in a row
 fails. Tokens are compared (the kept batch's attention runs over the padded width, which
-may round differently from a lone request's with an optimized BLAS: README, The engine).
+may round differently from a lone request's with an optimized BLAS: docs/architecture.md, Batched decode).
 """
 
 from __future__ import annotations
@@ -18,17 +18,11 @@ from swarm.engine.cache_budget import CacheLimits
 from swarm.engine.sampling import SamplingParams
 from swarm.engine.shard import load_shard
 from swarm.engine.shard_runner import ShardRunner
-from model_fixtures import default_model  # noqa: F401  (a fixture)
-from model_zoo import build_random_model
+from helpers import NARROW_SHAPE
 
 GREEDY = SamplingParams()
+MODEL = {"family": "qwen3", **NARROW_SHAPE}
 PROMPTS = [[5, 9, 13, 2, 7, 1, 3, 9, 2], [3, 3], [11, 4, 8, 1, 9, 6, 2, 10, 5, 7, 7, 8, 2], [4, 6, 8, 10, 12]]
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return build_random_model(tmp_path_factory.mktemp("kept") / "m", family="qwen3", n_layers=6, hidden=128,
-                              heads=4, kv_heads=2, intermediate=256, seed=7)
 
 
 class Pair:
@@ -133,7 +127,7 @@ def test_kept_batch_counts_its_padding_and_stays_within_the_caps(model) -> None:
     assert tight.kept.kv_bytes == (own + 9) * per_position
 
 
-def test_default_model_batched_tokens_equal_each_request_alone(default_model) -> None:  # noqa: F811
+def test_default_model_batched_tokens_equal_each_request_alone(default_model) -> None:
     """The default model, whole, 4 requests with joins and a leave: the same greedy tokens as alone."""
     prompts = [[1, 504, 3458, 282, 253, 1167, 28, 2], [1, 11283, 288, 1789, 30], [1, 2683, 314, 253, 4366, 47, 30],
                [1, 10480, 253, 1751, 3717, 335, 3459, 9290, 28, 1615, 284]]

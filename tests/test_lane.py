@@ -15,7 +15,9 @@ import threading
 import time
 
 import pytest
-from peer_nodes import HOST, PeerNode, established_to, hello_bytes, raw_hello_session, token, transport_warnings
+from helpers import eventually
+from peer_nodes import (HOST, PeerNode, established_to, frame_bytes, hello_bytes, raw_hello_session, token,
+                        transport_warnings)
 
 from swarm.transport.errors import PeerUnreachable, ProtocolError
 from swarm.transport.frames import FrameParser, encode_frame
@@ -39,7 +41,7 @@ def test_parser_takes_frames_in_any_pieces_and_rejects_lies() -> None:
     got = [f for i in range(len(data)) for f in parser.feed(data[i:i + 1])]  # a byte at a time
     assert [(f.header["t"], f.payload) for f in got] == [("a", b"xyz"), ("b", b"xyzxyz")]
     with pytest.raises(ProtocolError, match="payload"):
-        FrameParser(max_payload=10).feed(b"".join(bytes(p) for p in encode_frame({"t": "x"}, b"y" * 11))[:8])
+        FrameParser(max_payload=10).feed(frame_bytes({"t": "x"}, b"y" * 11)[:8])
     with pytest.raises(ProtocolError):
         FrameParser().feed(b"\0\0\0\3\0\0\0\0\xc1\xc1\xc1")  # a header msgpack cannot decode
 
@@ -228,7 +230,4 @@ async def test_a_second_connection_from_the_same_peer_replaces_the_first_without
     await b.send("node-a", token(3))
     [(_, message)] = await a.received_async(1)
     assert message.at == 4
-    deadline = time.monotonic() + 5
-    while established_to(a.port, b.port) != 1:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.01)
+    await eventually(lambda: established_to(a.port, b.port) == 1, 5, "one connection between them")

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from model_fixtures import tiny_models  # noqa: F401
+from helpers import chat_body
 from netns import netns_unavailable_reason
 from netns_client import in_netns
 from reference import reference_chat
@@ -33,18 +33,10 @@ def relay_ip(index: int) -> str:
     return f"10.77.1.{101 + index}"
 
 
-def chat(question: str, max_tokens: int = 12) -> dict:
-    return {"messages": [{"role": "user", "content": question}], "max_tokens": max_tokens, "temperature": 0}
-
-
 @pytest.fixture
-def relayed_swarm(tmp_path, tiny_models):
-    for i in range(3):
-        (tmp_path / f"state{i}").mkdir()
-        (tmp_path / f"state{i}" / "secret").write_text(SECRET + "\n")
+def relayed_swarm(tmp_path, llama):
     peers = [[a for j in range(3) if j != i for a in ("--peer", f"{relay_ip(j)}:{PEER_PORT}")] for i in range(3)]
-    model = tiny_models["llama"]
-    cluster = SwarmCluster(tmp_path, 3, ["--model", str(model), "--no-mdns"], peers)
+    cluster = SwarmCluster(tmp_path, 3, ["--model", str(llama), "--no-mdns"], peers, secret=SECRET)
     try:
         relay_host = cluster.network.add_host()
         for i in range(3):
@@ -56,7 +48,7 @@ def relayed_swarm(tmp_path, tiny_models):
                                   "--seconds", "400", *mappings], label="relay", stdin=True)
         relay.wait_event("ready", 20)
         cluster.wait_serving(stages=3, timeout=120)
-        yield cluster, relay_host, relay, record, model
+        yield cluster, relay_host, relay, record, llama
     finally:
         cluster.close()
 
@@ -79,7 +71,7 @@ def tamper_once(entry, relay, sender, receiver, question: str, expected: str) ->
     mark = relay.mark()
     relay.send({"tamper": [300, 1000], "between": [sender.host.ip, receiver.host.ip]})
     started = time.monotonic()
-    status, reply = entry.post("/v1/chat/completions", chat(question), timeout=90)
+    status, reply = entry.post("/v1/chat/completions", chat_body(question), timeout=90)
     took = time.monotonic() - started
     tampered = relay.wait_event("tampered", 5, mark)
     print(f"\ntampered a frame to {tampered['to']} (connection {tampered['conn']}): the chat took {took:.1f} s")
@@ -97,7 +89,7 @@ def test_a_tampered_frame_closes_that_link_only_and_a_replayed_session_fails(rel
     by_id = {n.node_id: n for n in cluster.nodes}
     entry, second, third = (by_id[s["node_id"]] for s in stages)
     question = "What is the capital of France?"
-    expected, _ = reference_chat(model, chat(question)["messages"], 12)
+    expected, _ = reference_chat(model, chat_body(question)["messages"], 12)
 
     # The entry's link to the second stage (the entry sees its own link break), then the link between the
     # second and the third stage (only those two see it: they must tell the entry, or it waits 120 s).
@@ -123,6 +115,6 @@ def test_a_tampered_frame_closes_that_link_only_and_a_replayed_session_fails(rel
     assert replies and replies[-1].get("t") == "error" and replies[-1].get("kind") == "auth", kinds
 
     # Nothing else changed: the same links, the same text.
-    status, reply = entry.post("/v1/chat/completions", chat(question), timeout=90)
+    status, reply = entry.post("/v1/chat/completions", chat_body(question), timeout=90)
     assert status == 200 and reply["choices"][0]["message"]["content"] == expected
     assert sorted(n for n, c in data_connections(relay).items() if c["closed"]) == sorted(tampered)

@@ -21,7 +21,6 @@ import time
 
 import pytest
 from discovery.profile import PROTOCOL_VERSION
-from model_fixtures import tiny_models  # noqa: F401
 from netns import netns_unavailable_reason
 from netns_client import in_netns
 from stranger import half_hello, held_connections

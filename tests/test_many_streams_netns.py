@@ -14,7 +14,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from model_fixtures import default_model  # noqa: F401
+from helpers import chat_body, wait_until
 from netns import netns_unavailable_reason
 from netns_client import in_netns
 from reference import reference_chat
@@ -29,9 +29,8 @@ QUESTIONS = ["What is the capital of France?", "Name a colour.", "Count to five.
              "What is two plus two?", "Name an animal.", "What day comes after Monday?", "Spell cat."]
 
 
-def chat(question: str) -> dict:
-    return {"messages": [{"role": "user", "content": question}], "max_tokens": MAX_TOKENS, "temperature": 0,
-            "stream": True}
+def streaming(question: str) -> dict:
+    return chat_body(question, MAX_TOKENS, stream=True)
 
 
 def stream_or_refusal(url: str, body: dict) -> dict:
@@ -64,20 +63,20 @@ def memory_kib(pid: int) -> dict[str, int]:
 
 
 def test_64_streams_at_one_entry_complete_equal_or_get_429(tmp_path, default_model):
-    expected = {q: reference_chat(default_model.path, chat(q)["messages"], MAX_TOKENS)[0] for q in QUESTIONS}
+    expected = {q: reference_chat(default_model.path, chat_body(q)["messages"], MAX_TOKENS)[0] for q in QUESTIONS}
     cluster = SwarmCluster(tmp_path, 3, ["--max-active", str(MAX_ACTIVE), "--max-queue", str(MAX_QUEUE)])
     try:
         cluster.wait_serving(stages=3)
         entry = cluster.nodes[0]
         url = entry.url + "/v1/chat/completions"
         # A warm-up, and each stage's memory with the model loaded and one request served.
-        assert stream_or_refusal_in(entry, url, chat(QUESTIONS[0]))["text"] == expected[QUESTIONS[0]]
+        assert stream_or_refusal_in(entry, url, streaming(QUESTIONS[0]))["text"] == expected[QUESTIONS[0]]
         before = {n.index: memory_kib(n.proc.pid) for n in cluster.nodes}
 
         t0 = time.monotonic()
         with ThreadPoolExecutor(STREAMS) as pool:
-            results = list(pool.map(lambda i: stream_or_refusal_in(entry, url, chat(QUESTIONS[i % len(QUESTIONS)])),
-                                    range(STREAMS)))
+            results = list(pool.map(
+                lambda i: stream_or_refusal_in(entry, url, streaming(QUESTIONS[i % len(QUESTIONS)])), range(STREAMS)))
         wall = time.monotonic() - t0
         after = {n.index: memory_kib(n.proc.pid) for n in cluster.nodes}
 
@@ -105,10 +104,9 @@ def test_64_streams_at_one_entry_complete_equal_or_get_429(tmp_path, default_mod
         status, health = entry.get("/health")
         assert health["admission"]["refused"] == len(refused)
         assert health["admission"]["active"] == 0 and health["admission"]["queued"] == 0
-        deadline = time.monotonic() + 30  # releases travel behind the last tokens
-        while any(n.get("/health")[1]["cached_requests"] for n in cluster.nodes):
-            assert time.monotonic() < deadline, "a stage kept a request's caches"
-            time.sleep(0.2)
+        # releases travel behind the last tokens
+        wait_until(lambda: not any(n.get("/health")[1]["cached_requests"] for n in cluster.nodes), 30,
+                   "every stage freed its requests' caches")
     finally:
         cluster.close()
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from model_fixtures import tiny_models  # noqa: F401
+from helpers import chat_body, wait_until
 from netns import netns_unavailable_reason
 from reference import reference_chat
 from swarm_cluster import SwarmCluster
@@ -29,12 +29,12 @@ MAX_TOKENS = 8
 
 
 @pytest.fixture(scope="module")
-def expected(tiny_models):  # noqa: F811
-    return reference_chat(tiny_models["llama"], MESSAGES, MAX_TOKENS)[0]
+def expected(llama):
+    return reference_chat(llama, MESSAGES, MAX_TOKENS)[0]
 
 
-def three_nodes(root: Path, tiny_models) -> SwarmCluster:  # noqa: F811
-    cluster = SwarmCluster(root, 3, ["--model", str(tiny_models["llama"])])
+def three_nodes(root: Path, model: Path) -> SwarmCluster:
+    cluster = SwarmCluster(root, 3, ["--model", str(model)])
     try:
         cluster.wait_serving(stages=3)
     except BaseException:
@@ -44,16 +44,16 @@ def three_nodes(root: Path, tiny_models) -> SwarmCluster:  # noqa: F811
 
 
 @pytest.fixture(scope="module")
-def swarm(tmp_path_factory, tiny_models):  # noqa: F811
-    cluster = three_nodes(tmp_path_factory.mktemp("membership"), tiny_models)
+def swarm(tmp_path_factory, llama):
+    cluster = three_nodes(tmp_path_factory.mktemp("membership"), llama)
     yield cluster
     cluster.close()
 
 
-def chat(node) -> tuple[int, dict]:
+def try_chat(node) -> tuple[int, dict]:
+    """(status, reply) of a chat through `node`, or (0, the error) when it could not be asked."""
     try:
-        return node.post("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": MAX_TOKENS, "temperature": 0},
-                         timeout=120)
+        return node.post("/v1/chat/completions", chat_body(MESSAGES, MAX_TOKENS), timeout=120)
     except OSError as e:
         return 0, {"error": str(e)}
 
@@ -63,7 +63,7 @@ def served_again(node, expected: str, timeout: float = 180) -> float:
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
-        status, reply = chat(node)
+        status, reply = try_chat(node)
         if status == 200:
             assert reply["choices"][0]["message"]["content"] == expected
             return time.monotonic()
@@ -86,14 +86,6 @@ def announces_only_what_it_serves(swarm) -> None:
         stages = {s["node_id"] for s in plan["stages"]}
         announcing = {n["id"] for n in topology["nodes"] if n["plan_id"] == plan["id"]}
         assert announcing <= stages, (announcing, stages)
-
-
-def wait_until(condition, timeout: float = 120, what: str = "") -> float:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what}"
-        time.sleep(0.1)
-    return time.monotonic()
 
 
 def spawn_fake(cluster: SwarmCluster, *extra: str):
@@ -161,8 +153,8 @@ def test_a_strangers_record_with_an_honest_nodes_id_wedges_nothing(swarm, expect
             fake2.terminate()
 
 
-def test_a_cloned_node_takes_a_new_id_and_serves(tmp_path, tiny_models, expected):  # noqa: F811
-    cluster = three_nodes(tmp_path, tiny_models)
+def test_a_cloned_node_takes_a_new_id_and_serves(tmp_path, llama, expected):
+    cluster = three_nodes(tmp_path, llama)
     try:
         original = cluster.nodes[0]
         original_id = original.node_id

@@ -20,8 +20,9 @@ from pathlib import Path
 import openai
 import pytest
 
-from model_fixtures import default_model, tiny_models  # noqa: F401
-from node_process import free_port, running_node, start_node
+from helpers import openai_client
+from node_process import running_node, start_node
+from swarm.bench.cluster import free_port
 from swarm.engine.blas import find_optimized_blas
 
 NO_EOS = {"2": -100}  # the tiny models' EOS never comes: generations run to max_tokens
@@ -49,17 +50,12 @@ def wait_for_log(node, pattern: str, timeout: float = 60.0) -> re.Match:
     raise AssertionError(f"no {pattern!r} in the log:\n{node.log.read_text()}")
 
 
-@pytest.fixture(scope="module")
-def model(tiny_models):  # noqa: F811
-    return str(tiny_models["llama"])
-
-
-def test_ports_another_node_holds_are_one_line_naming_the_flag(tmp_path, model):
-    with running_node(tmp_path, "--model", model, "--speed", "0.002") as first:
+def test_ports_another_node_holds_are_one_line_naming_the_flag(tmp_path, llama):
+    with running_node(tmp_path, "--model", str(llama), "--speed", "0.002") as first:
         for flag, ports in (("--api-port", [str(first.api_port), str(free_port())]),
                             ("--peer-port", [str(free_port()), str(first.peer_port)])):
-            r = subprocess.run(node_argv(tmp_path, "--model", model, "--api-port", ports[0], "--peer-port", ports[1]),
-                               capture_output=True, text=True, timeout=120)
+            argv = node_argv(tmp_path, "--model", str(llama), "--api-port", ports[0], "--peer-port", ports[1])
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
             line = one_error_line(r)
             taken = first.api_port if flag == "--api-port" else first.peer_port
             assert line.startswith(f"swarm-node: error: {flag} {taken}: ") and "already in use" in line, line
@@ -75,7 +71,7 @@ def test_ports_out_of_range_are_one_line_naming_the_flag(tmp_path, flag, value):
     assert f"argument {flag}: expected a port from 1 to 65535" in line and repr(value) in line, line
 
 
-def test_start_tells_its_progress_and_one_ready_line(tmp_path, default_model):  # noqa: F811
+def test_start_tells_its_progress_and_one_ready_line(tmp_path, default_model):
     # A fresh cache: the built-in GGUF model is converted, which takes a while and says so.
     node = start_node(tmp_path, "--cache-dir", str(tmp_path / "cache"), "--speed", "0.002")
     try:
@@ -95,7 +91,7 @@ def test_start_tells_its_progress_and_one_ready_line(tmp_path, default_model):  
 
 
 def stream_until(node, chunks: int, max_tokens: int):
-    client = openai.OpenAI(base_url=node.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    client = openai_client(node.url)
     stream = client.chat.completions.create(model="llama", messages=[{"role": "user", "content": "go on"}],
                                             max_tokens=max_tokens, temperature=0.8, seed=3, logit_bias=NO_EOS,
                                             stream=True, stream_options={"include_usage": True})
@@ -104,8 +100,8 @@ def stream_until(node, chunks: int, max_tokens: int):
     return client, it, seen
 
 
-def test_ctrl_c_finishes_the_taken_requests_and_takes_no_new_ones(tmp_path, model):
-    node = start_node(tmp_path, "--model", model, "--speed", "0.002")
+def test_ctrl_c_finishes_the_taken_requests_and_takes_no_new_ones(tmp_path, llama):
+    node = start_node(tmp_path, "--model", str(llama), "--speed", "0.002")
     try:
         node.wait_ready()
         client, rest, seen = stream_until(node, 3, max_tokens=300)
@@ -124,8 +120,8 @@ def test_ctrl_c_finishes_the_taken_requests_and_takes_no_new_ones(tmp_path, mode
         node.stop()
 
 
-def test_a_second_ctrl_c_stops_now(tmp_path, model):
-    node = start_node(tmp_path, "--model", model, "--speed", "0.002")
+def test_a_second_ctrl_c_stops_now(tmp_path, llama):
+    node = start_node(tmp_path, "--model", str(llama), "--speed", "0.002")
     try:
         node.wait_ready()
         _, rest, _ = stream_until(node, 3, max_tokens=4000)
@@ -145,8 +141,8 @@ def test_a_second_ctrl_c_stops_now(tmp_path, model):
 
 
 @pytest.mark.parametrize("after", [0.0, 0.5, 1.5, 3.0, 5.0])
-def test_ctrl_c_while_starting_leaves_quietly(tmp_path, model, after):
-    node = start_node(tmp_path, "--model", model)  # no --speed: the start measures it, a slow step
+def test_ctrl_c_while_starting_leaves_quietly(tmp_path, llama, after):
+    node = start_node(tmp_path, "--model", str(llama))  # no --speed: the start measures it, a slow step
     # The clock starts once our code runs: a Ctrl-C while Python itself starts (0.5 s on a loaded machine) is
     # Python's "Fatal Python error: init_import_site". The re-exec that preloads BLAS holds it (blas.py).
     if find_optimized_blas() is not None:
@@ -175,11 +171,11 @@ def health_when(node, ok, timeout: float = 15.0) -> dict:
     return health
 
 
-def test_a_client_gone_frees_its_non_streaming_request(tmp_path, model):
+def test_a_client_gone_frees_its_non_streaming_request(tmp_path, llama):
     request = {"messages": [{"role": "user", "content": "go on"}], "max_tokens": 2000, "temperature": 0.8,
                "seed": 5, "logit_bias": NO_EOS}
-    with running_node(tmp_path, "--model", model, "--speed", "0.002") as node:
-        client = openai.OpenAI(base_url=node.url + "/v1", api_key="none", max_retries=0, timeout=300)
+    with running_node(tmp_path, "--model", str(llama), "--speed", "0.002") as node:
+        client = openai_client(node.url, timeout=300)
         whole = client.chat.completions.create(model="llama", **request).usage.completion_tokens
         before = node.health()[1]["total_tokens"]
         body = json.dumps(request).encode()
@@ -197,8 +193,8 @@ def test_a_client_gone_frees_its_non_streaming_request(tmp_path, model):
         assert after - before < whole / 2, f"{after - before} of the {whole} tokens the same request makes whole"
 
 
-def test_the_log_says_when_the_swarm_cannot_hold_the_model(tmp_path, model):
-    node = start_node(tmp_path, "--model", model, "--speed", "0.002", "--memory-limit", "100K")
+def test_the_log_says_when_the_swarm_cannot_hold_the_model(tmp_path, llama):
+    node = start_node(tmp_path, "--model", str(llama), "--speed", "0.002", "--memory-limit", "100K")
     try:
         line = wait_for_log(node, r"WARNING \S+: the swarm cannot hold the model: .*\n").group(0)
         assert "waiting for more nodes or memory" in line

@@ -7,7 +7,6 @@ import time
 from collections import Counter
 
 import pytest
-from model_fixtures import tiny_models  # noqa: F401
 from netns import netns_unavailable_reason
 from swarm_cluster import PEER_PORT, SwarmCluster
 
@@ -20,8 +19,8 @@ def frame_connections(host) -> Counter:
     return Counter(line.split()[-1].rpartition(":")[0] for line in out.splitlines() if line.strip())
 
 
-def test_each_pair_of_nodes_holds_one_connection(tmp_path, tiny_models):
-    cluster = SwarmCluster(tmp_path, 3, ["--model", str(tiny_models["llama"])])
+def test_each_pair_of_nodes_holds_one_connection(tmp_path, llama):
+    cluster = SwarmCluster(tmp_path, 3, ["--model", str(llama)])
     try:
         cluster.wait_serving(stages=3, timeout=90)
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0}

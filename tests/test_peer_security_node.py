@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from model_fixtures import tiny_models  # noqa: F401
-from node_process import get_json, running_node
+from node_process import running_node
+from swarm.bench.cluster import get_json
 
 from swarm.transport import sodium_gcm
 
@@ -39,8 +39,8 @@ def test_an_empty_secret_file_is_one_error_line_not_an_open_swarm(tmp_path):
     assert r.returncode == 2 and r.stderr.strip().startswith("swarm-node: error:") and "empty" in r.stderr
 
 
-def test_an_open_node_warns_and_says_so_in_health_and_topology(tmp_path, tiny_models):
-    with running_node(tmp_path, "--model", str(tiny_models["llama"]), "--speed", "0.002",
+def test_an_open_node_warns_and_says_so_in_health_and_topology(tmp_path, llama):
+    with running_node(tmp_path, "--model", str(llama), "--speed", "0.002",
                       env={"SWARM_SECRET": ""}) as node:
         for path in ("/health", "/v1/topology"):
             status, body = get_json(node.url + path)
@@ -49,11 +49,11 @@ def test_an_open_node_warns_and_says_so_in_health_and_topology(tmp_path, tiny_mo
         assert "WARNING" in log and "OPEN SWARM" in log
 
 
-def test_the_flag_wins_over_the_environment_which_wins_over_the_file(tmp_path, tiny_models):
+def test_the_flag_wins_over_the_environment_which_wins_over_the_file(tmp_path, llama):
     state = tmp_path / "shared-state"
     state.mkdir()
     (state / "secret").write_text("from the file, long enough\n")
-    model = ["--model", str(tiny_models["llama"]), "--speed", "0.002"]
+    model = ["--model", str(llama), "--speed", "0.002"]
     cases = [((), {}, str(state / "secret")),
              ((), {"SWARM_SECRET": "from the environment, long enough"}, "$SWARM_SECRET"),
              (("--secret", "from the flag, long enough"), {"SWARM_SECRET": "from the environment"}, "--secret")]

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 from discovery.memory import parse_size
-from model_fixtures import default_model, tiny_models  # noqa: F401
+from helpers import chat_body, streamed_text
 from netns import netns_unavailable_reason
 from netns_client import in_netns
 from reference import reference_chat
@@ -16,10 +16,6 @@ from swarm_cluster import PEER_PORT, SwarmCluster
 pytestmark = pytest.mark.skipif(netns_unavailable_reason() is not None, reason=str(netns_unavailable_reason()))
 
 QUESTIONS = ["What is the capital of France?", "Name a colour.", "Count to five.", "Say hello in Spanish."]
-
-
-def chat(question: str, max_tokens: int) -> dict:
-    return {"messages": [{"role": "user", "content": question}], "max_tokens": max_tokens, "temperature": 0}
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +45,9 @@ def test_default_model_split_over_three_nodes(default_swarm):
 
 def test_each_node_answers_like_one_machine(default_swarm, default_model):
     question = QUESTIONS[0]
-    expected, n_tokens = reference_chat(default_model.path, chat(question, 12)["messages"], 12)
+    expected, n_tokens = reference_chat(default_model.path, chat_body(question, 12)["messages"], 12)
     for node in default_swarm.nodes:
-        status, reply = node.post("/v1/chat/completions", chat(question, 12))
+        status, reply = node.post("/v1/chat/completions", chat_body(question, 12))
         assert status == 200, reply
         assert reply["choices"][0]["message"]["content"] == expected
         assert reply["usage"]["completion_tokens"] == n_tokens
@@ -59,12 +55,12 @@ def test_each_node_answers_like_one_machine(default_swarm, default_model):
 
 
 def test_concurrent_streams_all_match_one_machine(default_swarm, default_model):
-    expected = {q: reference_chat(default_model.path, chat(q, 10)["messages"], 10)[0] for q in QUESTIONS}
+    expected = {q: reference_chat(default_model.path, chat_body(q, 10)["messages"], 10)[0] for q in QUESTIONS}
     nodes = default_swarm.nodes
 
     def run(i: int) -> tuple[str, str]:
-        events = nodes[i % 3].stream("/v1/chat/completions", chat(QUESTIONS[i], 10))
-        return QUESTIONS[i], "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
+        events = nodes[i % 3].stream("/v1/chat/completions", chat_body(QUESTIONS[i], 10))
+        return QUESTIONS[i], streamed_text(events)
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         results = list(pool.map(run, range(4)))
@@ -89,8 +85,8 @@ def send_garbage(ip: str) -> None:
 def test_garbage_on_a_peer_port_leaves_the_swarm_serving(default_swarm, default_model):
     target = default_swarm.nodes[1]
     in_netns(target.host.ns, send_garbage, target.host.ip)
-    expected, _ = reference_chat(default_model.path, chat(QUESTIONS[1], 6)["messages"], 6)
-    status, reply = default_swarm.nodes[0].post("/v1/chat/completions", chat(QUESTIONS[1], 6))
+    expected, _ = reference_chat(default_model.path, chat_body(QUESTIONS[1], 6)["messages"], 6)
+    status, reply = default_swarm.nodes[0].post("/v1/chat/completions", chat_body(QUESTIONS[1], 6))
     assert status == 200 and reply["choices"][0]["message"]["content"] == expected
     assert default_swarm.wait_serving(stages=3, timeout=10)
 

@@ -15,25 +15,19 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import openai
 import pytest
 
 from swarm.bench.cluster import LocalCluster, get_json
-from model_zoo import build_random_model
+from helpers import WIDE_QWEN3, openai_client
 
 pytestmark = pytest.mark.timeout(300)
 BURST = 4
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory) -> Path:
-    return build_random_model(tmp_path_factory.mktemp("gather") / "m", family="qwen3", n_layers=6, hidden=256,
-                              heads=8, kv_heads=2, intermediate=768, seed=11)
+MODEL = {**WIDE_QWEN3, "seed": 11}
 
 
 def _burst(url: str, prompts: list[str], max_tokens: int = 4) -> list[str]:
     """One client per prompt, all released at once (each thread's request leaves when the last is ready)."""
-    clients = [openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120) for _ in prompts]
+    clients = [openai_client(url) for _ in prompts]
     model_id = clients[0].models.list().data[0].id
     go = threading.Barrier(len(prompts))
 

@@ -13,29 +13,18 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import openai
 import pytest
 
 from swarm.bench.cluster import LocalCluster
-from model_zoo import build_random_model
+from helpers import openai_client
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory) -> Path:
-    return build_random_model(tmp_path_factory.mktemp("take_in") / "m", family="qwen3", n_layers=6, hidden=256,
-                              heads=8, kv_heads=2, intermediate=768, seed=7)
-
-
-def client_of(node) -> openai.OpenAI:
-    return openai.OpenAI(base_url=node.url + "/v1", api_key="none", max_retries=0, timeout=120)
 
 
 def test_a_new_request_is_answered_while_another_streams_on_one_node(model: Path, tmp_path: Path) -> None:
     eos = json.loads((model / "config.json").read_text())["eos_token_id"]
     with LocalCluster(1, tmp_path, str(model), memory_limit="1G", ready_timeout=120) as cluster:
-        client = client_of(cluster.entry)
+        client = openai_client(cluster.entry.url)
         model_id = client.models.list().data[0].id
         long_chunks: list[float] = []
         started = threading.Event()

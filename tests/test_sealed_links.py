@@ -5,24 +5,23 @@ See test_transport.py and test_lane.py for the open protocol; the same data lane
 from __future__ import annotations
 
 import asyncio
-import logging
 import socket
-import time
 
 import mlx.core as mx
 import pytest
 
 from discovery.profile import NodeProfile
 from discovery.profile_exchange import ProfileExchangeError
-from peer_nodes import HOST, SWARM, PeerNode, hello_bytes, token, transport_warnings
+from helpers import eventually
+from peer_nodes import HOST, SWARM, PeerNode, frame_bytes, hello_bytes, token, transport_warnings
 from swarm.transport.arrays import encode_array
 from swarm.transport.connection_budget import ConnectionBudget
 from swarm.transport.errors import HandshakeRejected, PeerUnreachable
-from swarm.transport.frames import MAGIC, encode_frame
+from swarm.transport.frames import MAGIC
 from swarm.transport.handshake import dial, dial_stream
 from swarm.transport.link_crypto import FrameSealer, stretch_secret
 from swarm.transport.link_handshake import LinkAuth
-from swarm.transport.messages import Forward, Token
+from swarm.transport.messages import Forward
 from swarm.transport.peer_profiles import ProfileFetcher
 from swarm.transport.sealed_frames import seal_frame
 
@@ -30,13 +29,6 @@ pytestmark = pytest.mark.timeout(60)
 
 KEY = stretch_secret("a test secret, long enough 9d2e")
 OTHER_KEY = stretch_secret("another secret altogether 51aa")
-
-
-async def eventually(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 @pytest.fixture
@@ -126,7 +118,7 @@ async def test_an_altered_replayed_or_reordered_frame_closes_that_link_only(seal
     first = b"".join(seal_frame(conn._sealer, *token(1).to_frame()))
     second = b"".join(seal_frame(conn._sealer, *token(2).to_frame()))
     sent = {"flip": first[:-1] + bytes([first[-1] ^ 1]), "replay": first + first, "reorder": second,
-            "plain": b"".join(bytes(p) for p in encode_frame(*token(1).to_frame()))}[attack]
+            "plain": frame_bytes(*token(1).to_frame())}[attack]
     conn.sock.setblocking(True)
     conn.sock.sendall(sent)
     await eventually(lambda: b.links.link("node-x") is None)

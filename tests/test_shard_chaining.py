@@ -4,28 +4,18 @@ from __future__ import annotations
 
 import asyncio
 
-import mlx.core as mx
 import pytest
-from mlx_lm.generate import generate_step
-from mlx_lm.utils import load_model
-from model_fixtures import FAMILIES, default_model, tiny_models  # noqa: F401
 
 from swarm.engine.sampling import SamplingParams
 from swarm.engine.shard import load_shard
 from swarm.engine.shard_runner import ShardRunner
 from swarm.engine.worker import MlxWorker
 from swarm.entry.generate import GenerationJob, generate_tokens
+from helpers import TINY_FAMILIES
 from local_pipeline import LocalPipeline
+from reference import reference_tokens
 
 GREEDY = SamplingParams(temperature=0.0)
-
-
-def reference_tokens(model_dir, prompt: list[int], n: int) -> list[int]:
-    model, _ = load_model(model_dir)
-    out = []
-    for (token, _), _ in zip(generate_step(mx.array(prompt), model, max_tokens=n), range(n)):
-        out.append(int(token))
-    return out
 
 
 def splits_to_ranges(sizes: list[int]) -> list[tuple[int, int]]:
@@ -59,11 +49,11 @@ def chained_tokens(model_dir, sizes: list[int], prompt: list[int], n: int,
 TINY_SPLITS = [[6], [1, 5], [4, 2], [2, 3, 1], [1, 1, 3, 1], [1, 2, 2, 1]]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", TINY_FAMILIES)
 def test_tiny_families_match_mlx_lm_for_1_to_4_stages(tiny_models, family):
     model_dir = tiny_models[family]
     prompt = [3, 17, 42, 5, 99, 23, 7, 64, 12]
-    expected = reference_tokens(model_dir, prompt, 24)
+    expected = [token for token, _ in reference_tokens(model_dir, prompt, 24)]
     assert len(set(expected)) > 3, "the test model must not collapse into one token"
     for sizes in TINY_SPLITS:
         assert chained_tokens(model_dir, sizes, prompt, 24) == expected, f"split {sizes}"
@@ -77,7 +67,7 @@ def test_default_model_matches_mlx_lm_for_1_to_4_stages(default_model):
     tok = load_tokenizer(default_model.path)
     prompt = tok.apply_chat_template([{"role": "user", "content": "Name three colours."}],
                                      add_generation_prompt=True)
-    expected = reference_tokens(default_model.path, prompt, 10)
+    expected = [token for token, _ in reference_tokens(default_model.path, prompt, 10)]
     for sizes in DEFAULT_SPLITS:
         assert chained_tokens(default_model.path, sizes, prompt, 10) == expected, f"split {sizes}"
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from model_fixtures import tiny_models  # noqa: F401
 
 from swarm.engine.cache_budget import CacheFull, CacheLimits
 from swarm.engine.input_limits import MAX_CHUNK
@@ -19,8 +18,8 @@ from swarm.entry.generate import PREFILL_STEP
 
 
 @pytest.fixture(scope="module")
-def shards(tiny_models):  # noqa: F811
-    path = tiny_models["llama"]
+def shards(llama):
+    path = llama
     return load_shard(path, 0, 3, mx.float32), load_shard(path, 3, 6, mx.float32), measure_model_bytes(path, mx.float32)
 
 

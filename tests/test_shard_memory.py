@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 
 import mlx.core as mx
-from model_fixtures import default_model  # noqa: F401
 
 from swarm.engine.shard import load_shard
 

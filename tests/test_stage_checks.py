@@ -6,12 +6,11 @@ anything; releases free only the sender's own requests."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import mlx.core as mx
 import numpy as np
 import pytest
-from model_fixtures import tiny_models  # noqa: F401
+from helpers import eventually
 from peer_nodes import HOST, SWARM, PeerNode
 
 from partitioner import ModelSpec, Plan, Stage
@@ -38,14 +37,14 @@ GREEDY = SamplingParams()
 
 
 @pytest.fixture
-async def stage(tiny_models):  # noqa: F811
+async def stage(llama):
     """Node "us", the last stage of PLAN, with "prev" (stage 0 and the entry) and a stranger as peers."""
     addresses: dict[str, tuple[str, int]] = {}
     worker = MlxWorker()
     links = PeerLinks("us")
     lane = DataLane("us", SWARM, links, worker.watch, worker.post, addresses.get)
     listener = PeerListener("us", SWARM, HOST, 0, links, lane, lambda: None)
-    path = tiny_models["llama"]
+    path = llama
     sizes = await worker.run(measure_model_bytes, path, mx.float32)
     host = StageHost(path, mx.float32, worker, context=4096, layer_caches=sizes.caches)
     await host.assign(PLAN, (3, 6))
@@ -96,10 +95,7 @@ async def test_the_same_frames_from_anyone_else_earn_nobody_anything(stage):
     await stranger.send("us", hidden("wide", 0, 32))
     await stranger.send("us", hidden("ok", 0, 64))
     await stranger.send("us", hidden("ok", 0, 64, entry="stranger"))
-    deadline = time.monotonic() + 10
-    while service.refusals.count < before + 3:
-        assert time.monotonic() < deadline, "the stranger's frames were not refused"
-        await asyncio.sleep(0.01)
+    await eventually(lambda: service.refusals.count >= before + 3, 10, "the stranger's frames refused")
     await asyncio.sleep(0.2)
     assert prev.nothing_received() and stranger.nothing_received()
     assert service.host.stage.active_requests == 0

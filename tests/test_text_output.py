@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from mlx_lm.utils import load_tokenizer
-from model_fixtures import default_model, tiny_models  # noqa: F401
 
 from swarm.entry.text_output import TextOutput
 

@@ -16,6 +16,7 @@ import pytest
 
 from discovery.profile import NodeProfile
 from discovery.profile_exchange import fetch_profile
+from helpers import eventually
 from peer_nodes import HOST, SWARM, PeerNode, established_to, frame_bytes, hello_bytes, token, transport_warnings
 from swarm.transport.arrays import decode_array, encode_array
 from swarm.transport.errors import PeerUnreachable, ProtocolError
@@ -75,13 +76,6 @@ async def raw_session(port: int, data: bytes, *, close_write: bool = False, time
     finally:
         writer.close()
     return got
-
-
-async def eventually(predicate, timeout: float = 10.0) -> None:  # generous: green on a loaded machine
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 # -- frames and arrays, no sockets --------------------------------------------

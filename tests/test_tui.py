@@ -5,18 +5,17 @@ real console script runs in a real terminal (tmux)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 
 import pytest
-from model_fixtures import default_model, tiny_models  # noqa: F401  (fixtures)
-from node_process import get_json, running_node
+from helpers import chat_body, http_json
+from node_process import running_node
+from swarm.bench.cluster import get_json
 
 from tui.app import SwarmTUI
 from tui.client import NodeError
@@ -26,13 +25,7 @@ from tui.widgets.chat_pane import ChatPane
 from tui.widgets.event_log import EventLog
 
 SIZE = (100, 30)
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory, tiny_models):  # noqa: F811
-    tmp = tmp_path_factory.mktemp("tui-node")
-    with running_node(tmp, "--model", str(tiny_models["llama"]), "--name", "tui-node-a") as n:
-        yield n
+NODE_ARGS = ("--name", "tui-node-a")
 
 
 async def wait_for(pilot, cond, timeout: float = 20.0, what: str = "") -> None:
@@ -42,12 +35,6 @@ async def wait_for(pilot, cond, timeout: float = 20.0, what: str = "") -> None:
             return
         await pilot.pause(0.1)
     raise AssertionError(f"timed out waiting for {what or cond}:\n{pilot.app.screen_text()}")
-
-
-def post_json(url: str, body: dict) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        return json.loads(r.read())
 
 
 async def test_nodes_and_layer_ranges_match_topology(node):
@@ -81,8 +68,8 @@ async def test_nodes_and_layer_ranges_match_topology(node):
 
 async def test_chat_streams_the_same_answer_as_a_plain_request(node):
     prompt = "Tell me about swarms."
-    want = post_json(node.url + "/v1/chat/completions", {
-        "messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": 24})
+    status, want = http_json(node.url + "/v1/chat/completions", chat_body(prompt, 24))
+    assert status == 200, want
     app = SwarmTUI([node.url], temperature=0, max_tokens=24)
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.topology is not None, what="a topology")
@@ -102,7 +89,7 @@ async def test_chat_streams_the_same_answer_as_a_plain_request(node):
         assert pane.answer.strip().split()[0] in app.screen_text()
 
 
-async def test_chat_with_the_defaults_answers_the_default_model_shortly(tmp_path, default_model):  # noqa: F811
+async def test_chat_with_the_defaults_answers_the_default_model_shortly(tmp_path, default_model):
     """No temperature from the dashboard: the node's greedy default gives a short right answer."""
     with running_node(tmp_path) as node:
         app = SwarmTUI([node.url])
@@ -116,8 +103,8 @@ async def test_chat_with_the_defaults_answers_the_default_model_shortly(tmp_path
             assert not pane.error and "Paris" in pane.answer and len(pane.answer) < 200, pane.answer
 
 
-async def test_killed_node_shows_disconnected(tmp_path, tiny_models):  # noqa: F811
-    with running_node(tmp_path, "--model", str(tiny_models["llama"]), "--name", "doomed") as n:
+async def test_killed_node_shows_disconnected(tmp_path, llama):
+    with running_node(tmp_path, "--model", str(llama), "--name", "doomed") as n:
         app = SwarmTUI([n.url])
         async with app.run_test(size=SIZE) as pilot:
             await wait_for(pilot, lambda: "doomed" in app.screen_text(), what="the node on screen")
@@ -128,7 +115,7 @@ async def test_killed_node_shows_disconnected(tmp_path, tiny_models):  # noqa: F
             assert any(f"lost {n.url}" in line for line in app.query_one(EventLog).lines_text)
 
 
-async def test_switches_to_the_other_url_when_its_node_dies(tmp_path, tiny_models):  # noqa: F811
+async def test_switches_to_the_other_url_when_its_node_dies(tmp_path, tiny_models):
     with running_node(tmp_path, "--model", str(tiny_models["llama"]), "--name", "first") as a, \
             running_node(tmp_path, "--model", str(tiny_models["qwen2"]), "--name", "second") as b:
         app = SwarmTUI([a.url, b.url])
@@ -156,8 +143,9 @@ async def test_polls_when_the_event_stream_fails(node, monkeypatch):
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: "[polling]" in app.screen_text(), what="polling mode")
         before = sum(n.stats.total_requests for n in app.topology.nodes.values())
-        await asyncio.to_thread(post_json, node.url + "/v1/chat/completions",
-                                {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        status, reply = await asyncio.to_thread(http_json, node.url + "/v1/chat/completions",
+                                                {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        assert status == 200, reply
         await wait_for(pilot, lambda: sum(n.stats.total_requests for n in app.topology.nodes.values()) > before,
                        timeout=5, what="a polled snapshot with the new request")
         await pilot.press("f")   # focus cycles; r refreshes without error
@@ -226,6 +214,8 @@ def test_runs_in_a_real_terminal_under_tmux(node):
                              and "q quit" in s and topo.model_id in s)
         assert max(len(line) for line in screen.splitlines()) == 100
         _tmux(sock, "send-keys", "-t", "t", "c")
+        # Type once the prompt has the focus (the hints go): keys sent before land on the node table.
+        wait_screen(lambda s: "q quit" not in s)
         _tmux(sock, "send-keys", "-t", "t", "-l", "hello")
         _tmux(sock, "send-keys", "-t", "t", "Enter")
         screen = wait_screen(lambda s: "> hello" in s and "via " in s and "q quit" not in s)

@@ -8,8 +8,8 @@ import sys
 import time
 
 import pytest
-from model_fixtures import tiny_models  # noqa: F401
-from node_process import free_port, get_json, running_node
+from node_process import running_node
+from swarm.bench.cluster import free_port, get_json
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
 
@@ -32,9 +32,9 @@ def health(port: int) -> tuple[int, dict]:
         return 0, {}
 
 
-def test_not_enough_disk_is_said_and_retried_when_room_appears(tmp_path, tiny_models, small_disk):
+def test_not_enough_disk_is_said_and_retried_when_room_appears(tmp_path, llama, small_disk):
     fetcher_peer_port = free_port()
-    with running_node(tmp_path, "--model", str(tiny_models["llama"]), "--speed", "0.002",
+    with running_node(tmp_path, "--model", str(llama), "--speed", "0.002",
                       "--peer", f"127.0.0.1:{fetcher_peer_port}") as holder:
         api = free_port()
         log = tmp_path / "fetcher.log"

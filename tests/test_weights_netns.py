@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 
 import pytest
-from model_fixtures import default_model  # noqa: F401
+from helpers import chat_body, reply_text, streamed_text, wait_until
 from netns import netns_unavailable_reason
 from reference import reference_chat
 from swarm_cluster import SwarmCluster
@@ -31,13 +30,11 @@ def fetching(cache: Path) -> list[str]:
 
 
 def chat_text(node, stream: bool = False) -> str:
-    body = {"messages": QUESTION, "max_tokens": 12, "temperature": 0}
     if stream:
-        events = node.stream("/v1/chat/completions", body)
-        return "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices"))
-    status, reply = node.post("/v1/chat/completions", body)
+        return streamed_text(node.stream("/v1/chat/completions", chat_body(QUESTION)))
+    status, reply = node.post("/v1/chat/completions", chat_body(QUESTION))
     assert status == 200, reply
-    return reply["choices"][0]["message"]["content"]
+    return reply_text(reply)
 
 
 def own_entry(node) -> dict:
@@ -49,16 +46,6 @@ def limit_egress(host, mbit: int) -> None:
     """Slow the host's own sends (tbf on its side of the veth), so a transfer lasts long enough to cut."""
     host.exec("tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", f"{mbit}mbit", "burst", "256kbit",
               "latency", "500ms")
-
-
-def wait_until(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise TimeoutError(what)
 
 
 def test_hosts_with_nothing_fetch_only_their_layers_and_answer_like_one_machine(tmp_path, default_model):

@@ -171,7 +171,7 @@ async def test_a_manifest_that_does_not_match_the_fingerprint_is_a_state_then_an
     # Both advertise the honest fingerprint; the liar's manifest hashes to another.
     peers = [SimpleNamespace(node_id="liar", profile=SimpleNamespace(model_id="m", model_fingerprint=honest.fingerprint))]
     discovery = SimpleNamespace(view=lambda: list(peers))
-    weights = PeerWeights(None, opener(holders), lambda: list(holders))
+    weights = PeerWeights(None, opener(holders), lambda fingerprint: list(holders))
     reports = []
 
     async def report(line, state):

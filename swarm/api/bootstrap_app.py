@@ -12,7 +12,7 @@ from typing import Callable
 
 from aiohttp import web
 
-from discovery import Discovery
+from discovery import Discovery, NodeState
 
 from .auth import ApiAccess, api_key_middleware
 from .errors import error_response
@@ -33,7 +33,7 @@ def make_bootstrap_app(state: Callable[[], dict], discovery: Discovery, model: s
         nodes = [{"id": p.node_id, "name": p.profile.name, "addresses": list(p.addresses),
                   "api_port": p.profile.api_port, "peer_port": p.profile.peer_port, "backend": p.profile.backend,
                   "memory_total": p.profile.memory_total, "memory_available": p.profile.memory_available,
-                  "speed": p.profile.speed, "state": p.profile.extra.get("state", "joining"),
+                  "speed": p.profile.speed, "state": (p.profile.state or NodeState.JOINING).value,
                   "model_id": p.profile.model_id, "self": p.node_id == discovery.node_id, "layers": None,
                   "fetch": now["fetch"] if p.node_id == discovery.node_id else None}
                  for p in discovery.view(include_self=True)]

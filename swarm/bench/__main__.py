@@ -17,6 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .. import environment
+
 
 def _ints(text: str) -> list[int]:
     try:
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         for var in ("OPENBLAS_NUM_THREADS", "BLIS_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ[var] = str(args.blas_threads)
     if args.blas == "off":
-        os.environ["SWARM_BLAS"] = "off"
+        os.environ[environment.BLAS.name] = "off"
     else:
         # Before mlx loads: this process (mlx-lm alone) and the nodes it starts (which
         # inherit LD_PRELOAD) then all use the same BLAS, so ratios compare like with like.

@@ -77,8 +77,8 @@ def concurrent_completions(url: str, prompt: str, max_tokens: int, n: int) -> tu
 
     Each client has its thread and its connection before any request leaves, and all leave at once:
     mlx-lm's batch generation, which these rounds are compared with, has its n prompts at once too.
-    (Started as the threads came up, the requests reached the node over 6-18 ms, on a machine the
-    node's first prompt pass already kept busy.)"""
+    (Started as the threads came up, the requests would reach the node spread over several ms, on a
+    machine the node's first prompt pass already keeps busy.)"""
     t0: list[float] = []
     start = threading.Barrier(n + 1, action=lambda: t0.append(time.perf_counter()))
     with ThreadPoolExecutor(n) as pool:

@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from swarm import environment
+
 LOOPBACK = "127.0.0.1"  # mlx.launch runs a host locally (no ssh) only if it is exactly this
 RESULT = "RING_PIPELINE_RESULT "
 
@@ -165,7 +167,7 @@ def worker(args: argparse.Namespace) -> None:
     from mlx_lm.utils import load_model, load_tokenizer
 
     # mlx.launch gives a 1-rank job an empty hostfile, which the ring backend cannot parse.
-    hostfile = os.environ.get("MLX_HOSTFILE", "")
+    hostfile = environment.MLX_HOSTFILE.get() or ""
     multi = bool(hostfile) and Path(hostfile).read_text().strip() != ""
     group = mx.distributed.init(backend="ring", strict=True) if multi else None
     rank, size = (group.rank(), group.size()) if group is not None else (0, 1)

@@ -17,6 +17,7 @@ import mlx.core as mx
 
 from discovery.memory import measure_memory
 
+from .. import environment
 from . import ring
 from ..node.config import DEFAULT_BATCH_DECODE
 from .cluster import LocalCluster
@@ -139,7 +140,7 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
     derive(results, hidden, act_bytes)
     header = (f"swarm-bench {datetime.datetime.now().isoformat(timespec='seconds')} on "
               f"{os.cpu_count()}-core {platform.machine()} {platform.system()}, mlx {mx.__version__} "
-              f"{backend}, BLAS: {blas_in_use()} threads={os.environ.get('OPENBLAS_NUM_THREADS', 'default')}, 1-min load average at the end {loadavg():.1f}\n"
+              f"{backend}, BLAS: {blas_in_use()} threads={environment.OPENBLAS_NUM_THREADS.get() or 'default'}, 1-min load average at the end {loadavg():.1f}\n"
               f"model: {model.model_id} ({model.n_layers} layers, hidden {hidden}), prompt {len(prompt)} tokens, "
               f"max_tokens {max_tokens}, greedy, single-stream numbers are the median of {runs} run(s)\n")
     notes = (

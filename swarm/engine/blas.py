@@ -25,15 +25,16 @@ import signal
 import sys
 from pathlib import Path
 
+from .. import environment
+
 _SYMBOL = "cblas_sgemm"
 BUNDLED_BLAS = "bundled reference BLAS"  # what blas_in_use says when nothing is preloaded
 
 # OpenBLAS's idle workers spin 2^28 cycles (~0.1 s) after each call before they sleep. A pipeline
 # stage waits for its peers most of every decode step, so by default its workers spin through the
 # wait, on cores that another process of the machine wants (a co-located node computing, the user's
-# apps). 2^22 cycles (~1.5 ms) still spans the gaps between the BLAS calls of one pass. Measured
-# (docs/performance.md, issue 18): 3 nodes on one 2-core machine at 8 streams 0.89-0.90x -> 1.02x of
-# mlx-lm's batch generation; one node unchanged.
+# apps). 2^22 cycles (~1.5 ms) still spans the gaps between the BLAS calls of one pass; several
+# nodes on one machine batch better with it, one node runs the same (docs/performance.md, BLAS).
 SPIN_LOG2_CYCLES = "22"
 
 
@@ -67,7 +68,7 @@ def find_optimized_blas() -> Path | None:
     """The first installed optimized BLAS exporting cblas_sgemm, or None."""
     if not sys.platform.startswith("linux"):
         return None  # macOS MLX uses Accelerate; nothing to preload
-    override = os.environ.get("SWARM_BLAS", "")
+    override = environment.BLAS.get() or ""
     if override and override.lower() not in ("off", "auto"):
         p = Path(override)
         return p if p.is_file() and exports_sgemm(p) else None
@@ -86,9 +87,9 @@ def reexec_env(blas: Path, env: dict[str, str]) -> dict[str, str]:
     """`env` with `blas` first in LD_PRELOAD, SWARM_BLAS_ACTIVE set, and OpenBLAS's spin shortened
     (a value the user set is kept)."""
     new = dict(env)
-    new.setdefault("OPENBLAS_THREAD_TIMEOUT", SPIN_LOG2_CYCLES)
+    new.setdefault(environment.OPENBLAS_THREAD_TIMEOUT.name, SPIN_LOG2_CYCLES)
     new["LD_PRELOAD"] = ":".join([str(blas), *_preloaded(env)])
-    new["SWARM_BLAS_ACTIVE"] = str(blas)
+    new[environment.BLAS_ACTIVE.name] = str(blas)
     return new
 
 
@@ -102,9 +103,9 @@ def maybe_reexec_with_blas(argv: list[str], module: str = "swarm.cli") -> None:
     SIGINT held: `module` calls release_interrupt() once it has its handler.
     """
     env = dict(os.environ)
-    if not sys.platform.startswith("linux") or env.get("SWARM_BLAS", "").lower() == "off":
+    if not sys.platform.startswith("linux") or environment.BLAS.is_off(env):
         return
-    if env.get("SWARM_BLAS_ACTIVE"):
+    if environment.BLAS_ACTIVE.get(env):
         return  # already re-executed once; never loop even if LD_PRELOAD was dropped
     blas = find_optimized_blas()
     if blas is None:

@@ -15,8 +15,8 @@ same set of requests comes back (in any order), and changed only when the set do
   most of them; the others keep their batches.
 
 Prompts prefilled in one padded pass start in the batch of that pass (`adopt`), so their first
-decode step finds it as it is (splitting it into each row's caches and merging them back cost a
-cohort of 8 on the default model 60-140 ms more than a later step, in two measurements).
+decode step finds it as it is (splitting it into each row's caches and merging them back would
+make that first step cost about twice a later one).
 
 A request's rows live in at most one batch, and while they do its own caches are gone
 (ShardRunner sets them to None), so memory is held once. Each row of a batch holds the

@@ -23,7 +23,7 @@ from mlx_lm.models.cache import CacheList, make_prompt_cache
 from mlx_lm.utils import load_model
 
 from . import families
-from .model_outline import BETWEEN, POST, PRE, outline
+from .model_outline import BETWEEN, POST, PRE, Outline, outline
 from .quantized import QUANTIZED
 
 
@@ -114,10 +114,11 @@ def _layer_caches(model: nn.Module, slots, act_bytes: int) -> tuple[LayerCache, 
     return tuple(out)
 
 
-def measure_model_bytes(model_dir: Path, dtype: mx.Dtype | None, dequantize: bool = False) -> ModelBytes:
+def measure_model_bytes(model_dir: Path, dtype: mx.Dtype | None, dequantize: bool = False,
+                        outlined: Outline | None = None) -> ModelBytes:
+    """`outlined`: the model's outline (engine/shard.py, check_splittable), else it is outlined here."""
     model, _ = load_model(Path(model_dir), lazy=True)  # lazy: shapes only, nothing read
-    family = families.family_of(model)
-    plan = outline(model, family)
+    plan = outlined or outline(model, families.family_of(model))
     layers = list(model.layers)
     per_layer = tuple(_tree_bytes(layer, dtype, dequantize) for layer in layers)
     inside = {id(m) for layer in layers for _, m in layer.named_modules()}

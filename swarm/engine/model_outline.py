@@ -41,6 +41,7 @@ class Outline:
     reads: dict[str, frozenset[str]]
     embedding_modules: frozenset[str]  # module paths of embeddings read before the first layer
     cache_slots: tuple[tuple[int, ...], ...]  # per layer: the indexes of the cache entries it is handed
+    family: str = ""  # the model's family (engine/families.py)
 
     def slots_of(self, start: int, end: int) -> list[int]:
         return sorted(i for layer in self.cache_slots[start:end] for i in layer)
@@ -147,7 +148,7 @@ def outline(model: nn.Module, model_type: str) -> Outline:
     reads = {p: frozenset(ph) for p, ph in rec.reads.items() if p in params}
     embeddings = frozenset(path for path, m in outside if isinstance(m, EMBEDDINGS)
                            and any(PRE in reads.get(f"{path}.{k}", ()) for k in m))
-    return Outline(n, reads, embeddings, tuple(rec.slots.get(i, ()) for i in range(n)))
+    return Outline(n, reads, embeddings, tuple(rec.slots.get(i, ()) for i in range(n)), model_type)
 
 
 def _check_chain(rec: _Recorder, n: int, model_type: str) -> None:

@@ -5,9 +5,9 @@ op runs on one thread, and its exp is scalar: in a prompt pass of 8 prompts x 18
 default model, the SiLU and the attention's softmax take ~60% of the time with the other core idle
 (benchmarks/row_streams.py). The rows of a batch are independent, so the pass is cut into groups of
 rows, each built on its own CPU stream (MLX runs each stream on its own thread) and evaluated layer
-by layer in lockstep: one eval of two whole graphs ran them one after the other (measured; MLX's
-evaluation seems to bound the tasks it has in flight). Meanwhile OpenBLAS runs each call on its caller's thread (two multi-threaded calls at once
-wait for each other's workers). Each row's arithmetic is the whole batch's: the same padding, the
+by layer in lockstep: one eval of two whole graphs runs them one after the other (MLX's evaluation
+seems to bound the tasks it has in flight). Meanwhile OpenBLAS runs each call on its caller's
+thread (two multi-threaded calls at once wait for each other's workers). Each row's arithmetic is the whole batch's: the same padding, the
 same positions, a matmul's result does not depend on the rows beside it or on the thread count, so
 the output is the same, bit for bit (tests/test_batch_prefill.py).
 

@@ -119,7 +119,7 @@ def _embedding_shape(m: nn.Module, dtype: mx.Dtype | None) -> tuple[int, mx.Dtyp
 
 
 class Shard(nn.Module):
-    def __init__(self, model: nn.Module, layers: LayerRange, plan: Outline, family: str,
+    def __init__(self, model: nn.Module, layers: LayerRange, outline: Outline, family: str,
                  dtype: mx.Dtype | None = None):
         super().__init__()
         self.model = model
@@ -134,24 +134,24 @@ class Shard(nn.Module):
             if not layers.start <= i < layers.end:
                 strip_arrays(layer)
                 hook(layer, _PassThrough())
-        self._strip_outside(plan, dtype)
+        self._strip_outside(outline, dtype)
         args = getattr(model, "args", None)
         if self.hidden_size is None:  # no nn.Embedding before the layers: the config says it
             self.hidden_size = getattr(args, "hidden_size", None)
         if layers.is_first and self.vocab_size is None:
             self.vocab_size = getattr(args, "vocab_size", None)
         first, last = model_layers[layers.start], model_layers[layers.end - 1]
-        self._entry = _Edge(inject=not layers.is_first, stop=not layers.is_last and first is last,
+        self._first_edge = _Edge(inject=not layers.is_first, stop=not layers.is_last and first is last,
                             last_position=layers.is_last and first is last)
-        hook(first, self._entry)
-        self._exit = self._entry
+        hook(first, self._first_edge)
+        self._last_edge = self._first_edge
         if last is not first:
-            self._exit = _Edge(inject=False, stop=not layers.is_last, last_position=layers.is_last)
-            hook(last, self._exit)
-        self._cache_slots = plan.slots_of(layers.start, layers.end)
+            self._last_edge = _Edge(inject=False, stop=not layers.is_last, last_position=layers.is_last)
+            hook(last, self._last_edge)
+        self._cache_slots = outline.slots_of(layers.start, layers.end)
         self.unrolled = UnrolledDecode.for_shard(self)
 
-    def _strip_outside(self, plan: Outline, dtype: mx.Dtype | None) -> None:
+    def _strip_outside(self, outline: Outline, dtype: mx.Dtype | None) -> None:
         """Keep the weights outside the layers that this position in the pipeline reads."""
         r = self.range
         inside = {id(m) for layer in self.model.layers for _, m in layer.named_modules()}
@@ -159,13 +159,13 @@ class Shard(nn.Module):
             if id(m) in inside:
                 continue
             prefix = f"{path}." if path else ""
-            is_embedding = path in plan.embedding_modules
+            is_embedding = path in outline.embedding_modules
             if is_embedding and self.hidden_size is None:
                 self.hidden_size, self.activation_dtype = _embedding_shape(m, dtype)
             if is_embedding and r.is_first and self.vocab_size is None and isinstance(m.get("weight"), mx.array):
                 self.vocab_size = m["weight"].shape[0]
             for key in [k for k, v in m.items() if isinstance(v, mx.array) and not k.startswith("_")]:
-                phases = plan.phases(prefix + key)
+                phases = outline.phases(prefix + key)
                 keep = ((PRE in phases and (r.is_first or not is_embedding)) or BETWEEN in phases
                         or (POST in phases and r.is_last))
                 if not keep:
@@ -186,11 +186,11 @@ class Shard(nn.Module):
         Returns hidden states, or on the last shard the logits of the final position
         (`every_row`: of every position, (L, vocab), for prompt logprobs).
         """
-        self._exit.last_position = self.range.is_last and not every_row
+        self._last_edge.last_position = self.range.is_last and not every_row
         try:
             out = self._forward(x, caches)
         finally:
-            self._exit.last_position = self.range.is_last
+            self._last_edge.last_position = self.range.is_last
         caches.advance(x.shape[1])
         if not self.range.is_last:
             return out
@@ -202,14 +202,14 @@ class Shard(nn.Module):
         if self.range.is_first:
             ids = x
         else:
-            self._entry.pending = x
+            self._first_edge.pending = x
             ids = mx.zeros(x.shape[:2], mx.int32)  # what the stand-in embedding looks at
         try:
             out = self.model(ids, cache=cache)
         except StopAfterLayer as stop:
             out = stop.hidden
         finally:
-            missed, self._entry.pending = self._entry.pending, None
+            missed, self._first_edge.pending = self._first_edge.pending, None
         if missed is not None:
             raise RuntimeError(f"{self.family}: the model's forward never reached layer {self.range.start}")
         return out
@@ -226,8 +226,15 @@ class Shard(nn.Module):
         return mx.random.normal((1, length, self.hidden_size), key=mx.random.key(0)).astype(self.activation_dtype)
 
     @property
-    def can_batch(self) -> bool:
-        """True when decode_batch runs several requests as one pass (else it runs them one by one)."""
+    def unrolls_decode(self) -> bool:
+        """True when decode_batch runs several requests' steps as one pass (else it runs them one by one)."""
+        return self.unrolled is not None
+
+    @property
+    def takes_padded_batches(self) -> bool:
+        """True when prefill_batch and decode_kept are exact: the model's own forward on left-padded rows,
+        every layer's cache a KVCache whose BatchKVCache mask hides the padding. The families the unrolled
+        decode was proven on (unrolled_decode.py) are the ones known to have only such layers."""
         return self.unrolled is not None
 
     def decode_batch(self, x: mx.array, caches: list[ShardCaches]) -> mx.array:
@@ -242,7 +249,7 @@ class Shard(nn.Module):
         return mx.stack(rows) if self.range.is_last else mx.concatenate(rows, axis=0)
 
     def prefill_batch(self, x: mx.array, left_padding: list[int]) -> tuple[mx.array, list[BatchKVCache]]:
-        """The first positions of B prompts as one left-padded pass (only when can_batch).
+        """The first positions of B prompts as one left-padded pass (only when takes_padded_batches).
 
         x: ids (B, L) or hidden states (B, L, D), row b's first left_padding[b] positions padding.
         Runs the model's own forward on mlx-lm's BatchKVCache (its mask hides the padding). Returns
@@ -280,7 +287,7 @@ class Shard(nn.Module):
         return [self.own_caches([b.extract(r) for b in batch]) for r in range(n)]
 
     def decode_kept(self, x: mx.array, batch: list[BatchKVCache]) -> mx.array:
-        """One new position for each row of a kept batch (kept_batches.py; only when can_batch):
+        """One new position for each row of a kept batch (kept_batches.py; only when takes_padded_batches):
         x is ids (B, 1) or hidden states (B, 1, D) in the batch's row order, `batch` one
         BatchKVCache per owned layer. The model's own forward, its mask hiding each row's padding.
         Returns hidden states (B, 1, D), or on the last shard the logits (B, vocab)."""
@@ -306,21 +313,21 @@ class Shard(nn.Module):
         return loaded_bytes(self)
 
 
-def check_splittable(model_dir: Path) -> str:
+def check_splittable(model_dir: Path) -> Outline:
     """Refuse a model whose family cannot be cut into layer ranges (UnsplittableModel), before
-    any weight is read: builds it lazily and dry-runs its forward. Returns its family."""
+    any weight is read: builds it lazily and dry-runs its forward. Returns its outline (its family
+    too), for whatever builds the model after (load_shard, measure_model_bytes, measure_speed)."""
     try:
         model, _ = load_model(Path(model_dir), lazy=True, strict=True)
     except (TypeError, KeyError, ValueError, AttributeError, FileNotFoundError) as e:
         raise ModelFormatError(f"{model_dir}: mlx-lm cannot build this model: {type(e).__name__}: {e}") from e
     family = families.family_of(model)
     families.check_splittable(family)
-    outline(model, family)
-    return family
+    return outline(model, family)
 
 
 def load_shard(model_dir: Path, start: int, end: int | None, dtype: mx.Dtype | None = None,
-               reuse: Shard | None = None, dequantize_layers: bool = False) -> Shard:
+               reuse: Shard | None = None, dequantize_layers: bool = False, outlined: Outline | None = None) -> Shard:
     """Build the model lazily, keep only this shard's weights, then evaluate them.
 
     `dtype` casts floating (non-quantized) weights, e.g. to float32 on a CPU backend
@@ -328,14 +335,17 @@ def load_shard(model_dir: Path, start: int, end: int | None, dtype: mx.Dtype | N
     Weights that `reuse` (the shard this node held before a re-plan) already holds
     are taken over as they are, so a node only reads the layers it newly owns.
     `dequantize_layers` turns quantized weights into `dtype` (see quantized.py).
+    `outlined`: the model's outline (check_splittable's), else it is outlined here.
     Raises UnsplittableModel when the family cannot be cut this way.
     """
     model, _ = load_model(Path(model_dir), lazy=True, strict=True)
-    family = families.family_of(model)
-    families.check_splittable(family)
+    if outlined is None:
+        family = families.family_of(model)
+        families.check_splittable(family)
+        outlined = outline(model, family)
+    family = outlined.family
     n_layers = len(model.layers)
-    shard = Shard(model, LayerRange(start, n_layers if end is None else end, n_layers), outline(model, family),
-                  family, dtype)
+    shard = Shard(model, LayerRange(start, n_layers if end is None else end, n_layers), outlined, family, dtype)
     if reuse is not None:
         _take_over(shard, reuse)
     if dequantize_layers:

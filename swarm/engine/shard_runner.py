@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
+from .batch_rows import DecodeStep, PromptStart
 from .cache_budget import CacheBudget, CacheFull, CacheLimits
 from .constraints import GrammarVocab
 from .decoding_rules import DecodingRules
@@ -56,7 +57,7 @@ class ShardRunner:
     def __init__(self, shard: Shard, limits: CacheLimits | None = None, context: int | None = None,
                  vocab: GrammarVocab | None = None, keep_batches: bool = True):
         self.shard = shard
-        self.keep_batches = keep_batches and shard.can_batch  # False: the unrolled pass on own caches
+        self.keep_batches = keep_batches and shard.takes_padded_batches  # False: the unrolled pass on own caches
         self.batches = KeptBatches()
         self.vocab = vocab  # for grammars (constraints.py); None: requests with one are refused
         self.budget = CacheBudget(limits)
@@ -208,14 +209,14 @@ class ShardRunner:
             more[key[0]] += n
         return not any(n and self.budget.refusal(entry, False, n) for entry, n in more.items())
 
-    def decode_batch(self, items: list[tuple], entries: list[str] | None = None) -> list:
+    def decode_batch(self, items: list[DecodeStep], entries: list[str] | None = None) -> list:
         """One decode position for several requests in one pass (see Shard.decode_batch).
 
-        items: (request id, input of one position, its position, sampling[, its token ids, for a
-        request with decoding rules]); `entries`: each one's entry. Returns per item what forward
-        would, or the CacheMismatch (CacheFull) that request hit (the others go on). Each row is
-        sampled with its own request's state.
+        `entries`: each one's entry. Returns per item what forward would, or the CacheMismatch
+        (CacheFull) that request hit (the others go on). Each row is sampled with its own request's
+        state.
         """
+        items = [DecodeStep(*item) for item in items]
         entries = entries or [""] * len(items)
         results: list = [None] * len(items)
         rows, states, keys = [], [], []
@@ -228,7 +229,7 @@ class ShardRunner:
                 continue
             if state.sampler is not None:
                 try:
-                    state.sampler.observe(pos, items[i][4] if len(items[i]) > 4 else None)
+                    state.sampler.observe(pos, items[i].token_ids)
                 except HistoryMismatch as e:
                     self._drop(key)
                     results[i] = CacheMismatch(f"request {rid}: {e}")
@@ -249,20 +250,20 @@ class ShardRunner:
             if batch is None:
                 for key, st in zip(keys, states):
                     self._own(key, st)
-                out = self.shard.decode_batch(mx.concatenate([items[i][1] for i in rows], axis=0),
+                out = self.shard.decode_batch(mx.concatenate([items[i].x for i in rows], axis=0),
                                               [st.caches for st in states])
                 held = [st.caches.arrays() for st in states]
             else:  # the batch's rows are in its own order; this pass's may come in any other
                 at = {key: j for j, key in enumerate(keys)}
-                x = mx.concatenate([items[rows[at[key]]][1] for key in batch.members], axis=0)
+                x = mx.concatenate([items[rows[at[key]]].x for key in batch.members], axis=0)
                 row_of = {key: r for r, key in enumerate(batch.members)}
                 out = self.shard.decode_kept(x, batch.caches)[mx.array([row_of[key] for key in keys])]
                 held = batch.arrays()
             prepared = [st.sampler.prepare(out[j]) if self.range.is_last and st.sampler is not None
-                        and items[i][3] is not None else None for j, (i, st) in enumerate(zip(rows, states))]
-            # greedy rows' tokens in the pass's own evaluation: one small eval per row cost a step of 8 ~1 ms
-            greedy = [j for j, i in enumerate(rows) if prepared[j] is None and items[i][3] is not None
-                      and items[i][3].greedy] if self.range.is_last else []
+                        and items[i].sampling is not None else None for j, (i, st) in enumerate(zip(rows, states))]
+            # greedy rows' tokens in the pass's own evaluation: one small eval per row adds up over a batch
+            greedy = [j for j, i in enumerate(rows) if prepared[j] is None and items[i].sampling is not None
+                      and items[i].sampling.greedy] if self.range.is_last else []
             argmaxes = mx.argmax(out[mx.array(greedy)], axis=-1) if greedy else mx.array([])
             mx.eval(out, [p.arrays() for p in prepared if p is not None], held, argmaxes)
         except Exception:
@@ -273,7 +274,7 @@ class ShardRunner:
             st.offset += 1
         picked = dict(zip(greedy, argmaxes.tolist()))  # what sample() gives at temperature 0
         for j, i in enumerate(rows):
-            _, _, pos, sampling, *_ = items[i]
+            pos, sampling = items[i].pos, items[i].sampling
             if not self.range.is_last:
                 results[i] = out[j:j + 1]
             elif j in picked:
@@ -283,13 +284,13 @@ class ShardRunner:
                               else sample(out[j], sampling, pos + 1))
         return results
 
-    def prefill_batch(self, items: list[tuple], entries: list[str]) -> list:
+    def prefill_batch(self, items: list[PromptStart], entries: list[str]) -> list:
         """The first chunk of several new requests' prompts as one padded pass (Shard.prefill_batch).
 
-        items: (request id, its input (1, L[, D]) from position 0); no sampling, no decoding rules
-        (the caller's check). Returns per item what forward would (the hidden states, on the last
-        stage the last position's logits), or the CacheMismatch (CacheFull) that request hit.
+        Returns per item what forward would (the hidden states, on the last stage the last
+        position's logits), or the CacheMismatch (CacheFull) that request hit.
         """
+        items = [PromptStart(*item) for item in items]
         results: list = [None] * len(items)
         rows, keys = [], []
         for i, (rid, x) in enumerate(items):
@@ -309,10 +310,10 @@ class ShardRunner:
             keys.append(key)
         if not rows:
             return results
-        lengths = [items[i][1].shape[1] for i in rows]
+        lengths = [items[i].x.shape[1] for i in rows]
         width = max(lengths)
         pads = [width - n for n in lengths]
-        x = mx.concatenate([mx.pad(items[i][1], [(0, 0), (p, 0)] + [(0, 0)] * (items[i][1].ndim - 2))
+        x = mx.concatenate([mx.pad(items[i].x, [(0, 0), (p, 0)] + [(0, 0)] * (items[i].x.ndim - 2))
                             for i, p in zip(rows, pads)], axis=0)
         try:
             out, batch = self.shard.prefill_batch(x, pads)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from .model_outline import Outline
 from .shard import load_shard
 
 log = logging.getLogger(__name__)
@@ -22,11 +23,12 @@ CONTEXT = 64
 STEPS = 12
 
 
-def measure_speed(model_dir: Path, n_layers: int, dtype: mx.Dtype | None, dequantize: bool = False) -> float:
-    """Seconds per layer per decoded token (call on the MLX thread)."""
+def measure_speed(model_dir: Path, n_layers: int, dtype: mx.Dtype | None, dequantize: bool = False,
+                  outlined: Outline | None = None) -> float:
+    """Seconds per layer per decoded token (call on the MLX thread); `outlined`: see load_shard."""
     start = max(0, min(n_layers // 2, n_layers - PROBE_LAYERS))
     end = min(n_layers, start + PROBE_LAYERS)
-    shard = load_shard(model_dir, start, end, dtype, dequantize_layers=dequantize)
+    shard = load_shard(model_dir, start, end, dtype, dequantize_layers=dequantize, outlined=outlined)
     caches = shard.make_caches()
     x = shard.example_input(CONTEXT)
     mx.eval(shard(x, caches), caches.arrays())

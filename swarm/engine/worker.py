@@ -189,8 +189,8 @@ def _merge_freed_blocks() -> None:
     """Let glibc merge the small blocks a forward pass freed now, while this thread is idle.
 
     A forward pass frees thousands of small MLX objects into glibc's fastbins; the
-    thread's next malloc of 1 KiB or more merges them all first, 0.3-1 ms here
-    (benchmarks/post_forward_malloc.py). Left alone, that lands on the next hop
+    thread's next malloc of 1 KiB or more merges them all first, which can take as long as
+    the rest of a hop. Left alone, that lands on the next hop
     (reading or sending a frame); one such malloc in idle time takes it off the path.
     """
     if _LIBC is not None:

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import environment
+
 DEFAULT_API_PORT = 8800
 DEFAULT_PEER_PORT = 8801
-# Decode steps of up to this many requests run as one pass at a stage (measured: docs/performance.md, issue 18:
-# at 16 streams one pass of 16 rows reads 0.99-1.00x of mlx-lm's batch generation, two cohorts of 8 0.77-0.78x).
+# Decode steps of up to this many requests run as one pass at a stage: at 16 streams one pass of 16 rows
+# beats two cohorts of 8 (docs/performance.md).
 DEFAULT_BATCH_DECODE = 16
 # An idle first stage waits this long after each new prompt for more to share its pass (stage_service.py).
 DEFAULT_PROMPT_GATHER_MS = 3.0
@@ -20,7 +21,7 @@ DEFAULT_MAX_QUEUE = 64
 
 
 def default_state_dir() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    base = environment.XDG_STATE_HOME.get() or Path.home() / ".local" / "state"
     return Path(base).expanduser() / "swarm"
 
 

@@ -23,6 +23,7 @@ from ..engine.worker import MlxWorker
 from ..entry.entry_inbox import EntryInbox
 from ..stage.stage_service import LOG_EVERY_S, StageService
 from ..transport.lane import DataLane
+from ..transport.log_limit import LogLimiter
 from ..transport.messages import Error, Forward, Message, Release, Token
 from .sender_rules import LATE, SenderRules, describe
 
@@ -30,10 +31,11 @@ log = logging.getLogger(__name__)
 
 
 class NodeInbox:
-    def __init__(self, lane: DataLane, worker: MlxWorker, rules: SenderRules, stage: StageService,
+    def __init__(self, lane: DataLane, worker: MlxWorker, sender_rules: SenderRules, stage: StageService,
                  entry: EntryInbox):
-        self.lane, self.worker, self.rules, self.stage, self.entry = lane, worker, rules, stage, entry
+        self.lane, self.worker, self.sender_rules, self.stage, self.entry = lane, worker, sender_rules, stage, entry
         self.refusals = stage.refusals  # one count per node: the stage refuses releases of others' requests
+        self.failures = LogLimiter(log, logging.INFO)  # tokens a last stage got wrong (outside the vocabulary)
 
     def start(self) -> None:
         """Take every message for this node from now on (the lane's handlers, the stage's queue)."""
@@ -50,7 +52,7 @@ class NodeInbox:
     # -- MLX thread -------------------------------------------------------------------------
     def mlx_on_message(self, sender: str, message: Message) -> None:
         if isinstance(message, Forward):
-            why = self.rules.mlx_forward(sender, message)
+            why = self.sender_rules.mlx_forward(sender, message)
             if why is None:
                 self.stage.mlx_take(sender, message)
             else:
@@ -58,7 +60,7 @@ class NodeInbox:
         elif isinstance(message, Release):
             self.stage.mlx_take(sender, message)  # it frees the sender's own request only
         elif isinstance(message, (Token, Error)):
-            why = self.rules.mlx_answer(sender, message)
+            why = self.sender_rules.mlx_answer(sender, message)
             if why is None:
                 self.entry.mlx_answer(self._mlx_checked(message))
                 return
@@ -73,8 +75,8 @@ class NodeInbox:
 
     def _mlx_checked(self, message: Token | Error) -> Token | Error:
         """A token its last stage may send but that is wrong (a buggy stage) is an Error: the request replays."""
-        if isinstance(message, Token) and (problem := self.rules.mlx_token_problem(message)):
-            self.stage.failures.every("token", LOG_EVERY_S, "request %s: %s", message.rid, problem)
+        if isinstance(message, Token) and (problem := self.sender_rules.mlx_token_problem(message)):
+            self.failures.every("token", LOG_EVERY_S, "request %s: %s", message.rid, problem)
             return Error(message.rid, message.plan_id, "protocol", problem)
         return message
 

@@ -1,14 +1,14 @@
 """The node daemon: one per machine. Finds peers, holds its share of the layers, serves chat.
 
-Everything is assembled in `Node.start`, top to bottom, each part from the parts
-above it; then started in the same order and stopped in reverse. Every part takes the
+Every part is built in `Node.start` (assembly.py), each from the parts before it; then
+started in the same order and stopped in reverse. Every part takes the
 node's id once, at start; so when the id turns out to be another node's too (a cloned
 VM, a copied state dir), the node does not patch it into each part: it re-mints its id
 and starts over, all parts afresh (`Node.run`; see `_on_duplicate_id`). Two threads:
 the event loop (HTTP API, discovery, the peer-port listener, the entry's generation
 loop, planning) and the MLX thread (engine/worker.py: every MLX call, and every peer
-frame, read and written by the data lane). README.md, "Architecture", follows one
-request through them.
+frame, read and written by the data lane). docs/architecture.md follows one request
+through them.
 """
 
 from __future__ import annotations
@@ -22,58 +22,36 @@ import mlx.core as mx
 from aiohttp import web
 from mlx_lm.utils import load_tokenizer
 
-from discovery import Discovery, build_local_profile
+from discovery import Discovery, NodeState, build_local_profile
+from discovery.node_state import STATE_KEY
 from discovery.node_id import machine_id, remint_node_id
 from discovery.profile import NodeProfile
 from discovery.view import PeerEvent
 from partitioner import ModelSpec
 
-from ..api.admission import Admission
-from ..api.app import make_app
-from ..api.auth import ApiAccess
-from ..api.connection_cap import CappedAppRunner
+from ..api.bootstrap_app import make_bootstrap_app
 from ..api.request_gate import RequestGate
 from ..engine.blas import blas_in_use
-from ..engine.constraints import GrammarVocab
 from ..engine.model_bytes import ModelBytes, measure_model_bytes
+from ..engine.model_outline import Outline
 from ..engine.shard import check_splittable
 from ..engine.speed_probe import cached_speed, measure_speed
 from ..engine.worker import MlxWorker
-from ..entry.entry_inbox import EntryInbox
-from ..entry.hop_timing import HopTiming
-from ..entry.own_requests import OwnRequests
-from ..entry.pending_tokens import PendingTokens
-from ..entry.run_ahead import RunAhead
-from ..entry.service import InferenceService
-from ..entry.stats import RequestStats
-from ..entry.swarm_pipeline import SwarmPipelines
-from ..api.bootstrap_app import make_bootstrap_app
 from ..models.generation_defaults import generation_defaults
 from ..models.resolve import LocalModel, describe_model, is_local_spec, models_root, resolve_model
-from . import peer_security
-from .config import NodeConfig
-from .ports import port_error
-from .inbox import NodeInbox
-from .secrets import API_KEY_FROM_SECRET, Secret, api_key, effective_api_key, swarm_secret
-from .sender_rules import SenderRules
 from ..planning.coordinator import Coordinator
-from ..stage.stage_host import StageHost
-from ..stage.stage_service import StageService
-from ..events import EventBus
-from ..status.node_status import NodeStatus
-from ..status.peer_stats import PeerStats
-from ..transport.lane import DataLane
+from ..planning.errors import NoPipeline
 from ..transport.link_crypto import stretch_secret
-from ..transport.link_handshake import LinkAuth
-from ..transport.links import PeerLinks
-from ..transport.listener import PeerListener
 from ..transport.log_limit import limit_loop_exceptions
-from ..transport.peer_profiles import ProfileFetcher
-from ..transport.handshake import dial_stream
 from ..weights.model_from_peers import model_files_from_peers
 from ..weights.peer_weights import PeerWeights
 from ..weights.store import ChunkStore
-from ..weights.transfer import WEIGHTS_MAX_PAYLOAD, WEIGHTS_PURPOSE
+from . import peer_security
+from .assembly import PeerSide, api_access, api_url, build_peer_side, build_serving
+from .config import NodeConfig
+from .inbox import NodeInbox
+from .ports import port_error
+from .secrets import API_KEY_FROM_SECRET, Secret, api_key, effective_api_key, swarm_secret
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +112,7 @@ class Node:
         self._fatal: str | None = None
         self._reminted_at: float | None = None
         self._from_peers = False  # the model's files were fetched from peers (kept across a start over)
+        self.outline: Outline | None = None  # the model's, once it is known and checked
 
     def prepare_secret(self) -> None:
         """Find the swarm secret (flag, environment, state dir); ValueError for an unusable one."""
@@ -152,7 +131,7 @@ class Node:
         self._check_model()
 
     def _check_model(self) -> None:
-        check_splittable(self.model.path)
+        self.outline = check_splittable(self.model.path)  # the one outline of the model, for all that builds it
         self.tokenizer = load_tokenizer(self.model.path, eos_token_ids=self.model.config.get("eos_token_id"))
         log.info("model %s: %d layers, from %s", self.model.model_id, self.model.n_layers, self.model.path)
 
@@ -161,11 +140,11 @@ class Node:
         A node that fetches its model measures before it holds those layers: it reads zeros in their
         place, which compute at the same speed."""
         cfg, worker = self.config, self.worker
-        sizes = await worker.run(measure_model_bytes, model.path, self.dtype, self.dequantize)
-        key = f"{machine_id()}:{model.fingerprint}:{self.dtype}:{self.dequantize}:{self.backend}:{blas_in_use()}"
+        sizes = await worker.run(measure_model_bytes, model.path, self.dtype, self.dequantize, self.outline)
+        speed_key = f"{machine_id()}:{model.fingerprint}:{self.dtype}:{self.dequantize}:{self.backend}:{blas_in_use()}"
         speed = cfg.speed or await worker.run(
-            cached_speed, cfg.state_dir, key,
-            lambda: measure_speed(model.path, model.n_layers, self.dtype, self.dequantize))
+            cached_speed, cfg.state_dir, speed_key,
+            lambda: measure_speed(model.path, model.n_layers, self.dtype, self.dequantize, self.outline))
         return sizes, speed
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -223,6 +202,7 @@ class Node:
         self._start_over.set()
 
     async def start(self) -> None:
+        """Build every part (assembly.py) and start it; what was started is in `_stops`."""
         self.worker = MlxWorker()
         self._stops = []
         cfg, model, worker = self.config, self.model, self.worker
@@ -234,7 +214,7 @@ class Node:
         # Stretched once (scrypt, slow on purpose), off the loop.
         link_key = await asyncio.to_thread(stretch_secret, self.secret.value) if self.secret else None
         key = effective_api_key(self.api_key, link_key)  # a closed swarm's API is closed too
-        self._api_access = ApiAccess(key.value, local_without_key=key.source == API_KEY_FROM_SECRET)
+        self._api_access = api_access(key)
 
         # What this node is: its model's sizes, its speed, its profile (and so its id). A node that
         # fetches its model names only the model it looks for until it has the model's small files.
@@ -247,113 +227,46 @@ class Node:
             peer_port=cfg.peer_port, backend=self.backend, speed=speed,
             model_id=model.model_id if model else (cfg.model or ""),
             model_fingerprint=model.fingerprint if model else "", memory_limit=cfg.memory_limit,
-            extra={"state": "joining" if model else "looking"})
+            extra={STATE_KEY: (NodeState.JOINING if model else NodeState.LOOKING).value})
         if cfg.node_id:
             profile = profile.replace(node_id=cfg.node_id)
-        node_id = profile.node_id
 
-        # Who else is there. Peer events wait in a queue until planning consumes them (below). Profiles
-        # and probes go over the peer protocol: with a secret, only peers that prove it enter the view,
-        # and an mDNS record only names an endpoint to ask.
-        auth = LinkAuth(node_id, cfg.swarm, link_key)
-        peer_events: asyncio.Queue[PeerEvent] = asyncio.Queue()
-        discovery = Discovery(profile, interfaces=cfg.interfaces, static_peers=cfg.peers, mdns=cfg.mdns,
-                              on_event=peer_events, state_dir=cfg.state_dir, on_duplicate=self._on_duplicate_id,
-                              fetch_profile=ProfileFetcher(auth), mdns_is_hint=link_key is not None)
+        store = None if model is None else (ChunkStore.partial if self._from_peers else ChunkStore.complete)(
+            model.path, model.manifest)  # partial: fetched before this start (it starts over under a new id)
+        peers = build_peer_side(cfg, profile, worker, link_key, self._on_duplicate_id, store)
+        # A node without its model joins the network first, to learn the model from its peers.
+        joined_first = model is None
+        if joined_first:
+            await self._start_peer_port(peers)
+            await self._start(peers.discovery.start, peers.discovery.stop)
+            model, sizes, speed = await self._model_from_peers(peers.discovery, peers.weights)
+            await peers.discovery.update_profile(model_id=model.model_id, model_fingerprint=model.fingerprint,
+                                                 speed=speed, state=NodeState.JOINING)
 
-        # The peer data path: one connection per peer, read and written on the MLX thread; every message
-        # goes to the node's inbox (below), and so does a link that breaks.
-        links = PeerLinks(node_id)
-        lane = DataLane(node_id, cfg.swarm, links, worker.watch, worker.post, discovery.endpoint_of, key=link_key)
-        listener = PeerListener(node_id, cfg.swarm, cfg.peer_host, cfg.peer_port, links, lane,
-                                lambda: discovery.profile, key=link_key, is_member=discovery.is_peer_address)
-
-        # Weights: served to peers from what this node holds; fetched from them for layers it lacks, over
-        # links for that purpose (authenticated and sealed like the data path's when the swarm has a secret).
-        weights = PeerWeights(worker, lambda peer: dial_stream(discovery.endpoint_of(peer), auth, WEIGHTS_PURPOSE,
-                                                               expected_peer=peer, max_payload=WEIGHTS_MAX_PAYLOAD),
-                              lambda: _holders(discovery, weights),
-                              lambda st: discovery.update_profile(fetch=st.profile_field()))
-        listener.serve_purpose(WEIGHTS_PURPOSE, weights.serve)
-        if model is not None and not self._from_peers:
-            weights.store = ChunkStore.complete(model.path, model.manifest)
-        elif model is not None:  # fetched before this start (the node starts over under a new id)
-            weights.store = ChunkStore.partial(model.path, model.manifest)
-        else:
-            await self._start(lambda: _bound("peer", cfg.peer_host, cfg.peer_port, listener.start), listener.stop)
-            await self._start(discovery.start, discovery.stop)
-            model, sizes, speed = await self._model_from_peers(discovery, weights)
-            await discovery.update_profile(model_id=model.model_id, model_fingerprint=model.fingerprint,
-                                           speed=speed, state="joining")
-
-        # The stage: the layers this node holds, and the frames for them queued, batched and computed.
-        vocab = GrammarVocab(self.tokenizer)  # grammars: checked by the entry, applied by the last stage
-        host = StageHost(model.path, self.dtype, worker, dequantize=self.dequantize, context=model.context_length,
-                         layer_caches=sizes.caches, vocab=vocab)
-        stage_service = StageService(host, lane, worker, max_batch=cfg.batch_decode,
-                                     prompt_gather_s=cfg.prompt_gather_ms / 1000)
-
-        # Planning: the plan from the view, our layers loaded, agreement.
-        events = EventBus()
-        coordinator = Coordinator(node_id, model_spec(sizes, cfg.kv_reserve_tokens), model.fingerprint, discovery,
-                                  host, events, strategy=cfg.strategy, recovery_timeout=cfg.recovery_timeout,
-                                  weights=weights)
-
-        # The entry: its requests' pending tokens (broken when planning says a plan lost a stage), the
-        # run-ahead, and its inbox for the tokens and errors that come back.
-        pending, run_ahead, hop_timing, own = PendingTokens(), RunAhead(node_id), HopTiming(), OwnRequests()
-        coordinator.on_plans_broken.append(pending.break_all)
-        entry_inbox = EntryInbox(node_id, worker, pending, run_ahead, loop,
-                                 stage_service.mlx_send_or_fail, lane.mlx_send, lane.mlx_sending_together,
-                                 current_plan=lambda: coordinator.plan)
-
-        # The node's inbox: every peer message, checked first against who may send it (sender_rules.py),
-        # to the stage or to the entry.
-        rules = SenderRules(node_id, host.known_plan, lambda peer: discovery.endpoint_of(peer) is not None, own,
-                            vocab_size(model.config))
-        inbox = NodeInbox(lane, worker, rules, stage_service, entry_inbox)
-
-        # The entry side: requests through pipelines on agreed plans.
-        stats = RequestStats(events.emit, entry=node_id)
-        pipelines = SwarmPipelines(coordinator.agreed_plan, node_id, entry_inbox, pending, cfg.token_timeout,
-                                   hop_timing, run_ahead, own)
-        service = InferenceService(self.tokenizer, model.context_length, pipelines, stats, cfg.default_max_tokens,
-                                   cfg.recovery_timeout, vocab)
         defaults = generation_defaults(model.path, cfg.temperature, cfg.top_p, cfg.top_k)
         log.info("requests that leave sampling out get %s", defaults.describe())
+        serving = build_serving(cfg, peers, worker, model, self.tokenizer, sizes,
+                                model_spec(sizes, cfg.kv_reserve_tokens), vocab_size(model.config), self.dtype,
+                                self.dequantize, self.outline, self.backend, defaults, self.gate, key,
+                                self.secret, loop)
 
-        # What the node tells: /health, /v1/topology, and the HTTP API over it all.
-        peer_stats = PeerStats(discovery)
-        status = NodeStatus(model, self.backend, discovery, coordinator, host, stage_service, links, stats,
-                            hop_timing, peer_stats, weights, api_key=bool(key),
-                            peers=peer_security.describe(self.secret))
-        admission = Admission(cfg.max_active, cfg.max_queue)
-        app = make_app(service, status, events, model.model_id, admission, defaults, self.gate, api_key=self._api_access,
-                       body_timeout=cfg.http_timeout)
-        # keepalive_timeout closes a connection idle between requests, and one that never completes
-        # its headers (aiohttp's default keeps both for an hour). handler_cancellation: a client that
-        # goes away cancels its handler, streaming or not, and leaving the handler frees the request on
-        # every stage. Taken requests are drained before a stop (lifecycle.py), so a stop waits
-        # for nothing long; a restart under a new id cuts off what it finds within shutdown_timeout.
-        runner = CappedAppRunner(app, per_address=cfg.http_connections_per_address, access_log=None,
-                                 keepalive_timeout=cfg.http_timeout, handler_cancellation=True,
-                                 shutdown_timeout=1.0)
-
-        # Start, in the same order.
-        inbox.start()
-        self._stops.append(inbox.stop)
-        if not self._started(listener.stop):
-            await self._start(lambda: _bound("peer", cfg.peer_host, cfg.peer_port, listener.start), listener.stop)
+        # Start, in the same order: the inbox takes messages before the peer port accepts them, the
+        # API answers before discovery announces it.
+        serving.inbox.start()
+        self._stops.append(serving.inbox.stop)
+        if not joined_first:
+            await self._start_peer_port(peers)
+        runner = serving.runner
         await runner.setup()
         self._stops.append(runner.cleanup)
         await _bound("api", cfg.api_host, cfg.api_port, web.TCPSite(runner, cfg.api_host, cfg.api_port).start)
-        if not self._started(discovery.stop):
-            await self._start(discovery.start, discovery.stop)
-        peer_stats.start()
-        self._stops.append(peer_stats.stop)
+        if not joined_first:
+            await self._start(peers.discovery.start, peers.discovery.stop)
+        serving.peer_stats.start()
+        self._stops.append(serving.peer_stats.stop)
         log.info("node %s (%s): API on %s:%d, peers on %s:%d, %.2f ms/layer/token, swarm %r (%s)",
-                 node_id, profile.name, cfg.api_host, cfg.api_port, cfg.peer_host, listener.port, speed * 1e3,
-                 cfg.swarm, "with a secret" if link_key else "OPEN: no secret")
+                 profile.node_id, profile.name, cfg.api_host, cfg.api_port, cfg.peer_host, peers.listener.port,
+                 speed * 1e3, cfg.swarm, "with a secret" if link_key else "OPEN: no secret")
         if key.source == API_KEY_FROM_SECRET:
             log.info("the API requires a key derived from the swarm secret for everything but /health, except "
                      "from this machine (`swarm-node --print-api-key` prints it for clients elsewhere)")
@@ -362,23 +275,23 @@ class Node:
         else:
             log.warning("the API takes requests from anyone who can reach %s:%d (no API key: see --api-key)",
                         cfg.api_host, cfg.api_port)
-        await coordinator.start()
-        self._stops.append(coordinator.stop)
-        consumer = asyncio.create_task(_consume_peer_events(peer_events, inbox, coordinator),
+        coordinator = serving.coordinator
+        await self._start(coordinator.start, coordinator.stop)
+        consumer = asyncio.create_task(_consume_peer_events(peers.peer_events, serving.inbox, coordinator),
                                        name="peer-events")
         self._stops.append(lambda: _cancel(consumer))
-        host = cfg.api_host if cfg.api_host not in ("0.0.0.0", "::", "") else "127.0.0.1"
-        host = f"[{host}]" if ":" in host else host
-        url = f"http://{host}:{runner.addresses[0][1]}/v1"
-        ready = asyncio.create_task(_say_ready(coordinator, url), name="say-ready")
+        ready = asyncio.create_task(_say_ready(coordinator, api_url(cfg.api_host, runner.addresses[0][1])),
+                                    name="say-ready")
         self._stops.append(lambda: _cancel(ready))
 
     async def _start(self, start, stop) -> None:
         await start()
         self._stops.append(stop)
 
-    def _started(self, stop) -> bool:
-        return stop in self._stops
+    async def _start_peer_port(self, peers: PeerSide) -> None:
+        cfg = self.config
+        await self._start(lambda: _bound("peer", cfg.peer_host, cfg.peer_port, peers.listener.start),
+                          peers.listener.stop)
 
     async def _model_from_peers(self, discovery: Discovery, weights: PeerWeights
                                 ) -> tuple[LocalModel, ModelBytes, float]:
@@ -386,7 +299,7 @@ class Node:
         cfg = self.config
         waiting = {"status": "starting"}
 
-        async def report(line: str, state: str) -> None:
+        async def report(line: str, state: NodeState) -> None:
             waiting["status"] = line
             await discovery.update_profile(state=state)
 
@@ -418,14 +331,6 @@ class Node:
         self._stops = []
         if self.worker is not None:
             self.worker.close()
-
-
-def _holders(discovery: Discovery, weights: PeerWeights) -> list[str]:
-    """Peers that serve the model this node holds or fetches: they hold some or all of its chunks."""
-    if weights.store is None:
-        return []
-    fingerprint = weights.store.manifest.fingerprint
-    return [p.node_id for p in discovery.view() if p.profile.model_fingerprint == fingerprint]
 
 
 async def _consume_peer_events(events: asyncio.Queue[PeerEvent], inbox: NodeInbox,

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-SECRET_ENV, API_KEY_ENV = "SWARM_SECRET", "SWARM_API_KEY"
+from .. import environment
+
+SECRET_ENV, API_KEY_ENV = environment.SECRET.name, environment.API_KEY.name
 SECRET_FILE, API_KEY_FILE = "secret", "api-key"
 API_KEY_FROM_SECRET = "the swarm secret"  # a derived key's source
 _API_KEY_LABEL = b"swarm api key v1"

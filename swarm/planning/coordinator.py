@@ -25,7 +25,7 @@ import logging
 import time
 from typing import Callable
 
-from discovery import Discovery
+from discovery import Discovery, NodeState
 from discovery.view import PeerEvent
 from partitioner import InsufficientMemoryError, ModelSpec, NodeCapacity, Plan, make_plan
 
@@ -141,7 +141,7 @@ class Coordinator:
             plan = self.plan
             if plan is None:  # keep what we hold: capacity may come back
                 self.host.plan = None
-                await self.discovery.update_profile(plan="", state="waiting")
+                await self.discovery.update_profile(plan="", state=NodeState.WAITING)
             else:
                 layers = self.own_layers(plan)
                 if not await self._fetch_for(plan, layers):
@@ -155,19 +155,20 @@ class Coordinator:
                 held = self.host.stage.range if self.host.stage else None
                 if layers and (held is None or (held.start, held.end) != layers):
                     log.info("loading layers [%d, %d) for plan %s", *layers, plan.plan_id)
-                await self.discovery.update_profile(plan="", state="loading" if layers else "idle",
+                await self.discovery.update_profile(plan="", state=NodeState.LOADING if layers else NodeState.IDLE,
                                                     loading=plan.plan_id if layers else None)
                 try:
                     await self.host.assign(plan, layers)
                 except Exception:
                     log.exception("could not load layers %s", layers)
-                    await self.discovery.update_profile(state="failed", loading=None)
+                    await self.discovery.update_profile(state=NodeState.FAILED, loading=None)
                     return
                 if plan is not self.plan:
                     continue
                 # Only a plan we hold layers of is announced: an announcement is a promise to serve it.
                 await self.discovery.update_profile(
-                    plan=plan.plan_id if layers else "", state="serving" if layers else "idle", loading=None,
+                    plan=plan.plan_id if layers else "", state=NodeState.SERVING if layers else NodeState.IDLE,
+                    loading=None,
                     layers=f"{layers[0]}-{layers[1]}" if layers else "", mem_used=str(self.host.weight_bytes))
                 await self._notify()
             if plan is self.plan:
@@ -190,7 +191,7 @@ class Coordinator:
         fetch = asyncio.create_task(self.weights.ensure_stage(*layers), name="fetch-weights")
         fetch.add_done_callback(lambda _: asyncio.ensure_future(self._notify()))  # wakes the wait below
         try:
-            await self.discovery.update_profile(state="fetching", loading=plan.plan_id)
+            await self.discovery.update_profile(state=NodeState.FETCHING, loading=plan.plan_id)
             async with self._changed:  # a fetch for a plan that is no longer ours stops
                 await self._changed.wait_for(lambda: fetch.done() or plan is not self.plan)
             if not fetch.done():
@@ -203,7 +204,8 @@ class Coordinator:
             return plan is self.plan
         except (FetchStuck, NotEnoughDisk) as e:
             log.warning("cannot load layers [%d, %d) yet: %s; trying again when the swarm changes", *layers, e)
-            await self.discovery.update_profile(state="stuck" if isinstance(e, FetchStuck) else "no_disk")
+            stuck = isinstance(e, FetchStuck)
+            await self.discovery.update_profile(state=NodeState.STUCK if stuck else NodeState.NO_DISK)
             async with self._changed:
                 try:
                     await asyncio.wait_for(self._changed.wait(), RETRY_FETCH_S)
@@ -216,7 +218,7 @@ class Coordinator:
         model_id = self.discovery.profile.model_id
         return [p.node_id for p in self.discovery.view()
                 if not p.profile.model_fingerprint and p.profile.model_id in ("", model_id)
-                and p.profile.extra.get("state") in ("looking", "fetching")]
+                and p.profile.state in (NodeState.LOOKING, NodeState.FETCHING)]
 
     async def _wait_until_ready(self, plan: Plan) -> None:
         """Until the members of `plan` that may still be fetching have its weights (or the plan moves on).
@@ -225,13 +227,14 @@ class Coordinator:
         fetch; the others hold their layers already (they served the plan before)."""
         def pending() -> list[str]:
             old = {s.node_id for s in self.before.stages} if self.before is not None else set()
-            profiles = {p.node_id: p.profile.extra for p in self.discovery.view(include_self=True)}
+            profiles = {p.node_id: p.profile for p in self.discovery.view(include_self=True)}
             late = []
             for s in plan.stages:
-                extra = profiles.get(s.node_id, {})
+                profile = profiles.get(s.node_id)
+                extra = profile.extra if profile is not None else {}
                 if extra.get("ready") == plan.plan_id or extra.get("plan") == plan.plan_id:
                     continue
-                if s.node_id not in old or extra.get("state") == "fetching":
+                if s.node_id not in old or (profile is not None and profile.state is NodeState.FETCHING):
                     late.append(s.node_id)
             return late
 

@@ -5,8 +5,8 @@ have lost frames this node sent on it. The entry of such a request would wait ou
 its token timeout (120 s) for a token that never comes: a stage in the middle of
 the pipeline is the only one that knows the frame went out on that link. So each
 node notes, per peer, the live requests it sent forwards for, and when the link to
-that peer breaks, tells their entries with an Error: they replay at once (issue 19:
-a tampered frame closes that link only and the request completes).
+that peer breaks, tells their entries with an Error: they replay at once, so a tampered frame closes
+that link only and the request completes.
 
 Requests whose entry is this node or that peer are not noted: both ends of a link
 see it break, and an entry's own broken link already replays its requests

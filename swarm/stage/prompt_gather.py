@@ -3,12 +3,12 @@
 Only while the queue holds nothing but new requests (their prompt chunks and the last tokens queued
 behind them) and the batch is not full; other work waiting ends it.
 - The first stage: a burst (an agent's parallel calls, a benchmark's clients) reaches the entry over
-  a few ms, and an idle first stage used to start the first prompt's pass alone the moment it came:
-  the rest waited out that pass, and the first row's caches then had to join theirs for the decode
-  steps. So it waits as long as prompts keep coming `gap_s` apart (`--prompt-gather`), MAX_GAPS times
-  that at most: a prompt alone pays one gap.
-- A later stage: a pass's prompts reach it side by side, but a frame of hidden states is MBs and the
-  first one in used to start its pass alone while the rest were on the wire, then the next, one by
+  a few ms. An idle first stage that started the first prompt's pass alone the moment it came would
+  make the rest wait out that pass, and the first row's caches would then have to join theirs for
+  the decode steps. So it waits as long as prompts keep coming `gap_s` apart (`--prompt-gather`),
+  MAX_GAPS times that at most: a prompt alone pays one gap.
+- A later stage: a pass's prompts reach it side by side, but a frame of hidden states is MBs, so the
+  first one in would start its pass alone while the rest were on the wire, then the next, one by
   one. Each carries how many were sent with it (Forward.together): it waits for them, TOGETHER_WAIT_S
   at most (one lost with its sender, say).
 """

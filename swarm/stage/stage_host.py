@@ -23,6 +23,7 @@ from partitioner import Plan
 from ..engine.cache_budget import CacheLimits
 from ..engine.constraints import GrammarVocab
 from ..engine.model_bytes import LayerCache
+from ..engine.model_outline import Outline
 from ..engine.shard import load_shard
 from ..engine.shard_runner import ShardRunner
 from ..engine.worker import MlxWorker
@@ -35,10 +36,11 @@ KNOWN_PLANS = 8
 class StageHost:
     def __init__(self, model_dir, dtype: mx.Dtype | None, worker: MlxWorker, dequantize: bool = False, *,
                  context: int | None = None, layer_caches: Sequence[LayerCache] = (),
-                 vocab: GrammarVocab | None = None):
+                 vocab: GrammarVocab | None = None, outlined: Outline | None = None):
         """`context`: the model's positions; `layer_caches`: each layer's cache bytes (engine/model_bytes.py),
-        from which the caps on what requests may hold here are set (engine/cache_budget.py)."""
-        self.model_dir, self.dtype, self.worker = model_dir, dtype, worker
+        from which the caps on what requests may hold here are set (engine/cache_budget.py); `outlined`:
+        the model's outline (engine/shard.py, check_splittable), else each load outlines it."""
+        self.model_dir, self.dtype, self.worker, self.outlined = model_dir, dtype, worker, outlined
         self.vocab = vocab  # grammars for the requests we sample (when we hold the last layers)
         self.dequantize = dequantize  # quantized layers loaded as `dtype` floats
         self.context, self.layer_caches = context, tuple(layer_caches)
@@ -79,7 +81,7 @@ class StageHost:
             old = self.stage.shard if self.stage else None
             self.stage = None
             shard = await self.worker.run(load_shard, self.model_dir, layers[0], layers[1], self.dtype, old,
-                                          self.dequantize)
+                                          self.dequantize, self.outlined)
             del old
             self.stage = ShardRunner(shard, self._limits(*layers), self.context, self.vocab)
             log.info("now holding layers [%d, %d): %.1f MB", *layers, shard.weight_bytes() / 1e6)

@@ -21,7 +21,7 @@ up to max_batch (`--batch-decode`, 16 by default): the weights are read once for
 them, which is what bounds decode speed; their caches stay one batch across steps while the same
 requests come back together (engine/kept_batches.py). A step with nothing queued beside it runs
 alone through the model's own forward, so a request alone stays exactly one machine's;
-batched rows may differ from a lone request's in the last bits (README, The engine).
+batched rows may differ from a lone request's in the last bits (docs/architecture.md, Batched decode).
 New requests' first prompt chunks queued together run as one left-padded pass the same way
 (ShardRunner.prefill_batch), taken from anywhere in the queue as long as nothing of their own
 request was queued before them; an idle stage waits a moment for more of them (prompt_gather.py).
@@ -29,11 +29,11 @@ request was queued before them; an idle stage waits a moment for more of them (p
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections import deque
 
+from ..engine.batch_rows import DecodeStep, PromptStart
 from ..engine.cache_budget import CacheFull
 from ..engine.shard_runner import CacheMismatch, ShardRunner
 from ..engine.token_logprobs import SampledToken
@@ -120,9 +120,9 @@ class StageService:
     def _mlx_serve_queue(self) -> None:
         """Compute every message queued for our stage (called after each round of socket events),
         taking in what arrived meanwhile between passes."""
-        stage = self.host.stage
-        if stage is not None and stage.shard.can_batch:  # (only a pass of several rows is worth waiting for)
-            until = self.gather.wait_until(self._queue, stage.range.start == 0, self.max_batch)
+        runner = self.host.stage
+        if runner is not None and runner.shard.takes_padded_batches:  # (only a pass of several prompts is worth a wait)
+            until = self.gather.wait_until(self._queue, runner.range.start == 0, self.max_batch)
             if until is not None:
                 self.worker.mlx_recheck_at(until)
                 return
@@ -146,11 +146,11 @@ class StageService:
             self.host.stage.release_idle(IDLE_CACHE_S)
 
     def _mlx_release(self, sender: str, message: Release) -> None:
-        stage = self.host.stage
-        if stage is None or stage.release(message.rid, sender):
+        runner = self.host.stage
+        if runner is None or runner.release(message.rid, sender):
             self.carried.forget(message.rid)
             return
-        holders = stage.holders(message.rid)
+        holders = runner.holders(message.rid)
         if holders:  # (none: a stage that never saw the request, or already freed it: normal)
             self._mlx_refuse(sender, f"a release of request {message.rid}",
                              f"only its entry ({', '.join(holders)}) may free it")
@@ -182,7 +182,7 @@ class StageService:
         right behind it), never a message of their own request: each request's order is kept.
         """
         steps = [first]
-        if self.max_batch < 2 or self.host.stage is None or not self.host.stage.shard.can_batch:
+        if self.max_batch < 2 or self.host.stage is None or not self.host.stage.shard.takes_padded_batches:
             return steps
         seen, width = {(first.entry, first.rid)}, first.length
         kept: deque = deque()
@@ -202,50 +202,50 @@ class StageService:
         return steps
 
     def _mlx_forward(self, steps: list[Forward]) -> None:
-        stage, plan, index = self.host.stage, self.host.plan, self.host.stage_index()
-        accepted = [f for f in steps if self._mlx_accept(f, stage, plan)]
+        runner, plan, index = self.host.stage, self.host.plan, self.host.stage_index()
+        accepted = [f for f in steps if self._mlx_accept(f, runner, plan)]
         if not accepted:
             return
-        if len(accepted) == 1 or not stage.shard.can_batch:  # (a block decode_batch cannot unroll)
+        prompts = is_new_prompt(accepted[0])
+        if len(accepted) == 1 or not (runner.shard.takes_padded_batches if prompts else runner.shard.unrolls_decode):
             for forward in accepted:
-                out, took_s = _compute(stage, forward)
-                self._mlx_deliver(forward, out, took_s, stage, plan, index)
+                out, took_s = _compute(runner, forward)
+                self._mlx_deliver(forward, out, took_s, runner, plan, index)
             return
         together = 0
-        if is_new_prompt(accepted[0]):
-            outs = _compute_prompts(stage, accepted)
+        outs = _compute_together(runner, accepted, prompts)
+        if prompts:
             self.prompt_passes += 1
             self.prompt_rows += len(accepted)
             together = sum(1 for out, _ in outs if not isinstance(out, Exception))  # what goes on side by side
         else:
-            outs = _compute_batch(stage, accepted)
             self.batched_passes += 1
             self.batched_rows += len(accepted)
         with self.lane.mlx_sending_together():
             for forward, (out, took_s) in zip(accepted, outs):
-                self._mlx_deliver(forward, out, took_s, stage, plan, index, together)
+                self._mlx_deliver(forward, out, took_s, runner, plan, index, together)
 
-    def _mlx_accept(self, forward: Forward, stage: ShardRunner | None, plan) -> bool:
+    def _mlx_accept(self, forward: Forward, runner: ShardRunner | None, plan) -> bool:
         """Can our stage serve it? If not, its entry is told (the sender was one that may send it)."""
-        if plan is None or stage is None or forward.plan_id != plan.plan_id or forward.start != stage.range.start:
+        if plan is None or runner is None or forward.plan_id != plan.plan_id or forward.start != runner.range.start:
             self._mlx_fail(forward, "plan_mismatch",
                            f"node {self.node_id} serves plan {self.host.plan_id} layers "
-                           f"{stage.range.start if stage else None}, not {forward.plan_id} layer {forward.start}")
+                           f"{runner.range.start if runner else None}, not {forward.plan_id} layer {forward.start}")
             return False
-        why = stage.input_limits.refusal(forward.pos, forward.shape, forward.payload)
+        why = runner.input_limits.refusal(forward.pos, forward.shape, forward.payload)
         if why is not None:
             self._mlx_fail(forward, "protocol", f"node {self.node_id} refused layer {forward.start}'s input: {why}")
             return False
         return True
 
-    def _mlx_deliver(self, forward: Forward, out, took_s: float, stage: ShardRunner, plan, index: int,
+    def _mlx_deliver(self, forward: Forward, out, took_s: float, runner: ShardRunner, plan, index: int,
                      together: int = 0) -> None:
         if isinstance(out, (CacheMismatch, CacheFull, ProtocolError)):
             kind = "protocol" if isinstance(out, ProtocolError) else "cache"
             self._mlx_fail(forward, kind, f"node {self.node_id}: {out}" if isinstance(out, CacheFull) else str(out))
             return
         compute_us = forward.compute_us + round(took_s * 1e6)
-        if stage.range.is_last:
+        if runner.range.is_last:
             if forward.sampling is not None:
                 at = forward.pos + forward.length
                 token = (Token(forward.rid, forward.plan_id, at, out.token, compute_us, out.logprobs)
@@ -259,59 +259,46 @@ class StageService:
         self.mlx_send_or_fail(nxt.node_id, forward.onward(nxt.start, out, compute_us, together))
 
 
-def _compute_prompts(stage: ShardRunner, accepted: list[Forward]):
-    """_compute for several new requests' first prompt chunks in one padded pass."""
-    t0 = time.perf_counter()
-    items, results = [], {}
-    for i, forward in enumerate(accepted):
-        try:
-            items.append((i, (forward.rid, forward.array())))
-        except ProtocolError as e:
-            results[i] = e
-    outs = stage.prefill_batch([item for _, item in items], [accepted[i].entry for i, _ in items]) if items else []
-    for (i, _), out in zip(items, outs):
-        results[i] = out
-    encoded = [_result(stage, results[i]) for i in range(len(accepted))]
-    took = time.perf_counter() - t0
-    return [(out, took) for out in encoded]
-
-
-def _result(stage: ShardRunner, out):
+def _result(runner: ShardRunner, out):
     """What to deliver for a forward result: a token, None, the request's failure, or the encoded
     activations (dtype, shape, a view of the bytes: arrays.encode_array)."""
     if isinstance(out, (int, SampledToken, Exception)) or out is None:
         return out
-    if stage.range.is_last:
+    if runner.range.is_last:
         return None  # a prefill chunk on the last stage: nothing to send on
     return encode_array(out)
 
 
-def _compute(stage: ShardRunner, forward: Forward):
+def _compute(runner: ShardRunner, forward: Forward):
     """Decode the input, run the shard, encode the output; and how long it took (what hop timing
     calls compute). A request's own failure (lost cache, bad array) is returned, not raised."""
     t0 = time.perf_counter()
     try:
-        out = stage.forward(forward.rid, forward.array(), forward.pos, forward.sampling, forward.entry,
-                            forward.rules, forward.token_ids() if stage.range.is_last else None)
+        out = runner.forward(forward.rid, forward.array(), forward.pos, forward.sampling, forward.entry,
+                            forward.rules, forward.token_ids() if runner.range.is_last else None)
     except (CacheMismatch, CacheFull, ProtocolError) as e:
         out = e
-    return _result(stage, out), time.perf_counter() - t0
+    return _result(runner, out), time.perf_counter() - t0
 
 
-def _compute_batch(stage: ShardRunner, accepted: list[Forward]):
-    """_compute for several decode steps in one pass; each row is charged the whole pass."""
+def _compute_together(runner: ShardRunner, accepted: list[Forward], prompts: bool):
+    """_compute for several forwards in one pass: new requests' first prompt chunks (left-padded) or
+    decode steps. Each row is charged the whole pass."""
     t0 = time.perf_counter()
-    items, results = [], {}
+    rows, entries, results = [], [], {}
     for i, forward in enumerate(accepted):
         try:
-            items.append((i, (forward.rid, forward.array(), forward.pos, forward.sampling,
-                              forward.token_ids() if stage.range.is_last else None)))
+            x = forward.array()
+            rows.append((i, PromptStart(forward.rid, x) if prompts else DecodeStep(
+                forward.rid, x, forward.pos, forward.sampling, forward.token_ids() if runner.range.is_last else None)))
         except ProtocolError as e:
             results[i] = e
-    entries = [accepted[i].entry for i, _ in items]
-    outs = stage.decode_batch([item for _, item in items], entries) if items else []
-    for (i, _), out in zip(items, outs):
+            continue
+        entries.append(forward.entry)
+    run = runner.prefill_batch if prompts else runner.decode_batch
+    outs = run([row for _, row in rows], entries) if rows else []
+    for (i, _), out in zip(rows, outs):
         results[i] = out
-    encoded = [_result(stage, results[i]) for i in range(len(accepted))]
+    encoded = [_result(runner, results[i]) for i in range(len(accepted))]
     took = time.perf_counter() - t0
     return [(out, took) for out in encoded]

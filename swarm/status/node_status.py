@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from discovery import Discovery
+from discovery import Discovery, NodeState
 
 from ..engine.blas import blas_in_use
 from ..entry.hop_timing import HopTiming
@@ -77,7 +77,7 @@ class NodeStatus:
                 "peer_port": p.peer_port, "backend": p.backend, "memory_total": p.memory_total,
                 "memory_available": p.memory_available,
                 "memory_used": self.host.weight_bytes if own else int(p.extra.get("mem_used") or 0),
-                "speed": p.speed, "state": p.extra.get("state", "joining"), "plan_id": p.extra.get("plan") or None,
+                "speed": p.speed, "state": (p.state or NodeState.JOINING).value, "plan_id": p.extra.get("plan") or None,
                 "layers": layers_of.get(p.node_id), "self": own, "model_id": p.model_id,
                 "stats": stats or {},
                 "fetch": self.weights.status.to_dict() if own else parse_fetch(p.extra.get("fetch")),

@@ -5,8 +5,8 @@ gives it back when it closes, whoever holds it then (the listener while it says
 hello or serves a purpose on the event loop, the lane on the MLX thread for a data
 link). A connection over budget is closed at once: a stranger with thousands of
 connections holds at most `per_address` of this node's file descriptors, a crowd
-of strangers at most `total`, and the node never runs out of them (issue 19:
-2,100 connections used to stop its API). An honest peer needs a handful: its data
+of strangers at most `total`, and the node never runs out of them (without a budget,
+a few thousand connections stop its API). An honest peer needs a handful: its data
 link, a probe every 0.75 s, a transfer or two.
 
 Members (addresses of peers in the view) have a reserve strangers cannot take: a crowd of

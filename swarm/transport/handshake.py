@@ -14,8 +14,9 @@ answered as another node than the one meant), "duplicate" (the two nodes are
 connecting to each other at this moment; links.py keeps one), "auth" (one side has
 a swarm secret and the other none, or another one), "purpose" (no such service).
 
-Why a handshake failed is logged once per address and reason (`note_refusal`): a
-stranger that knocks every second leaves one line, not thousands.
+Why a handshake failed is logged once per address and reason, by each node
+(`note_refusal`, LinkAuth.refusals): a stranger that knocks every second leaves one
+line, not thousands.
 """
 
 from __future__ import annotations
@@ -40,13 +41,12 @@ log = logging.getLogger("swarm.transport")
 
 HANDSHAKE_TIMEOUT = 5.0
 _MAX_HELLO_PAYLOAD = 0  # a hello carries no payload; anything bigger is not one
-_REFUSALS = LogLimiter(log)  # one per process, as a node is
 
 Admit = Callable[[str, str], Rejection | None]  # (peer, purpose) -> a refusal, or None: the link is taken
 Withdraw = Callable[[str, str], None]  # a link that was taken is not used after all
 
 
-def note_refusal(where: str, exc: HandshakeRejected, dialed: bool) -> None:
+def note_refusal(where: str, exc: HandshakeRejected, dialed: bool, refusals: LogLimiter) -> None:
     """Log why a handshake failed: once per address and kind at WARNING (later ones at DEBUG)."""
     if exc.kind == "duplicate":  # two nodes dialing each other at once: links.py keeps one, nothing is wrong
         log.debug("%s a second connection %s %s: %s", "refused by" if dialed else "refused", "to" if dialed
@@ -54,7 +54,7 @@ def note_refusal(where: str, exc: HandshakeRejected, dialed: bool) -> None:
         return
     host = where.rpartition(":")[0] if ":" in where else where
     what = f"our hello to {where} failed" if dialed else f"refused a hello from {where}"
-    _REFUSALS.once((host, exc.kind, exc.message, dialed), "%s (%s): %s", what, exc.kind, exc.message)
+    refusals.once((host, exc.kind, exc.message, dialed), "%s (%s): %s", what, exc.kind, exc.message)
 
 
 # -- outgoing, blocking: the data lane (MLX thread) ------------------------------------------------
@@ -90,7 +90,7 @@ def dial(address: tuple[str, int], auth: LinkAuth, expected_peer: str, timeout: 
         return PeerConnection(sock, steps.peer, where, dialed=True, parser=parser, ready=parser.feed(b""),
                               sealer=sealer, on_close=on_close)
     except HandshakeRejected as exc:
-        note_refusal(where, exc, dialed=True)
+        note_refusal(where, exc, dialed=True, refusals=auth.refusals)
         sock.close()
         raise
     except BaseException:
@@ -138,7 +138,7 @@ async def dial_stream(address: tuple[str, int], auth: LinkAuth, purpose: str, *,
                                                     timeout))
         return StreamFrameLink(steps.peer, reader, writer, max_payload, cipher=cipher)
     except HandshakeRejected as exc:
-        note_refusal(where, exc, dialed=True)
+        note_refusal(where, exc, dialed=True, refusals=auth.refusals)
         writer.close()
         raise
     except asyncio.TimeoutError:
@@ -202,7 +202,7 @@ async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, aut
                 pass  # it stopped listening; it learns from the close
             raise
     except HandshakeRejected as exc:
-        note_refusal(where, exc, dialed=False)
+        note_refusal(where, exc, dialed=False, refusals=auth.refusals)
         raise
     except BaseException:
         if admitted:

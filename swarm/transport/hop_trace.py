@@ -25,10 +25,12 @@ import statistics
 import time
 from pathlib import Path
 
-ENV = "SWARM_HOP_TRACE"
+from .. import environment
+
+ENV = environment.HOP_TRACE.name
 STEP_START, STEP_END = "entry_send", "entry_token"
 
-_dir = os.environ.get(ENV)
+_dir = environment.HOP_TRACE.get()  # read once, at start: off, a mark costs one comparison
 _file = None
 
 

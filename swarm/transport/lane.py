@@ -5,8 +5,8 @@ This is the node's transport interface: `mlx_send(node_id, message)` and the
 It knows messages and connections, nothing of plans or stages.
 
 A pipeline stage idles while the others compute, and on an idle machine every
-thread wake-up and every cold line of asyncio costs tens to hundreds of
-microseconds (benchmarks/wake_floor.py). So the thread that computes also reads
+thread wake-up and every cold line of asyncio is a visible part of a hop.
+So the thread that computes also reads
 its input and writes its output: a decode step arrives, is computed and leaves
 without waking another thread (benchmarks/lean_pipeline.py measures the floor).
 
@@ -89,10 +89,11 @@ class DataLane:
                  address_of: Callable[[str], tuple[str, int] | None], *,
                  max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
                  send_timeout: float = DEFAULT_SEND_TIMEOUT, key: bytes | None = None,
-                 on_broken: OnBroken | None = None) -> None:
-        """`key`: the stretched swarm secret (link_crypto.stretch_secret); None: an open swarm."""
+                 on_broken: OnBroken | None = None, auth: LinkAuth | None = None) -> None:
+        """`key`: the stretched swarm secret (link_crypto.stretch_secret); None: an open swarm. `auth`: the
+        node's (one for all its handshakes), else one of the lane's own from `key`."""
         self.node_id, self.swarm, self.links = node_id, swarm, links
-        self.auth = LinkAuth(node_id, swarm, key)
+        self.auth = auth or LinkAuth(node_id, swarm, key)
         self._on_broken = on_broken
         self._watch, self._post, self._address_of = watch, post, address_of
         self.max_payload = max_payload

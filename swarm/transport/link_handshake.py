@@ -20,12 +20,14 @@ reservation in a node's name.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 
 from discovery.profile import COMPATIBLE_PROTOCOL_VERSIONS, PROTOCOL_VERSION
 
 from .errors import HandshakeRejected, ProtocolError
 from .frames import MAGIC, Frame, encode_frame
+from .log_limit import LogLimiter
 from .link_crypto import (FrameOpener, FrameSealer, LinkAuthError, Transcript, check_proof, link_keys, new_nonce,
                           proof)
 from .messages import Admitted, Hello, Proof, Rejection
@@ -47,6 +49,9 @@ class LinkAuth:
     node_id: str
     swarm: str
     key: bytes | None = None  # the stretched swarm secret (link_crypto.stretch_secret); None: an open swarm
+    # Why handshakes failed, each said once per address and reason (handshake.note_refusal): one per node.
+    refusals: LogLimiter = field(default_factory=lambda: LogLimiter(logging.getLogger("swarm.transport")),
+                                 compare=False, repr=False)
 
 
 @dataclass

@@ -63,12 +63,13 @@ class PeerListener:
                  profile: Callable[[], NodeProfile] | None, *, key: bytes | None = None,
                  max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES, handshake_timeout: float = HANDSHAKE_TIMEOUT,
                  budget: ConnectionBudget | None = None, link_idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-                 is_member: Callable[[str], bool] = lambda address: False) -> None:
+                 auth: LinkAuth | None = None, is_member: Callable[[str], bool] = lambda address: False) -> None:
         """`key`: the stretched swarm secret (None: an open swarm), as the lane's. `profile`: what the
-        "profile" purpose (and, in an open swarm, the plain SWPF request) answers. `is_member(address)`:
-        a peer in the view has that address (its connections take the budget's reserve)."""
+        "profile" purpose (and, in an open swarm, the plain SWPF request) answers. `auth`: the node's (one
+        for all its handshakes), else one of the listener's own from `key`. `is_member(address)`: a peer in
+        the view has that address (its connections take the budget's reserve)."""
         self.node_id, self.swarm, self.host = node_id, swarm, host
-        self.auth = LinkAuth(node_id, swarm, key)
+        self.auth = auth or LinkAuth(node_id, swarm, key)
         self.port = port  # the bound port once started (port=0 picks one)
         self.links, self.lane, self.profile = links, lane, profile
         self.max_payload, self.handshake_timeout = max_payload, handshake_timeout

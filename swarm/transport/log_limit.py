@@ -1,10 +1,10 @@
 """Log lines a stranger can cause, bounded: once per key, or at most once per interval.
 
 A peer port is open to the network, so anything logged per connection is a way
-to fill a disk (228,739 asyncio tracebacks in 72 s, issue 19). What a stranger
-triggers is logged through a LogLimiter: the first time per key at WARNING, then
-at DEBUG (`once`), or at most once per `every` seconds with a count of what was
-held back (`every`). The keys kept are bounded too. Any thread.
+to fill a disk (a connection flood can cause hundreds of thousands of tracebacks a
+minute). What a stranger triggers is logged through a LogLimiter: the first time per
+key at WARNING, then at DEBUG (`once`), or at most once per `every` seconds with a
+count of what was held back (`every`). The keys kept are bounded too. Any thread.
 """
 
 from __future__ import annotations
@@ -24,11 +24,6 @@ class LogLimiter:
         self._lock = threading.Lock()
         self._seen: dict[Hashable, list] = {}  # key -> [last logged at, held back since]
         self.count = 0  # every line asked for, logged or not (what a node reports as refused)
-
-    def forget(self) -> None:
-        """Start over, as a new process would (tests: one process runs many nodes)."""
-        with self._lock:
-            self._seen.clear()
 
     def once(self, key: Hashable, msg: str, *args: Any) -> None:
         """At `level` the first time for `key`, at DEBUG after that."""

@@ -8,11 +8,10 @@ what the message itself can know (types, ranges, that a payload fits its dtype a
 shape); whether the sender may send it, or whether a plan's stage can serve it, is
 decided by whoever receives it (node/inbox.py, stage/stage_service.py).
 
-NamedTuples, not frozen dataclasses, and one combined check per message before any
-field-by-field explanation: a forward is decoded and re-encoded on every hop, right
-after a stage's compute has evicted the caches, where every extra call costs ten
-times its warm price (docs/performance.md). A frozen dataclass's __init__ alone
-cost 2 µs warm for a Forward.
+NamedTuples, not frozen dataclasses, and each check once, in the order a problem is
+named, nothing built before they all pass: a forward is decoded and re-encoded on every
+hop, right after a stage's compute has evicted the caches, where every extra call costs
+many times its warm price, and a frozen dataclass's __init__ is one of the dearest.
 
 Per generated token a request makes one hop per stage boundary plus one back:
 entry -> stage 0 -> ... -> last stage -> entry. When the entry node is stage 0 (the
@@ -52,16 +51,25 @@ _HIDDEN_DTYPES = frozenset(WIRE_DTYPES) - {"int32"}
 def _text(h: dict, key: str, max_chars: int = MAX_ID_CHARS, empty: bool = False) -> str:
     value = h.get(key)
     if not isinstance(value, str) or (not value and not empty) or len(value) > max_chars:
-        raise ProtocolError(f"{h.get('t')!r} message: {key!r} must be a string of 1-{max_chars} characters, "
-                            f"got {_brief(value)}")
+        raise _text_error(h, key, max_chars)
     return value
+
+
+def _text_error(h: dict, key: str, max_chars: int = MAX_ID_CHARS) -> ProtocolError:
+    return ProtocolError(f"{h.get('t')!r} message: {key!r} must be a string of 1-{max_chars} characters, "
+                         f"got {_brief(h.get(key))}")
 
 
 def _int(h: dict, key: str, lo: int, hi: int) -> int:
     value = h.get(key)
     if type(value) is not int or not lo <= value <= hi:
-        raise ProtocolError(f"{h.get('t')!r} message: {key!r} must be an integer in [{lo}, {hi}], got {_brief(value)}")
+        raise _int_error(h, key, lo, hi)
     return value
+
+
+def _int_error(h: dict, key: str, lo: int, hi: int) -> ProtocolError:
+    return ProtocolError(f"{h.get('t')!r} message: {key!r} must be an integer in [{lo}, {hi}], "
+                         f"got {_brief(h.get(key))}")
 
 
 def _id(value: Any) -> bool:
@@ -181,25 +189,44 @@ class Forward(NamedTuple):
         rid, plan, pos, start, entry, cu = h.get("rid"), h.get("plan"), h.get("pos"), h.get("start"), \
             h.get("entry"), h.get("cu")
         dtype, shape = h.get("dtype"), h.get("shape")
-        if (_id(rid) and _id(plan) and _id(entry) and type(pos) is int and type(start) is int and type(cu) is int
-                and 0 <= start <= MAX_POSITION and 0 <= cu <= MAX_COMPUTE_US and type(shape) is list
-                and len(shape) == (2 if start == 0 else 3) and shape[0] == 1 and type(shape[1]) is int
-                and 1 <= shape[1] and 0 <= pos <= MAX_POSITION - shape[1]
-                and (dtype == "int32" if start == 0 else (dtype in _HIDDEN_DTYPES and type(shape[2]) is int
-                                                          and shape[2] >= 1))
-                and len(payload) == shape[1] * (1 if start == 0 else shape[2]) * WIRE_DTYPES[dtype]):
-            forward = cls(rid, plan, pos, start, entry, sampling_from_wire(h.get("sampling")), dtype, tuple(shape),
-                          payload, cu)
-            together = h.get("tg")
-            if together is not None:
-                if type(together) is not int or not 2 <= together <= MAX_TOGETHER:
-                    raise ProtocolError(f"'fwd' message: 'tg' must be a whole number from 2 to {MAX_TOGETHER}, "
-                                        f"got {_brief(together)}")
-                forward = forward._replace(together=together)
-            if h.get("ids") is None and h.get("rules") is None:
-                return forward  # a plain request (the hot path)
-            return forward._with_rules(h)
-        raise cls._what_is_wrong(h, payload)
+        # Each condition once, in the order a problem is named; a frame that passes them all costs one
+        # comparison each (a forward is checked on every hop).
+        if type(start) is not int or not 0 <= start <= MAX_POSITION:
+            raise _int_error(h, "start", 0, MAX_POSITION)
+        first = start == 0
+        if not (type(shape) is list and len(shape) == (2 if first else 3) and type(shape[0]) is int and shape[0] == 1
+                and type(shape[1]) is int and shape[1] >= 1 and (first or (type(shape[2]) is int and shape[2] >= 1))):
+            raise ProtocolError(f"'fwd' message: shape must be [1, length{'' if first else ', hidden'}] "
+                                f"into layer {start}, got {_brief(shape)}")
+        if first and dtype != "int32":
+            raise ProtocolError(f"'fwd' message: token ids into layer 0 must be int32, got {_brief(dtype)}")
+        if not first and dtype not in _HIDDEN_DTYPES:
+            raise ProtocolError(f"'fwd' message: hidden states must be one of {sorted(_HIDDEN_DTYPES)}, "
+                                f"got {_brief(dtype)}")
+        expected = shape[1] * (1 if first else shape[2]) * WIRE_DTYPES[dtype]
+        if len(payload) != expected:
+            raise ProtocolError(f"'fwd' message: {dtype}{shape} needs {expected} bytes, got {len(payload)}")
+        if type(pos) is not int or not 0 <= pos <= MAX_POSITION - shape[1]:
+            raise _int_error(h, "pos", 0, MAX_POSITION - shape[1])
+        if not _id(rid):
+            raise _text_error(h, "rid")
+        if not _id(plan):
+            raise _text_error(h, "plan")
+        if not _id(entry):
+            raise _text_error(h, "entry")
+        if type(cu) is not int or not 0 <= cu <= MAX_COMPUTE_US:
+            raise _int_error(h, "cu", 0, MAX_COMPUTE_US)
+        forward = cls(rid, plan, pos, start, entry, sampling_from_wire(h.get("sampling")), dtype, tuple(shape),
+                      payload, cu)
+        together = h.get("tg")
+        if together is not None:
+            if type(together) is not int or not 2 <= together <= MAX_TOGETHER:
+                raise ProtocolError(f"'fwd' message: 'tg' must be a whole number from 2 to {MAX_TOGETHER}, "
+                                    f"got {_brief(together)}")
+            forward = forward._replace(together=together)
+        if h.get("ids") is None and h.get("rules") is None:
+            return forward  # a plain request (the hot path)
+        return forward._with_rules(h)
 
     def _with_rules(self, h: dict) -> Forward:
         ids, rules = h.get("ids"), h.get("rules")
@@ -208,31 +235,6 @@ class Forward(NamedTuple):
         if rules is not None and self.pos != 0:
             raise ProtocolError(f"'fwd' message: 'rules' travel only at position 0, got position {self.pos}")
         return self._replace(rules=None if rules is None else rules_from_wire(rules), ids=ids)
-
-    @staticmethod
-    def _what_is_wrong(h: dict, payload: bytes) -> ProtocolError:
-        try:
-            start = _int(h, "start", 0, MAX_POSITION)
-            dtype, shape = h.get("dtype"), h.get("shape")
-            rank = 2 if start == 0 else 3
-            if not (isinstance(shape, list) and len(shape) == rank and all(type(d) is int for d in shape)
-                    and shape[0] == 1 and all(d >= 1 for d in shape)):
-                raise ProtocolError(f"'fwd' message: shape must be [1, length{'' if rank == 2 else ', hidden'}] "
-                                    f"into layer {start}, got {_brief(shape)}")
-            if start == 0 and dtype != "int32":
-                raise ProtocolError(f"'fwd' message: token ids into layer 0 must be int32, got {_brief(dtype)}")
-            if start > 0 and dtype not in _HIDDEN_DTYPES:
-                raise ProtocolError(f"'fwd' message: hidden states must be one of {sorted(_HIDDEN_DTYPES)}, "
-                                    f"got {_brief(dtype)}")
-            expected = math.prod(shape) * WIRE_DTYPES[dtype]
-            if len(payload) != expected:
-                raise ProtocolError(f"'fwd' message: {dtype}{shape} needs {expected} bytes, got {len(payload)}")
-            _int(h, "pos", 0, MAX_POSITION - shape[1])
-            _text(h, "rid"), _text(h, "plan"), _text(h, "entry")
-            _int(h, "cu", 0, MAX_COMPUTE_US)
-        except ProtocolError as e:
-            return e
-        return ProtocolError("'fwd' message: malformed")  # not reached: the checks above mirror the fast one
 
 
 class Token(NamedTuple):
@@ -262,12 +264,17 @@ class Token(NamedTuple):
     def from_frame(cls, frame: Frame) -> Token:
         h = frame.header
         rid, plan, at, token, cu = h.get("rid"), h.get("plan"), h.get("at"), h.get("token"), h.get("cu")
-        if (_id(rid) and _id(plan) and type(at) is int and type(token) is int and type(cu) is int
-                and 1 <= at <= MAX_POSITION and 0 <= token <= MAX_TOKEN_ID and 0 <= cu <= MAX_COMPUTE_US):
-            token_msg = cls(rid, plan, at, token, cu)
-        else:
-            token_msg = cls(_text(h, "rid"), _text(h, "plan"), _int(h, "at", 1, MAX_POSITION),
-                            _int(h, "token", 0, MAX_TOKEN_ID), _int(h, "cu", 0, MAX_COMPUTE_US))
+        if not _id(rid):
+            raise _text_error(h, "rid")
+        if not _id(plan):
+            raise _text_error(h, "plan")
+        if type(at) is not int or not 1 <= at <= MAX_POSITION:
+            raise _int_error(h, "at", 1, MAX_POSITION)
+        if type(token) is not int or not 0 <= token <= MAX_TOKEN_ID:
+            raise _int_error(h, "token", 0, MAX_TOKEN_ID)
+        if type(cu) is not int or not 0 <= cu <= MAX_COMPUTE_US:
+            raise _int_error(h, "cu", 0, MAX_COMPUTE_US)
+        token_msg = cls(rid, plan, at, token, cu)
         shape = h.get("lp")
         if shape is None:
             return token_msg

@@ -13,7 +13,7 @@ place of a sealed frame is read whole and fails to open; which of the two shapes
 frame has follows from its payload_len, which the tag authenticates.
 
 Why two shapes: a decode step's frame (a few kB) is on every hop, sealed right after a
-forward pass, where each AEAD call runs cold (~30 µs, against 2-3 warm) and a new
+forward pass, where each AEAD call runs cold (ten times its warm price) and a new
 ciphertext of 1 KiB or more pays glibc's merge of the pass's freed blocks: so one call,
 in place in the sealer's kept buffer (`reuse`; docs/performance.md). Joining header and
 payload copies a few kB. A prefill's MBs are sealed on their own, so the ciphertext is

@@ -2,9 +2,9 @@
 
 A decode step's frame is sealed right after the sender's forward pass and opened right after the
 receiver woke, when the caches hold none of the code a call runs. There one call of `cryptography`'s
-AESGCM (OpenSSL's EVP layer: a cipher context copied, set up and freed per call) took 34-38 µs, and
-libsodium's AES-256-GCM, called with pointers kept from one frame to the next, 17-20 µs
-(benchmarks/aead_cold.py; warm both take ~2 µs). Same cipher, same bytes: a frame sealed by one opens
+AESGCM (OpenSSL's EVP layer: a cipher context copied, set up and freed per call) costs about twice
+what libsodium's AES-256-GCM costs, called with pointers kept from one frame to the next (warm, both
+are alike; docs/performance.md). Same cipher, same bytes: a frame sealed by one opens
 with the other, so nodes that use either talk to each other (tests/test_link_crypto.py).
 
 libsodium is the copy PyNaCl bundles, reached through its compiled cffi module (`nacl._sodium`: the C
@@ -16,7 +16,7 @@ SWARM_SODIUM=off; link_crypto.py then uses `cryptography` for these frames too.
 
 from __future__ import annotations
 
-import os
+from .. import environment
 
 try:
     from nacl._sodium import ffi, lib
@@ -25,7 +25,7 @@ except ImportError:  # no PyNaCl, or a build without this module
 
 
 def _usable() -> bool:
-    if lib is None or os.environ.get("SWARM_SODIUM", "").lower() == "off":
+    if lib is None or environment.SODIUM.is_off():
         return False
     try:
         return lib.sodium_init() >= 0 and lib.crypto_aead_aes256gcm_is_available() == 1
@@ -35,8 +35,7 @@ def _usable() -> bool:
 
 IN_USE = _usable()
 
-# libsodium's functions themselves, called inline by link_crypto.py (one Python call fewer on a cold path; what
-# that saves was not measured apart, and a flatter Python path measured nothing, docs/performance.md):
+# libsodium's functions themselves, called inline by link_crypto.py (one Python call fewer on a cold path):
 #   encrypt(c, NULL, m, mlen, ad, adlen, NULL, nonce, key) -> 0     c: mlen + 16 bytes (tag last); c may be m
 #   decrypt(m, NULL, NULL, c, clen, ad, adlen, nonce, key) -> 0, or -1 if it does not open;       m may be c
 # The buffers are pointers (`pointer_to(a bytearray)`, kept: taking one costs a third of a cold seal) or bytes.

@@ -2,7 +2,7 @@
 
 For bulk transfers (weights), where asyncio's stream path was the cost: every 16 MiB
 frame copied into the StreamReader's buffer, out of it, and on the sending side joined,
-buffered and moved down the buffer again after each send (docs/performance.md, issue 16).
+buffered and moved down the buffer again after each send.
 Here a frame's payload goes from the file to the socket by sendfile (an open link) or
 through one seal (a sealed one), and arrives with `recv_into` straight into a buffer the
 caller owns.

@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 from typing import Awaitable, Callable
 
-from discovery import Discovery
+from discovery import Discovery, NodeState
 
 from ..transport.errors import ProtocolError
 from ..models.manifest import Manifest, ManifestError
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 LOOK_EVERY_S = 1.0
 RETRY_S = 5.0
 
-Report = Callable[[str, str], Awaitable[None]]  # (what the node waits for, in one line; its state)
+Report = Callable[[str, NodeState], Awaitable[None]]  # (what the node waits for, in one line; its state)
 
 
 def holders_of(discovery: Discovery, model_id: str | None) -> dict[tuple[str, str], list[str]]:
@@ -44,7 +44,7 @@ def holders_of(discovery: Discovery, model_id: str | None) -> dict[tuple[str, st
 
 async def model_files_from_peers(model_id: str | None, discovery: Discovery, open_link: OpenLink,
                                  models_root: Path, weights: PeerWeights, report: Report) -> tuple[str, Manifest]:
-    """(model id, manifest) once the model's small files are on disk; `weights.store` is set."""
+    """(model id, manifest) once the model's small files are on disk; `weights` holds its store."""
     said = None
     while True:
         found = holders_of(discovery, model_id)
@@ -55,7 +55,7 @@ async def model_files_from_peers(model_id: str | None, discovery: Discovery, ope
                 log.warning("%s (peers in view: %d)", why, len(discovery.view()))
                 said = why
                 weights.status.state, weights.status.error = "looking", why
-                await report(why, "looking")
+                await report(why, NodeState.LOOKING)
             await asyncio.sleep(LOOK_EVERY_S)
             continue
         (chosen_id, fingerprint), holders = max(found.items(), key=lambda kv: (len(kv[1]), kv[0]))
@@ -71,17 +71,18 @@ async def model_files_from_peers(model_id: str | None, discovery: Discovery, ope
             if why != said:
                 log.warning("%s", why)
                 said = why
-                weights.status.state, weights.status.error = ("mismatch" if mismatch else "looking"), why
-                await report(why, weights.status.state)
+                state = NodeState.MISMATCH if mismatch else NodeState.LOOKING
+                weights.status.state, weights.status.error = state.value, why
+                await report(why, state)
             await asyncio.sleep(LOOK_EVERY_S)
             continue
-        weights.store = ChunkStore.partial(fetched_model_dir(models_root, chosen_id, fingerprint), manifest)
-        await report(f"fetching the configuration and tokenizer of {chosen_id}", "fetching")
+        weights.hold(ChunkStore.partial(fetched_model_dir(models_root, chosen_id, fingerprint), manifest))
+        await report(f"fetching the configuration and tokenizer of {chosen_id}", NodeState.FETCHING)
         try:
             await weights.fetch(manifest.support_chunks(), f"the configuration and tokenizer of {chosen_id}")
         except (NotEnoughDisk, FetchStuck) as e:
             log.warning("cannot fetch the model's small files yet: %s; trying again in %.0f s", e, RETRY_S)
-            await report(str(e), "no_disk" if isinstance(e, NotEnoughDisk) else "stuck")
+            await report(str(e), NodeState.NO_DISK if isinstance(e, NotEnoughDisk) else NodeState.STUCK)
             await asyncio.sleep(RETRY_S)
             continue
         return chosen_id, manifest

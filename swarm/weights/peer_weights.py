@@ -72,14 +72,24 @@ Publish = Callable[[FetchStatus], Awaitable[None]]
 
 
 class PeerWeights:
-    def __init__(self, worker: MlxWorker, open_link: OpenLink, holders: Callable[[], list[str]],
-                 publish: Publish | None = None) -> None:
-        self.worker, self.open_link, self.holders = worker, open_link, holders
+    def __init__(self, worker: MlxWorker, open_link: OpenLink, holders_of: Callable[[str], list[str]],
+                 publish: Publish | None = None, store: ChunkStore | None = None) -> None:
+        """`holders_of(fingerprint)`: the peers whose profile names that model; `store`: what this node
+        holds, None until it knows its model (a fetching node learns it from peers: `hold`)."""
+        self.worker, self.open_link, self.holders_of = worker, open_link, holders_of
         self.publish = publish
-        self.store: ChunkStore | None = None  # known once the model is (a fetching node learns it from peers)
+        self.store = store
         self.status = FetchStatus()
         self._received_before = 0
         self._chunks_of: dict[tuple[int, int], list[Chunk]] = {}
+
+    def hold(self, store: ChunkStore) -> None:
+        """From now on this node holds (or fetches into) `store`."""
+        self.store = store
+
+    def holders(self) -> list[str]:
+        """Peers that serve the model this node holds or fetches: they hold some or all of its chunks."""
+        return [] if self.store is None else self.holders_of(self.store.manifest.fingerprint)
 
     # -- holder side --------------------------------------------------------------------------
     async def serve(self, link: FrameLink) -> None:

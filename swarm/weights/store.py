@@ -50,8 +50,8 @@ class ChunkStore:
         self._bookkeeping = threading.Lock()  # the held set and the save queue, written from several threads
         self._queued: threading.Thread | None = None  # a background save not started yet: later ones join it
         self._last_saver: threading.Thread | None = None
-        # Kept open while chunks arrive: an open/pwrite/close per 16 MiB chunk cost 1-3 CPU s per GB
-        # now and then on ext4 here, against a steady 0.3 with one descriptor per file (measured).
+        # Kept open while chunks arrive: an open/pwrite/close per 16 MiB chunk costs several times the
+        # CPU of one descriptor per file, now and then, on ext4.
         self._write_fds: dict[str, int] = {}
 
     @classmethod

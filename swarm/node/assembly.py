@@ -1,0 +1,180 @@
+"""The node's parts, built in dependency order: each from the parts before it, none started.
+
+Two groups, because a node that fetches its model from its peers must be on the network before
+it knows its model: `PeerSide` (who else is there, the peer port, weights shared with peers),
+then, once the model is known, `Serving` (the stage, planning, the entry, the node's inbox, the
+HTTP API). node.py starts them in this order and stops them in reverse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Callable
+
+from discovery import Discovery
+from discovery.profile import NodeProfile
+from discovery.view import PeerEvent
+from partitioner import ModelSpec
+
+from ..api.admission import Admission
+from ..api.app import make_app
+from ..api.auth import ApiAccess
+from ..api.connection_cap import CappedAppRunner
+from ..api.request_gate import RequestGate
+from ..engine.constraints import GrammarVocab
+from ..engine.model_bytes import ModelBytes
+from ..engine.model_outline import Outline
+from ..engine.worker import MlxWorker
+from ..entry.entry_inbox import EntryInbox
+from ..entry.hop_timing import HopTiming
+from ..entry.own_requests import OwnRequests
+from ..entry.pending_tokens import PendingTokens
+from ..entry.run_ahead import RunAhead
+from ..entry.service import InferenceService
+from ..entry.stats import RequestStats
+from ..entry.swarm_pipeline import SwarmPipelines
+from ..events import EventBus
+from ..models.generation_defaults import GenerationDefaults
+from ..models.resolve import LocalModel
+from ..planning.coordinator import Coordinator
+from ..stage.stage_host import StageHost
+from ..stage.stage_service import StageService
+from ..status.node_status import NodeStatus
+from ..status.peer_stats import PeerStats
+from ..transport.handshake import dial_stream
+from ..transport.lane import DataLane
+from ..transport.link_handshake import LinkAuth
+from ..transport.links import PeerLinks
+from ..transport.listener import PeerListener
+from ..transport.peer_profiles import ProfileFetcher
+from ..weights.peer_weights import PeerWeights
+from ..weights.store import ChunkStore
+from ..weights.transfer import WEIGHTS_MAX_PAYLOAD, WEIGHTS_PURPOSE
+from . import peer_security
+from .config import NodeConfig
+from .inbox import NodeInbox
+from .secrets import API_KEY_FROM_SECRET, Secret
+from .sender_rules import SenderRules
+
+
+@dataclass
+class PeerSide:
+    profile: NodeProfile
+    discovery: Discovery
+    peer_events: asyncio.Queue[PeerEvent]  # wait here until planning consumes them
+    links: PeerLinks
+    lane: DataLane
+    listener: PeerListener
+    weights: PeerWeights
+
+
+def build_peer_side(cfg: NodeConfig, profile: NodeProfile, worker: MlxWorker, link_key: bytes | None,
+                    on_duplicate: Callable, store: ChunkStore | None) -> PeerSide:
+    """Who else is there, and the peer port. Profiles and probes go over the peer protocol: with a
+    secret, only peers that prove it enter the view, and an mDNS record only names an endpoint to ask."""
+    node_id = profile.node_id
+    auth = LinkAuth(node_id, cfg.swarm, link_key)
+    peer_events: asyncio.Queue[PeerEvent] = asyncio.Queue()
+    discovery = Discovery(profile, interfaces=cfg.interfaces, static_peers=cfg.peers, mdns=cfg.mdns,
+                          on_event=peer_events, state_dir=cfg.state_dir, on_duplicate=on_duplicate,
+                          fetch_profile=ProfileFetcher(auth), mdns_is_hint=link_key is not None)
+
+    # The peer data path: one connection per peer, read and written on the MLX thread; every message
+    # goes to the node's inbox (Serving), and so does a link that breaks.
+    links = PeerLinks(node_id)
+    lane = DataLane(node_id, cfg.swarm, links, worker.watch, worker.post, discovery.endpoint_of, key=link_key,
+                    auth=auth)
+    listener = PeerListener(node_id, cfg.swarm, cfg.peer_host, cfg.peer_port, links, lane,
+                            lambda: discovery.profile, key=link_key, auth=auth, is_member=discovery.is_peer_address)
+
+    # Weights: served to peers from what this node holds; fetched from them for layers it lacks, over
+    # links for that purpose (authenticated and sealed like the data path's when the swarm has a secret).
+    def open_weights_link(peer: str):
+        return dial_stream(discovery.endpoint_of(peer), auth, WEIGHTS_PURPOSE, expected_peer=peer,
+                           max_payload=WEIGHTS_MAX_PAYLOAD)
+
+    def holders_of(fingerprint: str) -> list[str]:
+        return [p.node_id for p in discovery.view() if p.profile.model_fingerprint == fingerprint]
+
+    weights = PeerWeights(worker, open_weights_link, holders_of,
+                          lambda st: discovery.update_profile(fetch=st.profile_field()), store=store)
+    listener.serve_purpose(WEIGHTS_PURPOSE, weights.serve)
+    return PeerSide(profile, discovery, peer_events, links, lane, listener, weights)
+
+
+@dataclass
+class Serving:
+    inbox: NodeInbox
+    coordinator: Coordinator
+    peer_stats: PeerStats
+    runner: CappedAppRunner
+
+
+def api_access(key: Secret) -> ApiAccess:
+    """Who may use the API: a key derived from the swarm secret spares clients on this machine."""
+    return ApiAccess(key.value, local_without_key=key.source == API_KEY_FROM_SECRET)
+
+
+def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: LocalModel, tokenizer,
+                  sizes: ModelBytes, spec: ModelSpec, vocab: int | None, dtype, dequantize: bool, outlined: Outline,
+                  backend: str,
+                  defaults: GenerationDefaults, gate: RequestGate, api_key: Secret, secret: Secret | None,
+                  loop: asyncio.AbstractEventLoop) -> Serving:
+    node_id, discovery, lane = peers.profile.node_id, peers.discovery, peers.lane
+
+    # The stage: the layers this node holds, and the frames for them queued, batched and computed.
+    grammar_vocab = GrammarVocab(tokenizer)  # grammars: checked by the entry, applied by the last stage
+    host = StageHost(model.path, dtype, worker, dequantize=dequantize, context=model.context_length,
+                     layer_caches=sizes.caches, vocab=grammar_vocab, outlined=outlined)
+    stage_service = StageService(host, lane, worker, max_batch=cfg.batch_decode,
+                                 prompt_gather_s=cfg.prompt_gather_ms / 1000)
+
+    # Planning: the plan from the view, our layers loaded, agreement.
+    events = EventBus()
+    coordinator = Coordinator(node_id, spec, model.fingerprint, discovery, host, events, strategy=cfg.strategy,
+                              recovery_timeout=cfg.recovery_timeout, weights=peers.weights)
+
+    # The entry: its requests' pending tokens (broken when planning says a plan lost a stage), the
+    # run-ahead, and its inbox for the tokens and errors that come back.
+    pending, run_ahead, hop_timing, own = PendingTokens(), RunAhead(node_id), HopTiming(), OwnRequests()
+    coordinator.on_plans_broken.append(pending.break_all)
+    entry_inbox = EntryInbox(node_id, worker, pending, run_ahead, loop, stage_service.mlx_send_or_fail,
+                             lane.mlx_send, lane.mlx_sending_together, current_plan=lambda: coordinator.plan)
+
+    # The node's inbox: every peer message, checked first against who may send it (sender_rules.py),
+    # to the stage or to the entry.
+    sender_rules = SenderRules(node_id, host.known_plan, lambda peer: discovery.endpoint_of(peer) is not None, own,
+                               vocab)
+    inbox = NodeInbox(lane, worker, sender_rules, stage_service, entry_inbox)
+
+    # Requests through pipelines on agreed plans.
+    stats = RequestStats(events.emit, entry=node_id)
+    pipelines = SwarmPipelines(coordinator.agreed_plan, node_id, entry_inbox, pending, cfg.token_timeout,
+                               hop_timing, run_ahead, own)
+    service = InferenceService(tokenizer, model.context_length, pipelines, stats, cfg.default_max_tokens,
+                               cfg.recovery_timeout, grammar_vocab)
+
+    # What the node tells: /health, /v1/topology, and the HTTP API over it all.
+    peer_stats = PeerStats(discovery)
+    status = NodeStatus(model, backend, discovery, coordinator, host, stage_service, peers.links, stats,
+                        hop_timing, peer_stats, peers.weights, api_key=bool(api_key),
+                        peers=peer_security.describe(secret))
+    admission = Admission(cfg.max_active, cfg.max_queue)
+    app = make_app(service, status, events, model.model_id, admission, defaults, gate, api_key=api_access(api_key),
+                   body_timeout=cfg.http_timeout)
+    # keepalive_timeout closes a connection idle between requests, and one that never completes
+    # its headers (aiohttp's default keeps both for an hour). handler_cancellation: a client that
+    # goes away cancels its handler, streaming or not, and leaving the handler frees the request on
+    # every stage. Taken requests are drained before a stop (lifecycle.py), so a stop waits
+    # for nothing long; a restart under a new id cuts off what it finds within shutdown_timeout.
+    runner = CappedAppRunner(app, per_address=cfg.http_connections_per_address, access_log=None,
+                             keepalive_timeout=cfg.http_timeout, handler_cancellation=True, shutdown_timeout=1.0)
+    return Serving(inbox, coordinator, peer_stats, runner)
+
+
+def api_url(api_host: str, port: int) -> str:
+    """Where a user on this machine sends requests."""
+    local = api_host if api_host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+    local = f"[{local}]" if ":" in local else local
+    return f"http://{local}:{port}/v1"
