@@ -16,8 +16,9 @@ import threading
 import time
 
 import pytest
+from helpers import http_json
 from netns import netns_unavailable_reason
-from netns_client import http_json, in_netns
+from netns_client import in_netns
 from swarm_cluster import API_PORT, SwarmCluster
 
 pytestmark = [pytest.mark.skipif(netns_unavailable_reason() is not None, reason=str(netns_unavailable_reason())),
