@@ -64,11 +64,11 @@ PROMPT_THREADS = 2
 
 
 def text_chars(value) -> int:
-    """Characters in every string of a parsed JSON value: a lower bound of what a template renders."""
+    """Characters in every string value of a parsed JSON value: a lower bound of what a template renders."""
     if isinstance(value, str):
         return len(value)
     if isinstance(value, dict):
-        return sum(len(k) + text_chars(v) for k, v in value.items() if isinstance(k, str))
+        return sum(map(text_chars, value.values()))
     if isinstance(value, (list, tuple)):
         return sum(map(text_chars, value))
     return 0
