@@ -63,15 +63,17 @@ class PromptTooLong(ValueError):
 PROMPT_THREADS = 2
 
 
-def text_chars(value) -> int:
-    """Characters in every string value of a parsed JSON value: a lower bound of what a template renders."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, dict):
-        return sum(map(text_chars, value.values()))
-    if isinstance(value, (list, tuple)):
-        return sum(map(text_chars, value))
-    return 0
+def content_chars(messages: list[dict]) -> int:
+    """Characters of the messages' contents (text, or its text parts): a lower bound of what any chat
+    template renders of them, so a prompt past the context is refused before the template runs."""
+    total = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            total += sum(len(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return total
 
 
 class InferenceService:
@@ -103,7 +105,7 @@ class InferenceService:
         if len(messages) > self.context_length:
             raise PromptTooLong(f"{len(messages)} messages cannot fit this model's context of "
                                 f"{self.context_length} tokens")
-        self._check_chars(text_chars(messages) + text_chars(tools))
+        self._check_chars(content_chars(messages))
         return await self.off_loop(self.encode_chat_now, messages, tools)
 
     def encode_chat_now(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
