@@ -4,6 +4,7 @@ unknown state is taken as no state (with a log line), never as a string nobody c
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -41,3 +42,8 @@ def test_a_peers_unknown_state_is_taken_as_none_and_said(caplog):
     assert "hibernating" in caplog.text
     txt = {**profile().to_txt(), "x.state": "hibernating"}
     assert NodeProfile.from_txt(txt).state is None
+
+
+def test_the_api_reference_lists_every_state():
+    text = (Path(__file__).resolve().parent.parent / "docs" / "api.md").read_text()
+    assert all(f"`{s.value}`" in text for s in NodeState)

@@ -118,7 +118,7 @@ def measure_model_bytes(model_dir: Path, dtype: mx.Dtype | None, dequantize: boo
                         outlined: Outline | None = None) -> ModelBytes:
     """`outlined`: the model's outline (engine/shard.py, check_splittable), else it is outlined here."""
     model, _ = load_model(Path(model_dir), lazy=True)  # lazy: shapes only, nothing read
-    plan = outlined or outline(model, families.family_of(model))
+    outlined = outlined or outline(model, families.family_of(model))
     layers = list(model.layers)
     per_layer = tuple(_tree_bytes(layer, dtype, dequantize) for layer in layers)
     inside = {id(m) for layer in layers for _, m in layer.named_modules()}
@@ -127,7 +127,7 @@ def measure_model_bytes(model_dir: Path, dtype: mx.Dtype | None, dequantize: boo
         if id(m) not in inside:
             prefix = f"{path}." if path else ""
             outside.update({prefix + key: size for key, size in _own_bytes(m, dtype, dequantize).items()})
-    embedding = sum(b for p, b in outside.items() if plan.phases(p) & {PRE, BETWEEN})
-    head = sum(b for p, b in outside.items() if plan.phases(p) & {POST, BETWEEN})
+    embedding = sum(b for p, b in outside.items() if outlined.phases(p) & {PRE, BETWEEN})
+    head = sum(b for p, b in outside.items() if outlined.phases(p) & {POST, BETWEEN})
     act_bytes = (dtype or (mx.float16 if mx.metal.is_available() else mx.float32)).size
-    return ModelBytes(per_layer, embedding, head, _layer_caches(model, plan.cache_slots, act_bytes))
+    return ModelBytes(per_layer, embedding, head, _layer_caches(model, outlined.cache_slots, act_bytes))
