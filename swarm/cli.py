@@ -90,6 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-mdns", action="store_true", help="do not use mDNS; only static peers")
     p.add_argument("--memory-limit", type=_size, default=None, metavar="SIZE",
                    help="memory offered to the model, e.g. 600M or 8G (default: what is available)")
+    p.add_argument("--prompt-cache", type=_prompt_cache, default=None, metavar="SIZE",
+                   help="memory each of this node's stages keeps for finished requests' caches, so that a "
+                        "conversation's next turn (or a repeated prompt) prefills only what is new, e.g. 256M; "
+                        "taken off the memory offered to the model; 0 turns it off (default: auto, what the "
+                        "plan leaves free of the offered memory, up to 512M)")
+    p.add_argument("--token-timeout", type=float, default=120.0, metavar="SECONDS",
+                   help="the longest an entry waits for one step's token (a whole prompt's prefill included) "
+                        "before it replays the request (default: %(default)s)")
     p.add_argument("--speed", type=_speed, default=None, metavar="SECONDS",
                    help="state this node's speed (seconds per layer per decoded token, e.g. 0.002) instead "
                         "of measuring it; nodes stating the same speed get equal shares of the layers")
@@ -211,6 +219,10 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e))
 
 
+def _prompt_cache(text: str) -> int | None:
+    return None if text.strip().lower() == "auto" else _size(text)
+
+
 def config_from_args(args: argparse.Namespace) -> NodeConfig:
     if args.join and args.model:
         raise SystemExit("swarm-node: error: give --model or --join, not both")
@@ -221,8 +233,9 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
                       default_max_tokens=args.max_tokens_default, temperature=args.temperature,
                       top_p=args.top_p, top_k=args.top_k, swarm=args.swarm, secret=args.secret,
                       interfaces=args.interfaces, peers=args.peers, mdns=not args.no_mdns,
-                      memory_limit=args.memory_limit, speed=args.speed, strategy=args.strategy,
-                      recovery_timeout=args.recovery_timeout, peer_host=args.peer_host,
+                      memory_limit=args.memory_limit, prompt_cache=args.prompt_cache, speed=args.speed,
+                      strategy=args.strategy, recovery_timeout=args.recovery_timeout,
+                      token_timeout=args.token_timeout, peer_host=args.peer_host,
                       batch_decode=args.batch_decode, prompt_gather_ms=args.prompt_gather,
                       max_active=args.max_active, max_queue=args.max_queue,
                       api_key=args.api_key, http_timeout=args.http_timeout)

@@ -4,29 +4,57 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from swarm.engine.prompt_cache import PromptCacheMiss
 from swarm.engine.shard_runner import ShardRunner
 from swarm.engine.worker import MlxWorker
-
+from swarm.entry.pipeline import PrefixMissed
+from swarm.entry.prompt_index import PromptIndex, Reuse
 
 class LocalPipeline:
-    """All stages in this process, chained on the MLX worker thread."""
+    """All stages in this process, chained on the MLX worker thread. With `prompts` (an entry's index),
+    finished requests leave their caches in the stages' prompt caches and later ones start from them."""
 
-    def __init__(self, stages: list[ShardRunner], worker: MlxWorker):
+    def __init__(self, stages: list[ShardRunner], worker: MlxWorker, prompts: PromptIndex | None = None):
         self.stages = stages
         self.worker = worker
+        self.prompts = prompts
 
-    def _run(self, request_id: str, tokens: list[int], start_pos: int, sampling, rules):
+    @property
+    def route(self) -> tuple:
+        """Which stages hold which layers (entry/prompt_index.py): other stages, another route."""
+        return tuple((id(s), s.range.start, s.range.end) for s in self.stages)
+
+    def _run(self, request_id: str, tokens: list[int], start_pos: int, sampling, rules, prefix):
         x = mx.array([tokens], dtype=mx.int32)
+        starts = start_pos == 0 or prefix is not None
         for stage in self.stages:
-            x = stage.forward(request_id, x, start_pos, sampling, rules=rules if start_pos == 0 else None,
-                              ids=tokens if rules is not None else None)
+            x = stage.forward(request_id, x, start_pos, sampling, rules=rules if starts else None,
+                              ids=tokens if rules is not None else None, prefix=prefix)
         return x if sampling is not None else None
 
-    async def forward(self, request_id, tokens, start_pos, sampling, continue_unless=None, rules=None):
-        return await self.worker.run(self._run, request_id, tokens, start_pos, sampling, rules)
+    async def forward(self, request_id, tokens, start_pos, sampling, continue_unless=None, rules=None, prefix=None):
+        try:
+            return await self.worker.run(self._run, request_id, tokens, start_pos, sampling, rules, prefix)
+        except PromptCacheMiss as e:
+            raise PrefixMissed(str(e)) from None
 
-    async def release(self, request_id: str) -> None:
+    async def release(self, request_id: str, keep: list[int] | None = None) -> None:
+        keep = keep if self.prompts is not None else None
+
         def _release():
             for stage in self.stages:
-                stage.release(request_id)
+                stage.release(request_id, keep=keep)
         await self.worker.run(_release)
+        if keep:
+            self.prompts.add(self.route, keep)
+
+    def reusable(self, history: list[int]) -> Reuse | None:
+        return self.prompts.reuse(self.route, history) if self.prompts is not None else None
+
+    def prefix_hit(self) -> None:
+        if self.prompts is not None:
+            self.prompts.hit(self.route)
+
+    def prefix_missed(self, history: list[int], reuse: Reuse) -> None:
+        if self.prompts is not None:
+            self.prompts.missed(self.route, history, reuse)

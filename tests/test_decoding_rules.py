@@ -59,12 +59,12 @@ class BreakingPipeline(LocalPipeline):
         super().__init__(stages, worker)
         self.after, self.sampled = after, 0
 
-    async def forward(self, request_id, tokens, start_pos, sampling, continue_unless=None, rules=None):
+    async def forward(self, request_id, tokens, start_pos, sampling, continue_unless=None, rules=None, prefix=None):
         if sampling is not None:
             self.sampled += 1
             if self.sampled == self.after:
                 raise PipelineBroken("stage killed")
-        return await super().forward(request_id, tokens, start_pos, sampling, continue_unless, rules)
+        return await super().forward(request_id, tokens, start_pos, sampling, continue_unless, rules, prefix)
 
 
 def run(model_dir, worker, rules, sampling=GREEDY, n=24, prompt=PROMPT, break_after: int | None = None):

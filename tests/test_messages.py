@@ -12,7 +12,7 @@ from swarm.engine.token_logprobs import TokenLogprobs
 from swarm.transport.arrays import encode_array
 from swarm.transport.errors import ProtocolError
 from swarm.transport.frames import Frame, FrameParser, encode_frame
-from swarm.transport.messages import Error, Forward, Hello, Rejection, Release, Token, decode
+from swarm.transport.messages import MAX_KEEP_IDS, Error, Forward, Hello, Rejection, Release, Token, decode
 
 SAMPLING = SamplingParams(temperature=0.7, top_p=0.9, top_k=40, seed=2**64 - 1)
 
@@ -34,6 +34,10 @@ RULES = DecodingRules(prompt_len=3, grammar='{"grammars": []}', logit_bias=((5, 
 
 def with_rules() -> Forward:
     return Forward.of_tokens("r1", "plan1", 0, "entry", SAMPLING, [1, 2, 3], RULES, with_ids=True)
+
+
+def from_a_kept_prefix() -> Forward:
+    return Forward.of_tokens("r1", "plan1", 4, "entry", SAMPLING, [5, 6], RULES, with_ids=True, prefix=[1, 2, 3, 4])
 
 
 def token_with_logprobs() -> Token:
@@ -142,6 +146,10 @@ BAD = [
     (tokens_in(), {"tg": 1025}, "'tg'"),
     (tokens_in(), {"tg": "4"}, "'tg'"),
     (with_rules(), {"tg": True}, "'tg'"),
+    (from_a_kept_prefix(), {"pre": b"\0" * 12}, "'pre'"),  # position 4: 16 bytes
+    (from_a_kept_prefix(), {"pre": [1, 2, 3, 4]}, "'pre'"),
+    (from_a_kept_prefix(), {"pos": 0, "pre": b""}, "'pre'"),  # position 0 has no prefix
+    (from_a_kept_prefix(), {"pre": ...}, "position 0"),  # without its prefix the rules came too late
 ]
 
 
@@ -185,3 +193,19 @@ def test_rules_ids_and_logprobs_round_trip() -> None:
 def test_token_ids_travel_as_int32() -> None:
     f = Forward.of_tokens("r", "p", 0, "e", None, [0, 2**31 - 1])
     assert np.frombuffer(f.payload, dtype=np.int32).tolist() == [0, 2**31 - 1]
+
+
+def test_a_kept_prefix_and_the_ids_to_keep_round_trip() -> None:
+    got = decode(on_the_wire(from_a_kept_prefix()))
+    assert got.prefix_ids() == [1, 2, 3, 4] and got.rules == RULES and got.token_ids() == [5, 6]
+    assert not got.is_decode_step  # a request starting from a prefix is not one under way
+    onward = decode(on_the_wire(got.onward(3, encode_array(mx.ones((1, 2, 8))), 5)))
+    assert onward.prefix_ids() == [1, 2, 3, 4]
+    assert decode(on_the_wire(tokens_in())).prefix_ids() is None
+    keep = list(range(40_000))  # longer than a header may be: the ids travel as the payload
+    assert decode(on_the_wire(Release.keeping("r1", keep))).kept_ids().tolist() == keep
+    assert decode(on_the_wire(Release.keeping("r1", None))) == Release("r1")
+    with pytest.raises(ProtocolError, match="int32"):
+        decode(Frame({"t": "rel", "rid": "r1"}, b"\0" * 6))
+    with pytest.raises(ProtocolError, match="at most"):  # never turned into millions of Python ints
+        decode(Frame({"t": "rel", "rid": "r1"}, b"\0" * (4 * MAX_KEEP_IDS + 4)))

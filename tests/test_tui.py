@@ -15,7 +15,7 @@ import uuid
 import pytest
 from helpers import chat_body, http_json
 from node_process import running_node
-from swarm.bench.cluster import get_json
+from swarm.bench.cluster import free_port, get_json
 
 from tui.app import SwarmTUI
 from tui.client import NodeError
@@ -157,6 +157,41 @@ async def test_polls_when_the_event_stream_fails(node, monkeypatch):
         assert "[polling]" in app.screen_text()
 
 
+async def test_swarm_events_read_as_sentences(tmp_path, tiny_models):
+    """A second node joins the one the dashboard watches: its join, the new plan and the watched node's
+    loading of it are sentences naming nodes and layers, not raw dicts or "new plan (none)"."""
+    second_peer_port = free_port()  # each names the other as a static peer (no mDNS on loopback)
+    with running_node(tmp_path, "--model", str(tiny_models["llama"]), "--name", "first", "--speed", "0.002",
+                      "--peer", f"127.0.0.1:{second_peer_port}") as a:
+        app = SwarmTUI([a.url])
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.topology is not None and "first" in app.screen_text(), what="first")
+            with running_node(tmp_path, "--model", str(tiny_models["llama"]), "--name", "second", "--speed", "0.002",
+                              "--peer-port", str(second_peer_port), "--peer", f"127.0.0.1:{a.peer_port}"):
+                events = app.query_one(EventLog)  # its lines_text is replaced as lines come
+                await wait_for(pilot, lambda: any("second" in line and "new plan" in line for line in events.lines_text)
+                               and any("first has loaded" in line for line in events.lines_text), timeout=120,
+                               what="the new plan, loaded")
+                log = events.lines_text
+                text = "\n".join(log)
+                assert "second joined" in text, text
+                [plan] = [line for line in log if "new plan" in line and "second" in line]
+                assert "in 2 stages: first layers [0, 3) → second layers [3, 6)" in plan or \
+                       "in 2 stages: second layers [0, 3) → first layers [3, 6)" in plan, plan
+                plan_id = plan.split("new plan ")[1].split()[0]
+                assert f"first has loaded its layers of plan {plan_id} and serves it" in text, text
+                assert "{" not in text and "(none)" not in text, text
+
+
+def test_a_plan_event_without_a_plan_says_why():
+    log = EventLog()
+    log.add("plan", "x")  # the widget is not mounted: lines_text still records
+    log.add_event("plan", {"plan": None, "error": "the swarm cannot hold the model: 2 GiB short"}, str)
+    log.add_event("weights_moved", {"node_id": "n1", "bytes": 5}, str)
+    assert log.lines_text[-2].endswith("no plan: the swarm cannot hold the model: 2 GiB short")
+    assert log.lines_text[-1].endswith("weights moved: node id n1, bytes 5")
+
+
 def test_parsing_never_raises_on_partial_or_odd_json():
     for raw in [None, [], "x", {}, {"nodes": [{}], "plan": {"stages": [{"node_id": "a"}]}},
                 {"nodes": [{"id": "a", "layers": [0, "x"], "stats": None, "addresses": None}], "links": [1]},
@@ -252,6 +287,28 @@ def test_a_node_getting_its_weights_shows_a_progress_bar():
     assert "not enough disk" in screen[screen.index("full-disk"):], screen
     assert "%" not in screen[:screen.index("newcomer")], screen   # the holder shows its layers, not a fetch
     assert str(fetch_bar(110 << 20, 258 << 20, 31 << 20, "fetching", 40)).endswith(" 43% 110M/258M 31M/s")
+
+
+def test_a_stage_shows_its_prompt_cache():
+    from rich.console import Console
+
+    from tui.widgets.node_table import NodeTable
+
+    cache = {"max_bytes": 512 << 20, "entries": 2, "bytes": 38 << 20, "hits": 9, "misses": 1, "tokens_saved": 8123}
+    raw = {"model": {"n_layers": 30}, "plan": {"stages": [{"node_id": "a", "start": 0, "end": 15},
+                                                          {"node_id": "b", "start": 15, "end": 30}]},
+           "nodes": [{"id": "a", "name": "warm", "state": "serving", "layers": [0, 15],
+                      "stats": {"prompt_cache": cache}},
+                     {"id": "b", "name": "cold", "state": "serving", "layers": [15, 30],
+                      "stats": {"prompt_cache": {**cache, "entries": 0, "bytes": 0, "hits": 0}}}]}
+    table = NodeTable()
+    table.topology = Topology.parse(raw)
+    console = Console(width=80, record=True)
+    console.print(table._table())
+    screen = console.export_text()
+    third = screen.splitlines()[3].split()
+    assert third == ["cache", "2×38M", "9", "hits", "8.1k", "saved"], screen
+    assert "cache" not in screen[screen.index("cold"):], screen  # nothing kept, never hit: nothing shown
 
 
 def test_the_header_warns_of_an_open_swarm_only():

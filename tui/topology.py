@@ -36,12 +36,20 @@ class Stats:
     active_requests: int = 0
     total_requests: int = 0
     total_tokens: int = 0
+    # the stage's prompt cache: finished requests' caches kept for later ones that start the same way
+    cache_entries: int = 0
+    cache_bytes: int = 0
+    cache_hits: int = 0
+    cache_tokens_saved: int = 0
 
     @classmethod
     def parse(cls, raw: Any) -> "Stats":
         d = _d(raw)
+        pc = _d(d.get("prompt_cache"))
         return cls(_f(d.get("tokens_per_second"), 0.0), _i(d.get("active_requests"), 0),
-                   _i(d.get("total_requests"), 0), _i(d.get("total_tokens"), 0))
+                   _i(d.get("total_requests"), 0), _i(d.get("total_tokens"), 0),
+                   _i(pc.get("entries"), 0), _i(pc.get("bytes"), 0), _i(pc.get("hits"), 0),
+                   _i(pc.get("tokens_saved"), 0))
 
 
 @dataclass

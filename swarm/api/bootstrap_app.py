@@ -44,7 +44,7 @@ def make_bootstrap_app(state: Callable[[], dict], discovery: Discovery, model: s
 
     async def anything_else(request):
         return error_response(503, f"this node is not serving yet: {state()['status']}", "service_unavailable",
-                              code="starting")
+                              code="starting", path=request.path)
 
     app.router.add_get("/health", health_route)
     app.router.add_get("/v1/topology", topology)

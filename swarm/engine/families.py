@@ -30,6 +30,15 @@ REFUSED: dict[str, str] = {
 }
 
 
+# mlx-lm module -> why a request may not start from another request's kept caches (engine/prompt_cache.py):
+# its output depends on how a prompt is cut into pieces, so a prefix computed in other pieces would change
+# the text. Such a stage keeps no prompts; its requests run cold. (tests/test_prompt_cache.py checks the
+# zoo's families: a family whose pieces matter must be listed, a listed one must still need it.)
+PIECES_MATTER: dict[str, str] = {
+    "plamo3": "its sliding-window layers give other outputs when a prompt arrives in pieces than in one",
+}
+
+
 def family_of(model: nn.Module) -> str:
     """The mlx-lm module a model's class comes from ("deepseek_v3" also for kimi_k2)."""
     return type(model).__module__.rsplit(".", 1)[-1]

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import CacheList
+from mlx_lm.models.cache import ArraysCache, CacheList
 
 
 def _kind(cache: Any) -> tuple:
@@ -67,6 +67,11 @@ class ShardCaches(list):
     def advance(self, n: int) -> None:
         for keeper in self._keepers.values():
             _advance_keeper(keeper, n)
+
+    def unique(self) -> list:
+        """Each cache behind the slots once: the owned ones, then the position keepers (what to trim or
+        size); a keeper of a kind without positions (ArraysCache) never changes, so it is left out."""
+        return self.owned + [k for k in self._keepers.values() if not isinstance(k, ArraysCache)]
 
     def arrays(self) -> list:
         return [c.state for c in self.owned] + [c.state for c in self._keepers.values()]

@@ -17,16 +17,18 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import mlx.core as mx
 
+from . import families
 from .batch_rows import DecodeStep, PromptStart
 from .cache_budget import CacheBudget, CacheFull, CacheLimits
 from .constraints import GrammarVocab
 from .decoding_rules import DecodingRules
 from .kept_batches import KeptBatch, KeptBatches
+from .prompt_cache import PromptCache, PromptCacheMiss, PromptCacheStats
 from .request_sampler import HistoryMismatch, RequestSampler
 from .sampling import SamplingParams, sample
 from .shard import Shard
@@ -55,7 +57,7 @@ class ShardRunner:
     """Synchronous: call only from the node's MLX worker thread."""
 
     def __init__(self, shard: Shard, limits: CacheLimits | None = None, context: int | None = None,
-                 vocab: GrammarVocab | None = None, keep_batches: bool = True):
+                 vocab: GrammarVocab | None = None, keep_batches: bool = True, prompt_cache_bytes: int = 0):
         self.shard = shard
         self.keep_batches = keep_batches and shard.takes_padded_batches  # False: the unrolled pass on own caches
         self.batches = KeptBatches()
@@ -64,6 +66,9 @@ class ShardRunner:
         self.context = context or 2**31 - 1
         self.input_limits = shard.input_limits(self.context)
         self._requests: dict[Key, _RequestState] = {}
+        # caches of finished requests, reused by later ones that start with the same tokens (prompt_cache.py)
+        self.prompts = PromptCache(0 if shard.family in families.PIECES_MATTER else prompt_cache_bytes)
+        self._missed: dict[Key, None] = {}  # requests that missed their prefix: their later frames are dropped
 
     @property
     def range(self):
@@ -71,12 +76,14 @@ class ShardRunner:
 
     def forward(self, request_id: str, x: mx.array, start_pos: int, sampling: SamplingParams | None = None,
                 entry: str = "", rules: DecodingRules | None = None,
-                ids: list[int] | None = None) -> mx.array | int | SampledToken:
+                ids: list[int] | None = None, prefix: list[int] | None = None) -> mx.array | int | SampledToken:
         """Run positions [start_pos, start_pos + L) of `entry`'s request through this shard.
 
         start_pos 0 always starts the request afresh (a replay after churn does that), with
         the request's decoding `rules` if it has any; every later forward of such a request
-        brings the token `ids` of its positions (see request_sampler.py).
+        brings the token `ids` of its positions (see request_sampler.py). So does a `prefix`:
+        the token ids of positions [0, start_pos), whose caches the request starts from, as kept
+        by `release(keep=...)` (prompt_cache.py); PromptCacheMiss if this stage does not hold them.
         On the last stage with `sampling`, returns the sampled token for the next position
         (a SampledToken when the rules ask for logprobs).
         Raises CacheMismatch when the caches do not hold start_pos, CacheFull past a cap.
@@ -85,18 +92,25 @@ class ShardRunner:
         if start_pos + length > self.context:
             raise CacheMismatch(f"request {request_id}: positions [{start_pos}, {start_pos + length}) run past "
                                 f"the context of {self.context}")
+        if prefix is not None and len(prefix) != start_pos:
+            raise CacheMismatch(f"request {request_id}: a prefix of {len(prefix)} tokens for position {start_pos}")
         state = self._requests.get(key)
-        if start_pos == 0:
+        if start_pos == 0 or prefix is not None:
             if state is not None:
                 self._drop(key)
-            state = self._start(key, length)
+            self._missed.pop(key, None)
+            state = self._start(key, length, prefix)
             if rules is not None and self.range.is_last:
                 try:
                     state.sampler = RequestSampler(rules, self.vocab)
+                    if prefix:
+                        state.sampler.observe(0, prefix)
                 except Exception as e:  # never expected: the entry checked the rules
                     self._drop(key)
                     raise CacheMismatch(f"request {request_id}: its decoding rules cannot apply here: {e}") from e
         elif state is None or state.offset != start_pos:
+            if state is None and key in self._missed:
+                raise PromptCacheMiss(f"request {request_id} missed its prefix here", quiet=True)
             held = state.offset if state else 0
             raise CacheMismatch(f"request {request_id}: cache holds {held} positions, frame starts at {start_pos}")
         else:
@@ -131,7 +145,16 @@ class ShardRunner:
             return sampler.draw(prepared, sampling, start_pos + length)
         return sample(out, sampling, start_pos + length)
 
-    def _start(self, key: Key, length: int) -> _RequestState:
+    def _start(self, key: Key, length: int, prefix: list[int] | None = None) -> _RequestState:
+        if prefix:
+            try:
+                caches = self.prompts.start_from(self._prompt_key(key[0]), prefix)
+            except PromptCacheMiss as e:
+                self._note_missed(key)
+                raise PromptCacheMiss(f"request {key[1]}: {e}") from None
+        else:
+            caches, prefix = self.shard.make_caches(), ()
+        length += len(prefix)
         why = self.budget.refusal(key[0], True, length)
         if why is not None:
             self.release_idle(IDLE_EVICT_S)  # abandoned requests go first
@@ -139,8 +162,16 @@ class ShardRunner:
         if why is not None:
             raise CacheFull(f"request {key[1]}: {why}")
         self.budget.add(key[0], True, length)
-        state = self._requests[key] = _RequestState(self.shard.make_caches(), counted=length)
+        state = self._requests[key] = _RequestState(caches, offset=len(prefix), counted=length)
         return state  # (its last_used is now)
+
+    def _prompt_key(self, entry: str) -> tuple:
+        return (entry, self.range.start, self.range.end)
+
+    def _note_missed(self, key: Key) -> None:
+        self._missed[key] = None
+        while len(self._missed) > MISSED_KEPT:
+            del self._missed[next(iter(self._missed))]
 
     def _grow(self, key: Key, state: _RequestState, length: int) -> None:
         why = self.budget.refusal(key[0], False, length)
@@ -223,6 +254,9 @@ class ShardRunner:
         for i, (rid, x, pos, *_) in enumerate(items):
             key = (entries[i], rid)
             state = self._requests.get(key)
+            if state is None and key in self._missed:
+                results[i] = PromptCacheMiss(f"request {rid} missed its prefix here", quiet=True)
+                continue
             if state is None or state.offset != pos or pos == 0 or x.shape[1] != 1 or pos + 1 > self.context:
                 held = state.offset if state else 0
                 results[i] = CacheMismatch(f"request {rid}: cache holds {held} positions, frame starts at {pos}")
@@ -301,6 +335,7 @@ class ShardRunner:
                 continue
             if key in self._requests:
                 self._drop(key)
+            self._missed.pop(key, None)
             try:
                 self._start(key, x.shape[1])
             except CacheFull as e:
@@ -332,12 +367,24 @@ class ShardRunner:
             self._count_padding(self.batches.adopt(keys, batch))
         return results
 
-    def release(self, request_id: str, entry: str = "") -> bool:
-        """Free `entry`'s request (False: it holds none by that id)."""
-        if (entry, request_id) not in self._requests:
+    def release(self, request_id: str, entry: str = "", keep: Sequence[int] | None = None) -> bool:
+        """Free `entry`'s request (False: it holds none by that id). `keep`: the token ids of the
+        positions its caches hold, as its entry knows them (a list, or a numpy view of a frame): the
+        caches are kept as theirs for later requests of that entry (prompt_cache.py)."""
+        key = (entry, request_id)
+        self._missed.pop(key, None)
+        state = self._requests.get(key)
+        if state is None:
             return False
-        self._drop((entry, request_id))
+        if keep is not None and 0 < len(keep) <= state.offset and self.prompts.max_bytes > 0:
+            self._own(key, state)  # (out of a kept batch: the caches of its own rows)
+            tokens = keep.tolist() if hasattr(keep, "tolist") else list(keep)
+            self.prompts.keep(self._prompt_key(entry), tokens, state.caches, state.offset)
+        self._drop(key)
         return True
+
+    def prompt_stats(self) -> PromptCacheStats:
+        return self.prompts.stats()
 
     def holders(self, request_id: str) -> list[str]:
         """The entries holding a request of this id here (for a release from someone else)."""
@@ -360,4 +407,5 @@ class ShardRunner:
         return self.budget.kv_bytes()
 
 
+MISSED_KEPT = 1024  # requests remembered as having missed their prefix (their frames in flight are dropped)
 IDLE_EVICT_S = 60.0  # at a cap, requests idle this long are freed first: an honest one steps far more often

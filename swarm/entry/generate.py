@@ -9,6 +9,13 @@ A request with decoding rules (a grammar, penalties, logprobs) sends them with t
 first forward of every attempt, and its token ids with every forward: the new last
 stage rebuilds its sampler from the replayed history (engine/request_sampler.py), so
 the output equals an undisturbed run's.
+
+A request whose history begins with tokens an earlier request left in the stages' prompt
+caches starts from them (engine/prompt_cache.py, entry/prompt_index.py): the pipeline says how
+many positions, every stage starts from exactly those, and the rest is prefilled as usual. A
+stage that does not hold them answers a miss, and the request runs again cold at once: not a
+failure, not a replay the client could see. At the end the stages are told which tokens the
+request's caches hold, to keep them for the next turn.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ from ..engine.input_limits import MAX_CHUNK
 from ..engine.sampling import SamplingParams
 from ..engine.token_logprobs import SampledToken, TokenLogprobs
 from ..planning.errors import NoPipeline
-from .pipeline import Pipeline, PipelineBroken
+from .pipeline import Pipeline, PipelineBroken, PrefixMissed
+from .prompt_index import Reuse
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +57,13 @@ class GenerationJob:
     rules: DecodingRules | None = None  # what the last stage's sampler applies (prompt_len set here)
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # one row per generated token, if asked
     prompt_logprobs: TokenLogprobs | None = None  # rows of prompt tokens 1.. (echo), once they came
+    may_reuse: bool = True  # may start from a prefix the stages keep (not after a miss)
+    reused: Reuse | None = None  # what the current attempt started from, until its first token came
+
+    def reusable_now(self) -> bool:
+        """Prompt logprobs need every prompt position computed: such a request runs cold."""
+        return self.may_reuse and not (self.rules is not None and self.rules.echo_logprobs
+                                       and self.prompt_logprobs is None)
 
     def rules_now(self) -> DecodingRules | None:
         """The rules for the next attempt: prompt logprobs are asked for until they came."""
@@ -71,10 +86,18 @@ async def generate_tokens(job: GenerationJob, get_pipeline: PipelineSource,
         while len(job.generated) < job.max_tokens:
             try:
                 token = await _next_token(job, pipeline)
+            except PrefixMissed as e:
+                log.info("request %s: %s; running it cold", job.request_id, e)
+                if job.reused is not None:
+                    pipeline.prefix_missed(job.prompt + job.generated, job.reused)
+                job.cached, job.reused, job.may_reuse = 0, None, False  # position 0 restarts it on every stage
+                continue
             except PipelineBroken as e:
                 now = time.monotonic()
                 broken_since = broken_since or now
+                job.reused = None
                 if now - broken_since > recovery_timeout:
+                    job.cached = 0  # (what the broken attempt's caches hold is not known)
                     raise NoPipeline(f"the pipeline stayed broken for {recovery_timeout:.0f}s: {e}") from None
                 log.warning("request %s: pipeline broke (%s); replaying %d tokens",
                             job.request_id, e, len(job.prompt) + len(job.generated))
@@ -91,23 +114,35 @@ async def generate_tokens(job: GenerationJob, get_pipeline: PipelineSource,
             if token in job.eos_ids:
                 return
     finally:
-        await _release_quietly(pipeline, job.request_id)
+        # (a request that stopped mid-prefill holds fewer positions on some stage: that stage keeps nothing)
+        await _release_quietly(pipeline, job.request_id, (job.prompt + job.generated)[:job.cached])
 
 
 async def _next_token(job: GenerationJob, pipeline: Pipeline) -> int:
     history = job.prompt + job.generated
     rules = job.rules_now()
     step = ECHO_PREFILL_STEP if rules is not None and rules.echo_logprobs else PREFILL_STEP
+    prefix = None
+    if job.cached == 0 and job.reusable_now():
+        job.reused = pipeline.reusable(history)
+        if job.reused is not None:
+            job.cached = job.reused.length
+            prefix = history[:job.cached]
     # Everything but the last known token goes through as prefill (no sampling).
     while len(history) - 1 - job.cached > 0:
         n = min(step, len(history) - 1 - job.cached)
-        await pipeline.forward(job.request_id, history[job.cached:job.cached + n], job.cached, None, rules=rules)
+        await pipeline.forward(job.request_id, history[job.cached:job.cached + n], job.cached, None, rules=rules,
+                               prefix=prefix)
         job.cached += n
+        prefix = None
     more = len(job.generated) + 1 < job.max_tokens  # after this token, another step is wanted ...
     token = await pipeline.forward(job.request_id, history[-1:], job.cached, job.sampling,
                                    continue_unless=job.eos_ids if more else None,  # ... unless it is EOS
-                                   rules=rules)
+                                   rules=rules, prefix=prefix)
     job.cached += 1
+    if job.reused is not None:
+        job.reused = None
+        pipeline.prefix_hit()
     if isinstance(token, SampledToken):
         rows = token.logprobs
         if rules.echo_logprobs:
@@ -117,8 +152,8 @@ async def _next_token(job: GenerationJob, pipeline: Pipeline) -> int:
     return int(token)
 
 
-async def _release_quietly(pipeline: Pipeline, request_id: str) -> None:
+async def _release_quietly(pipeline: Pipeline, request_id: str, keep: list[int] | None = None) -> None:
     try:
-        await asyncio.shield(pipeline.release(request_id))
+        await asyncio.shield(pipeline.release(request_id, keep or None))
     except Exception as e:  # a dead stage frees its caches by dying
         log.debug("release of %s failed: %s", request_id, e)

@@ -11,7 +11,7 @@ import asyncio
 from dataclasses import dataclass
 
 from ..transport.messages import Error, Token
-from .pipeline import PipelineBroken
+from .pipeline import PipelineBroken, PrefixMissed
 
 
 @dataclass(frozen=True)
@@ -47,9 +47,10 @@ class PendingTokens:
             if fut is not None and not fut.done() and message.plan_id == plan_id:
                 fut.set_result(TokenArrival(message, next_started))
         else:
+            broken = PrefixMissed if message.kind == "prompt_cache_miss" else PipelineBroken
             for plan_id, fut in waits.values():
                 if plan_id == message.plan_id and not fut.done():
-                    fut.set_exception(PipelineBroken(f"{message.kind}: {message.message}"))
+                    fut.set_exception(broken(f"{message.kind}: {message.message}"))
 
     async def wait(self, rid: str, fut: asyncio.Future, timeout: float) -> TokenArrival:
         try:

@@ -12,18 +12,35 @@ from typing import Protocol
 from ..engine.decoding_rules import DecodingRules
 from ..engine.sampling import SamplingParams
 from ..engine.token_logprobs import SampledToken
+from .prompt_index import Reuse
 
 
 class PipelineBroken(Exception):
     """The pipeline lost a stage or its state; the caller may replay once it is whole again."""
 
 
+class PrefixMissed(PipelineBroken):
+    """A stage did not hold the kept prefix the request started from: run it again cold, at once."""
+
+
 class Pipeline(Protocol):
     async def forward(self, request_id: str, tokens: list[int], start_pos: int, sampling: SamplingParams | None,
-                      continue_unless: frozenset[int] | None = None,
-                      rules: DecodingRules | None = None) -> int | SampledToken | None:
+                      continue_unless: frozenset[int] | None = None, rules: DecodingRules | None = None,
+                      prefix: list[int] | None = None) -> int | SampledToken | None:
         """continue_unless: a hint that the caller will want the next step unless the token is in it.
-        rules: the request's decoding rules, if any (they start with position 0; every step of such
-        a request carries its token ids to the last stage). A SampledToken when they ask for logprobs."""
+        rules: the request's decoding rules, if any (they start with its first forward; every step of such
+        a request carries its token ids to the last stage). A SampledToken when they ask for logprobs.
+        prefix: the ids of positions [0, start_pos), which the stages keep: the request starts from them
+        (a stage that does not hold them makes the request's next token raise PrefixMissed)."""
 
-    async def release(self, request_id: str) -> None: ...
+    async def release(self, request_id: str, keep: list[int] | None = None) -> None:
+        """keep: the ids of the positions the request's caches hold, for the stages to keep (prompt caches)."""
+
+    def reusable(self, history: list[int]) -> Reuse | None:
+        """How much of `history` the stages keep, from requests released with `keep` (None: nothing)."""
+
+    def prefix_hit(self) -> None:
+        """A request that started from a kept prefix got its first token."""
+
+    def prefix_missed(self, history: list[int], reuse: Reuse) -> None:
+        """A request that started from `reuse` missed: the stages do not all hold it."""

@@ -50,6 +50,7 @@ class Finished:
     prompt_tokens: int
     completion_tokens: int
     route: dict | None = None  # which plan and nodes the request went through
+    stop_sequence: str | None = None  # the stop string that ended it (reason "stop")
 
 
 class PromptTooLong(ValueError):
@@ -170,7 +171,7 @@ class InferenceService:
                 yield TextDelta(tail, calls, scores)
             if reason == "stop" and tool_calls is not None and tool_calls.count:
                 reason = "tool_calls"
-            yield Finished(reason, len(prompt), len(job.generated), job.route)
+            yield Finished(reason, len(prompt), len(job.generated), job.route, out.stop_string)
 
 
 def _delta(text: str, tool_calls: ToolCallOutput | None, scores: list[TokenScore]) -> TextDelta | None:

@@ -19,6 +19,7 @@ from ..transport.messages import Forward
 from .hop_timing import HopTiming
 from .own_requests import OwnRequests
 from .pending_tokens import PendingTokens
+from .prompt_index import PromptIndex, Reuse, route_of
 from .run_ahead import RunAhead
 
 
@@ -28,25 +29,26 @@ class Outbox(Protocol):
     def post(self, node_id: str, forward: Forward) -> None:
         """Send `forward` on the MLX thread; if it cannot be, an Error reaches its entry."""
 
-    def post_release(self, rid: str, node_ids: list[str]) -> None:
-        """Tell these stages to free the request's caches (best effort)."""
+    def post_release(self, rid: str, node_ids: list[str], keep: list[int] | None = None) -> None:
+        """Tell these stages to free the request's caches (best effort); `keep`: see Release."""
 
 
 class SwarmPipeline:
     def __init__(self, plan: Plan, node_id: str, outbox: Outbox, pending: PendingTokens, token_timeout: float,
-                 timing: HopTiming, run_ahead: RunAhead, own: OwnRequests):
+                 timing: HopTiming, run_ahead: RunAhead, own: OwnRequests, prompts: PromptIndex | None = None):
         self.plan, self.entry, self.outbox, self.pending = plan, node_id, outbox, pending
         self.token_timeout, self.timing, self.run_ahead, self.own = token_timeout, timing, run_ahead, own
+        self.prompts, self.route = prompts, route_of(plan)  # None: the stages keep no prompts for us
 
     @property
     def path(self) -> list[str]:
         return [s.node_id for s in self.plan.stages]
 
     async def forward(self, request_id: str, tokens: list[int], start_pos: int, sampling: SamplingParams | None,
-                      continue_unless: frozenset[int] | None = None,
-                      rules: DecodingRules | None = None) -> int | SampledToken | None:
+                      continue_unless: frozenset[int] | None = None, rules: DecodingRules | None = None,
+                      prefix: list[int] | None = None) -> int | SampledToken | None:
         """`continue_unless`: the caller will want the next step too, unless the token is one of these
-        (see run_ahead.py); None: it may not. `rules`: see pipeline.py."""
+        (see run_ahead.py); None: it may not. `rules`, `prefix`: see pipeline.py."""
         first, plan_id = self.plan.stages[0].node_id, self.plan.plan_id
         at = start_pos + len(tokens)
         self.own.begin(request_id, self.plan)  # only this plan's stages may answer it (node/sender_rules.py)
@@ -55,8 +57,9 @@ class SwarmPipeline:
         t0 = started or time.perf_counter()
         with_ids = rules is not None
         if started is None:
+            starts = start_pos == 0 or prefix is not None
             self.outbox.post(first, Forward.of_tokens(request_id, plan_id, start_pos, self.entry, sampling, tokens,
-                                                      rules if start_pos == 0 else None, with_ids))
+                                                      rules if starts else None, with_ids, prefix))
         if fut is None:
             return None  # prefill: nothing comes back; errors arrive with the next sampled step
         if continue_unless is not None:
@@ -78,11 +81,25 @@ class SwarmPipeline:
         stages = self.path
         return len(stages) - 1 + (stages[0] != self.entry) + (stages[-1] != self.entry)
 
-    async def release(self, request_id: str) -> None:
+    async def release(self, request_id: str, keep: list[int] | None = None) -> None:
         self.own.end(request_id)
         self.run_ahead.forget(request_id)
         self.pending.forget(request_id)
-        self.outbox.post_release(request_id, self.path)
+        keep = keep if self.prompts is not None else None
+        self.outbox.post_release(request_id, self.path, keep)
+        if keep:
+            self.prompts.add(self.route, keep)
+
+    def reusable(self, history: list[int]) -> Reuse | None:
+        return self.prompts.reuse(self.route, history) if self.prompts is not None else None
+
+    def prefix_hit(self) -> None:
+        if self.prompts is not None:
+            self.prompts.hit(self.route)
+
+    def prefix_missed(self, history: list[int], reuse: Reuse) -> None:
+        if self.prompts is not None:
+            self.prompts.missed(self.route, history, reuse)
 
 
 class SwarmPipelines:
@@ -90,12 +107,13 @@ class SwarmPipelines:
 
     def __init__(self, agreed_plan: Callable[[Plan | None], Awaitable[Plan]], node_id: str, outbox: Outbox,
                  pending: PendingTokens, token_timeout: float, timing: HopTiming, run_ahead: RunAhead,
-                 own: OwnRequests):
+                 own: OwnRequests, prompts: PromptIndex | None = None):
         self.agreed_plan, self.node_id, self.outbox, self.pending = agreed_plan, node_id, outbox, pending
         self.token_timeout, self.timing, self.run_ahead, self.own = token_timeout, timing, run_ahead, own
+        self.prompts = prompts  # what this entry left in the stages' prompt caches (None: --prompt-cache 0)
 
     async def __call__(self, broken: SwarmPipeline | None = None) -> SwarmPipeline:
         """Waits for agreement (planning/coordinator.py); NoPipeline when none comes in time."""
         plan = await self.agreed_plan(broken.plan if broken is not None else None)
         return SwarmPipeline(plan, self.node_id, self.outbox, self.pending, self.token_timeout, self.timing,
-                             self.run_ahead, self.own)
+                             self.run_ahead, self.own, self.prompts)

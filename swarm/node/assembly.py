@@ -25,11 +25,13 @@ from ..api.request_gate import RequestGate
 from ..engine.constraints import GrammarVocab
 from ..engine.model_bytes import ModelBytes
 from ..engine.model_outline import Outline
+from ..engine.prompt_cache import PromptCacheSize
 from ..engine.worker import MlxWorker
 from ..entry.entry_inbox import EntryInbox
 from ..entry.hop_timing import HopTiming
 from ..entry.own_requests import OwnRequests
 from ..entry.pending_tokens import PendingTokens
+from ..entry.prompt_index import PromptIndex
 from ..entry.run_ahead import RunAhead
 from ..entry.service import InferenceService
 from ..entry.stats import RequestStats
@@ -52,7 +54,7 @@ from ..weights.peer_weights import PeerWeights
 from ..weights.store import ChunkStore
 from ..weights.transfer import WEIGHTS_MAX_PAYLOAD, WEIGHTS_PURPOSE
 from . import peer_security
-from .config import NodeConfig
+from .config import AUTO_PROMPT_CACHE, NodeConfig
 from .inbox import NodeInbox
 from .secrets import API_KEY_FROM_SECRET, Secret
 from .sender_rules import SenderRules
@@ -125,8 +127,10 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
 
     # The stage: the layers this node holds, and the frames for them queued, batched and computed.
     grammar_vocab = GrammarVocab(tokenizer)  # grammars: checked by the entry, applied by the last stage
+    prompt_cache = PromptCacheSize(cfg.prompt_cache, peers.profile.memory_available, AUTO_PROMPT_CACHE,
+                                   cfg.kv_reserve_tokens)
     host = StageHost(model.path, dtype, worker, dequantize=dequantize, context=model.context_length,
-                     layer_caches=sizes.caches, vocab=grammar_vocab, outlined=outlined)
+                     layer_caches=sizes.caches, vocab=grammar_vocab, outlined=outlined, prompt_cache=prompt_cache)
     stage_service = StageService(host, lane, worker, max_batch=cfg.batch_decode,
                                  prompt_gather_s=cfg.prompt_gather_ms / 1000)
 
@@ -151,7 +155,7 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
     # Requests through pipelines on agreed plans.
     stats = RequestStats(events.emit, entry=node_id)
     pipelines = SwarmPipelines(coordinator.agreed_plan, node_id, entry_inbox, pending, cfg.token_timeout,
-                               hop_timing, run_ahead, own)
+                               hop_timing, run_ahead, own, PromptIndex() if cfg.prompt_cache != 0 else None)
     service = InferenceService(tokenizer, model.context_length, pipelines, stats, cfg.default_max_tokens,
                                cfg.recovery_timeout, grammar_vocab)
 
@@ -171,10 +175,3 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
     runner = CappedAppRunner(app, per_address=cfg.http_connections_per_address, access_log=None,
                              keepalive_timeout=cfg.http_timeout, handler_cancellation=True, shutdown_timeout=1.0)
     return Serving(inbox, coordinator, peer_stats, runner)
-
-
-def api_url(api_host: str, port: int) -> str:
-    """Where a user on this machine sends requests."""
-    local = api_host if api_host not in ("0.0.0.0", "::", "") else "127.0.0.1"
-    local = f"[{local}]" if ":" in local else local
-    return f"http://{local}:{port}/v1"

@@ -18,6 +18,9 @@ DEFAULT_PROMPT_GATHER_MS = 3.0
 # only prompt ids.
 DEFAULT_MAX_ACTIVE = 16
 DEFAULT_MAX_QUEUE = 64
+# The prompt cache a stage keeps by default, at most (of what the plan leaves free): ten turns of a long
+# conversation with the default model hold ~80 MB over all its layers.
+AUTO_PROMPT_CACHE = 512 << 20
 
 
 def default_state_dir() -> Path:
@@ -54,6 +57,9 @@ class NodeConfig:
     speed: float | None = None  # seconds per layer per token; None: measured (and cached)
     strategy: str = "balanced"
     kv_reserve_tokens: int = 4096  # KV cache room reserved per layer when planning
+    # bytes of finished requests' caches a stage keeps for later ones (engine/prompt_cache.py): taken off the
+    # memory offered to the planner; None: what the plan leaves of the offered memory, up to AUTO_PROMPT_CACHE
+    prompt_cache: int | None = None
     recovery_timeout: float = 30.0  # how long a request waits for a whole pipeline
     token_timeout: float = 120.0  # last-resort bound on one step when no failure is seen
     batch_decode: int = DEFAULT_BATCH_DECODE  # most decode steps of different requests run as one pass (1: never)

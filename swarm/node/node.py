@@ -38,7 +38,8 @@ from ..engine.shard import check_splittable
 from ..engine.speed_probe import cached_speed, measure_speed
 from ..engine.worker import MlxWorker
 from ..models.generation_defaults import generation_defaults
-from ..models.resolve import LocalModel, describe_model, is_local_spec, models_root, resolve_model
+from ..models.resolve import (LocalModel, describe_model, is_local_spec, models_root, resolve_model,
+                              where_not_found)
 from ..planning.coordinator import Coordinator
 from ..planning.errors import NoPipeline
 from ..transport.link_crypto import stretch_secret
@@ -47,10 +48,10 @@ from ..weights.model_from_peers import model_files_from_peers
 from ..weights.peer_weights import PeerWeights
 from ..weights.store import ChunkStore
 from . import peer_security
-from .assembly import PeerSide, api_access, api_url, build_peer_side, build_serving
+from .assembly import PeerSide, api_access, build_peer_side, build_serving
 from .config import NodeConfig
 from .inbox import NodeInbox
-from .ports import port_error
+from .ports import port_error, reachable_urls
 from .secrets import API_KEY_FROM_SECRET, Secret, api_key, effective_api_key, swarm_secret
 
 log = logging.getLogger(__name__)
@@ -230,6 +231,8 @@ class Node:
             extra={STATE_KEY: (NodeState.JOINING if model else NodeState.LOOKING).value})
         if cfg.node_id:
             profile = profile.replace(node_id=cfg.node_id)
+        if cfg.prompt_cache:  # a fixed prompt cache is memory the model's layers cannot have
+            profile = profile.replace(memory_available=max(0, profile.memory_available - cfg.prompt_cache))
 
         store = None if model is None else (ChunkStore.partial if self._from_peers else ChunkStore.complete)(
             model.path, model.manifest)  # partial: fetched before this start (it starts over under a new id)
@@ -280,8 +283,8 @@ class Node:
         consumer = asyncio.create_task(_consume_peer_events(peers.peer_events, serving.inbox, coordinator),
                                        name="peer-events")
         self._stops.append(lambda: _cancel(consumer))
-        ready = asyncio.create_task(_say_ready(coordinator, api_url(cfg.api_host, runner.addresses[0][1])),
-                                    name="say-ready")
+        urls = reachable_urls(cfg.api_host, runner.addresses[0][1])
+        ready = asyncio.create_task(_say_ready(coordinator, urls), name="say-ready")
         self._stops.append(lambda: _cancel(ready))
 
     async def _start(self, start, stop) -> None:
@@ -309,8 +312,9 @@ class Node:
         try:
             await _bound("api", cfg.api_host, cfg.api_port, web.TCPSite(runner, cfg.api_host, cfg.api_port).start)
             root = models_root(cfg.cache_dir)
-            model_id, manifest = await model_files_from_peers(None if cfg.join else cfg.model, discovery,
-                                                              weights.open_link, root, weights, report)
+            model_id, manifest = await model_files_from_peers(
+                None if cfg.join else cfg.model, discovery, weights.open_link, root, weights, report,
+                not_here="" if cfg.join else where_not_found(cfg.model), swarm=cfg.swarm)
             self.model = describe_model(weights.store.root, model_id, root, manifest)
             self._from_peers = True
             self._check_model()
@@ -345,14 +349,15 @@ async def _consume_peer_events(events: asyncio.Queue[PeerEvent], inbox: NodeInbo
             log.exception("handling %s of %s failed", event.kind, event.node_id)
 
 
-async def _say_ready(coordinator: Coordinator, url: str) -> None:
-    """One line once the first whole pipeline serves: where to send requests."""
+async def _say_ready(coordinator: Coordinator, urls: list[str]) -> None:
+    """One line once the first whole pipeline serves: where to send requests (every address, when the
+    API listens on all of them)."""
     while True:
         try:
             await coordinator.agreed_plan()
         except NoPipeline:
             continue  # the coordinator logs why (e.g. the swarm cannot hold the model)
-        log.info("ready: %s", url)
+        log.info("ready: %s%s", urls[0], f" (also {', '.join(urls[1:])})" if urls[1:] else "")
         return
 
 

@@ -25,6 +25,7 @@ from ..engine.constraints import GrammarVocab
 from ..engine.model_bytes import LayerCache
 from ..engine.model_outline import Outline
 from ..engine.shard import load_shard
+from ..engine.prompt_cache import PromptCacheSize
 from ..engine.shard_runner import ShardRunner
 from ..engine.worker import MlxWorker
 
@@ -36,14 +37,17 @@ KNOWN_PLANS = 8
 class StageHost:
     def __init__(self, model_dir, dtype: mx.Dtype | None, worker: MlxWorker, dequantize: bool = False, *,
                  context: int | None = None, layer_caches: Sequence[LayerCache] = (),
-                 vocab: GrammarVocab | None = None, outlined: Outline | None = None):
+                 vocab: GrammarVocab | None = None, outlined: Outline | None = None,
+                 prompt_cache: PromptCacheSize | None = None):
         """`context`: the model's positions; `layer_caches`: each layer's cache bytes (engine/model_bytes.py),
         from which the caps on what requests may hold here are set (engine/cache_budget.py); `outlined`:
-        the model's outline (engine/shard.py, check_splittable), else each load outlines it."""
+        the model's outline (engine/shard.py, check_splittable), else each load outlines it; `prompt_cache`:
+        how many bytes the stage keeps for finished requests (engine/prompt_cache.py)."""
         self.model_dir, self.dtype, self.worker, self.outlined = model_dir, dtype, worker, outlined
         self.vocab = vocab  # grammars for the requests we sample (when we hold the last layers)
         self.dequantize = dequantize  # quantized layers loaded as `dtype` floats
         self.context, self.layer_caches = context, tuple(layer_caches)
+        self.prompt_cache = prompt_cache or PromptCacheSize(0)
         self.stage: ShardRunner | None = None
         self.plan: Plan | None = None  # the plan `stage` serves; None while loading
         self._known: OrderedDict[str, Plan] = OrderedDict()  # written on the event loop, read on the MLX thread
@@ -83,7 +87,9 @@ class StageHost:
             shard = await self.worker.run(load_shard, self.model_dir, layers[0], layers[1], self.dtype, old,
                                           self.dequantize, self.outlined)
             del old
-            self.stage = ShardRunner(shard, self._limits(*layers), self.context, self.vocab)
+            self.stage = ShardRunner(shard, self._limits(*layers), self.context, self.vocab,
+                                     prompt_cache_bytes=self.prompt_cache.for_layers(
+                                         shard.weight_bytes(), self.layer_caches[layers[0]:layers[1]]))
             log.info("now holding layers [%d, %d): %.1f MB", *layers, shard.weight_bytes() / 1e6)
         self.plan = plan
 

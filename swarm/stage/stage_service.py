@@ -35,6 +35,7 @@ from collections import deque
 
 from ..engine.batch_rows import DecodeStep, PromptStart
 from ..engine.cache_budget import CacheFull
+from ..engine.prompt_cache import PromptCacheMiss
 from ..engine.shard_runner import CacheMismatch, ShardRunner
 from ..engine.token_logprobs import SampledToken
 from ..engine.worker import MlxWorker
@@ -147,7 +148,7 @@ class StageService:
 
     def _mlx_release(self, sender: str, message: Release) -> None:
         runner = self.host.stage
-        if runner is None or runner.release(message.rid, sender):
+        if runner is None or runner.release(message.rid, sender, message.kept_ids()):
             self.carried.forget(message.rid)
             return
         holders = runner.holders(message.rid)
@@ -240,6 +241,10 @@ class StageService:
 
     def _mlx_deliver(self, forward: Forward, out, took_s: float, runner: ShardRunner, plan, index: int,
                      together: int = 0) -> None:
+        if isinstance(out, PromptCacheMiss):
+            if not out.quiet:  # (a later frame of a request whose entry already knows it missed)
+                self._mlx_fail(forward, "prompt_cache_miss", f"node {self.node_id}: {out}")
+            return
         if isinstance(out, (CacheMismatch, CacheFull, ProtocolError)):
             kind = "protocol" if isinstance(out, ProtocolError) else "cache"
             self._mlx_fail(forward, kind, f"node {self.node_id}: {out}" if isinstance(out, CacheFull) else str(out))
@@ -275,8 +280,9 @@ def _compute(runner: ShardRunner, forward: Forward):
     t0 = time.perf_counter()
     try:
         out = runner.forward(forward.rid, forward.array(), forward.pos, forward.sampling, forward.entry,
-                            forward.rules, forward.token_ids() if runner.range.is_last else None)
-    except (CacheMismatch, CacheFull, ProtocolError) as e:
+                             forward.rules, forward.token_ids() if runner.range.is_last else None,
+                             forward.prefix_ids())
+    except (CacheMismatch, CacheFull, ProtocolError, PromptCacheMiss) as e:
         out = e
     return _result(runner, out), time.perf_counter() - t0
 

@@ -46,7 +46,8 @@ class NodeStatus:
     def health(self, authorized: bool = True) -> dict:
         ok, reason = self.can_serve()
         if not authorized:
-            return {"status": "ok" if ok else "unavailable", "security": self.security(), **self.stats.to_dict()}
+            return {"status": "ok" if ok else "unavailable", "security": self.security(), **self.stats.to_dict(),
+                    "prompt_cache": self.prompt_cache()}
         stage, plan, service = self.host.stage, self.coordinator.plan, self.stage_service
         return {"status": "ok" if ok else reason, "security": self.security(), "node_id": self.discovery.node_id,
                 "model": self.model.model_id,
@@ -55,6 +56,7 @@ class NodeStatus:
                 "weights": stage.shard.weights_run_as if stage else None,
                 "cached_requests": stage.active_requests if stage else 0,
                 "cached_kv_bytes": stage.kv_bytes if stage else 0,
+                "prompt_cache": self.prompt_cache(),
                 "refused_frames": service.refusals.count, **self.stats.to_dict(),
                 "decode_timing": self.hop_timing.to_dict(),
                 "decode_batching": {"max_batch": service.max_batch, "batched_passes": service.batched_passes,
@@ -62,6 +64,14 @@ class NodeStatus:
                                     "prompt_rows": service.prompt_rows,
                                     "kept_passes": stage.batches.reused if stage else 0},
                 "peer_connections": self.links.snapshot(), "fetch": self.weights.status.to_dict()}
+
+    def prompt_cache(self) -> dict:
+        """This node's stage's prompt cache (engine/prompt_cache.py): its budget, entries, bytes, hits,
+        misses and the positions hits did not compute. Counters only: no tokens, no entry's name."""
+        stage = self.host.stage
+        if stage is None:
+            return {"max_bytes": 0, "entries": 0, "bytes": 0, "hits": 0, "misses": 0, "tokens_saved": 0}
+        return {"max_bytes": stage.prompts.max_bytes, **stage.prompt_stats().to_dict()}
 
     def topology(self) -> dict:
         coordinator, discovery, model = self.coordinator, self.discovery, self.model
@@ -71,7 +81,8 @@ class NodeStatus:
         nodes = []
         for peer in discovery.view(include_self=True):
             p, own = peer.profile, peer.node_id == discovery.node_id
-            stats = self.stats.to_dict() if own else self.peer_stats.get(peer.node_id)
+            stats = {**self.stats.to_dict(), "prompt_cache": self.prompt_cache()} if own else \
+                self.peer_stats.get(peer.node_id)
             nodes.append({
                 "id": p.node_id, "name": p.name, "addresses": list(peer.addresses), "api_port": p.api_port,
                 "peer_port": p.peer_port, "backend": p.backend, "memory_total": p.memory_total,

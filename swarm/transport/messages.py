@@ -42,6 +42,7 @@ MAX_TEXT_CHARS = 4096  # error messages
 MAX_TOKEN_ID = 2**31 - 1  # token ids travel as int32
 MAX_POSITION = 2**31 - 1
 MAX_COMPUTE_US = 2**62
+MAX_KEEP_IDS = 1 << 21  # token ids a Release may name (more than any context a node serves)
 MAX_TOGETHER = 1024  # prompts one pass may have sent side by side (Forward.together)
 _U64 = 2**64
 _HIDDEN_DTYPES = frozenset(WIRE_DTYPES) - {"int32"}
@@ -111,6 +112,10 @@ MAX_LOGPROB_ROWS = MAX_POSITION
 MAX_LOGPROB_COLS = 21  # the token and up to 20 alternatives
 
 
+def _int32s(tokens: list[int]) -> bytes:
+    return np.asarray(tokens, dtype="<i4").tobytes()
+
+
 # -- the data path ---------------------------------------------------------------------
 class Forward(NamedTuple):
     """Positions [pos, pos + length) of one request, into the stage whose layers start at `start`.
@@ -122,6 +127,10 @@ class Forward(NamedTuple):
     A request with decoding rules (engine/decoding_rules.py) carries them on its forward
     at position 0, and on every forward the int32 token `ids` of its positions, which the
     last stage's sampler follows. Plain requests carry neither.
+
+    A request that starts from a prefix the stages keep (engine/prompt_cache.py) starts at
+    pos > 0 with `prefix`: the int32 token ids of positions [0, pos); its rules, if any, come
+    with that forward. Every stage must start from exactly those positions.
     """
 
     T = "fwd"
@@ -138,13 +147,15 @@ class Forward(NamedTuple):
     rules: DecodingRules | None = None
     ids: bytes | None = None  # int32 token ids of positions [pos, pos + length), for a request with rules
     together: int = 0  # a new prompt: how many a pass sent on side by side with it (the next stage waits for them)
+    prefix: bytes | None = None  # int32 token ids of [0, pos): the request starts from the stages' kept caches
 
     @classmethod
     def of_tokens(cls, rid: str, plan_id: str, pos: int, entry: str, sampling: SamplingParams | None,
-                  tokens: list[int], rules: DecodingRules | None = None, with_ids: bool = False) -> Forward:
+                  tokens: list[int], rules: DecodingRules | None = None, with_ids: bool = False,
+                  prefix: list[int] | None = None) -> Forward:
         data = np.asarray([tokens], dtype="<i4").tobytes()
         return cls(rid, plan_id, pos, 0, entry, sampling, "int32", (1, len(tokens)), data, 0, rules,
-                   data if with_ids else None)
+                   data if with_ids else None, 0, None if prefix is None else _int32s(prefix))
 
     def onward(self, start: int, hidden: tuple[str, list[int], memoryview], compute_us: int,
                together: int = 0) -> Forward:
@@ -152,11 +163,15 @@ class Forward(NamedTuple):
         (the memoryview keeps the array alive until sent); `together`: see the field."""
         dtype, shape, data = hidden
         return Forward(self.rid, self.plan_id, self.pos, start, self.entry, self.sampling, dtype, tuple(shape),
-                       data, compute_us, self.rules, self.ids, together)
+                       data, compute_us, self.rules, self.ids, together, self.prefix)
 
     def token_ids(self) -> list[int] | None:
         """The token ids a request with rules carries (None for a plain request)."""
         return None if self.ids is None else np.frombuffer(self.ids, dtype="<i4").tolist()
+
+    def prefix_ids(self) -> list[int] | None:
+        """The token ids of the kept prefix this request starts from (None: it does not)."""
+        return None if self.prefix is None else np.frombuffer(self.prefix, dtype="<i4").tolist()
 
     @property
     def length(self) -> int:
@@ -164,8 +179,8 @@ class Forward(NamedTuple):
 
     @property
     def is_decode_step(self) -> bool:
-        """One position past the first: what several requests may share a batched pass for."""
-        return self.pos > 0 and self.shape[1] == 1
+        """One position past the first of a request under way: what several requests may share a batched pass for."""
+        return self.pos > 0 and self.shape[1] == 1 and self.prefix is None
 
     def array(self) -> mx.array:
         return decode_array(self.dtype, list(self.shape), self.payload)
@@ -181,6 +196,8 @@ class Forward(NamedTuple):
             header["ids"] = bytes(self.ids)
             if self.rules is not None:
                 header["rules"] = self.rules.to_wire()
+        if self.prefix is not None:
+            header["pre"] = bytes(self.prefix)
         return header, self.payload
 
     @classmethod
@@ -224,6 +241,12 @@ class Forward(NamedTuple):
                 raise ProtocolError(f"'fwd' message: 'tg' must be a whole number from 2 to {MAX_TOGETHER}, "
                                     f"got {_brief(together)}")
             forward = forward._replace(together=together)
+        prefix = h.get("pre")
+        if prefix is not None:
+            if type(prefix) is not bytes or len(prefix) != 4 * pos or not pos:
+                raise ProtocolError(f"'fwd' message: 'pre' must be the {pos} int32 token ids before position "
+                                    f"{pos}, got {_brief(prefix)}")
+            forward = forward._replace(prefix=prefix)
         if h.get("ids") is None and h.get("rules") is None:
             return forward  # a plain request (the hot path)
         return forward._with_rules(h)
@@ -232,8 +255,9 @@ class Forward(NamedTuple):
         ids, rules = h.get("ids"), h.get("rules")
         if type(ids) is not bytes or len(ids) != 4 * self.length:
             raise ProtocolError(f"'fwd' message: 'ids' must be {self.length} int32 token ids, got {_brief(ids)}")
-        if rules is not None and self.pos != 0:
-            raise ProtocolError(f"'fwd' message: 'rules' travel only at position 0, got position {self.pos}")
+        if rules is not None and self.pos != 0 and self.prefix is None:
+            raise ProtocolError(f"'fwd' message: 'rules' travel only with a request's first forward (position 0 "
+                                f"or a kept prefix), got position {self.pos}")
         return self._replace(rules=None if rules is None else rules_from_wire(rules), ids=ids)
 
 
@@ -290,8 +314,9 @@ class Error(NamedTuple):
     """A stage could not serve a request; sent to the request's entry."""
 
     T = "err"
-    # "link": a link this stage sent the request's frames on broke, so one may be lost (stage/link_requests.py)
-    KINDS = frozenset({"plan_mismatch", "cache", "protocol", "unreachable", "link"})
+    # "link": a link this stage sent the request's frames on broke, so one may be lost (stage/link_requests.py);
+    # "prompt_cache_miss": the stage does not keep the prefix the request was to start from (its entry runs it cold)
+    KINDS = frozenset({"plan_mismatch", "cache", "protocol", "unreachable", "link", "prompt_cache_miss"})
     rid: str
     plan_id: str
     kind: str
@@ -313,17 +338,35 @@ class Error(NamedTuple):
 
 
 class Release(NamedTuple):
-    """The entry is done with a request: free its KV caches."""
+    """The entry is done with a request: free its KV caches. With `keep`, the int32 token ids of the
+    positions its caches hold: a stage keeps them for later requests that start the same way."""
 
     T = "rel"
     rid: str
+    keep: bytes | None = None
+
+    @classmethod
+    def keeping(cls, rid: str, tokens: list[int] | None) -> Release:
+        return cls(rid, _int32s(tokens) if tokens else None)
+
+    def kept_ids(self) -> np.ndarray | None:
+        """The ids, as a view of the frame (a stage turns them into a list only once it holds that many)."""
+        return None if self.keep is None else np.frombuffer(self.keep, dtype="<i4")
 
     def to_frame(self) -> tuple[dict, bytes]:
-        return {"t": "rel", "rid": self.rid}, b""
+        if self.keep is None:
+            return {"t": "rel", "rid": self.rid}, b""
+        return {"t": "rel", "rid": self.rid}, self.keep  # (the ids as the payload: a long one fits no header)
 
     @classmethod
     def from_frame(cls, frame: Frame) -> Release:
-        return cls(_text(frame.header, "rid"))
+        rid, keep = _text(frame.header, "rid"), frame.payload
+        if not keep:
+            return cls(rid)
+        if len(keep) % 4 or len(keep) > 4 * MAX_KEEP_IDS:
+            raise ProtocolError(f"'rel' message: its payload must be at most {MAX_KEEP_IDS} int32 token ids, got "
+                                f"{len(keep)} bytes")
+        return cls(rid, bytes(keep))
 
 
 # -- the handshake (handshake.py, link_handshake.py) ---------------------------------------------

@@ -3,6 +3,9 @@
 Each node takes two lines so everything fits in 80 columns:
     1  mac-studio        cpu  0.5G/24G  4.2ms/L   7.1 t/s  [0, 11)  11 layers
     ↓  10.0.0.2:8800     █▒▒·······     serving   1 req    ████████···········
+       cache 1×38M       9 hits         1.2k saved
+A third line tells the stage's prompt cache once it keeps something or was hit: entries × bytes,
+hits, and the positions they did not compute (engine/prompt_cache.py).
 The layer bar spans the remaining width and is drawn over [0, n_layers); a node getting its
 weights from peers shows the fetch's progress there instead (bytes done of its stage, rate).
 """
@@ -27,6 +30,16 @@ def _speed(node: NodeInfo) -> str:
     if node.speed is None:
         return "?"
     return f"{node.speed * 1000:.1f}ms/L" if node.speed < 1 else f"{node.speed:.1f}s/L"
+
+
+def _prompt_cache(node: NodeInfo) -> list[str]:
+    """The third line's words for the node, memory and speed columns (none: nothing kept, never hit)."""
+    s = node.stats
+    if not (s.cache_entries or s.cache_hits):
+        return []
+    saved = s.cache_tokens_saved
+    saved_text = f"{saved / 1000:.1f}k" if saved >= 1000 else str(saved)
+    return [f"cache {s.cache_entries}×{human_bytes(s.cache_bytes)}", f"{s.cache_hits} hits", f"{saved_text} saved"]
 
 
 def _two(first, second) -> Text:
@@ -68,6 +81,14 @@ class NodeTable(Static):
                 _two(_speed(node), self._state(node)), _two(live, reqs), layers]
 
     @staticmethod
+    def _with_prompt_cache(node: NodeInfo, cells: list[Text]) -> list[Text]:
+        words = _prompt_cache(node)
+        if not words:
+            return cells
+        third = [Text(""), *(Text(w, "cyan") for w in words), Text(""), Text("")]
+        return [_two(cell, extra) for cell, extra in zip(cells, third)]
+
+    @staticmethod
     def _fetch(node: NodeInfo, width: int) -> Text | None:
         f = node.fetch
         return fetch_bar(f.done_bytes, f.total_bytes, f.rate_bps, f.state, width) if f.active else None
@@ -93,7 +114,7 @@ class NodeTable(Static):
             head = Text(f"[{start},{end})", "bold").append(count, "dim")
             # A stage still getting (new) layers from peers shows that instead of where they sit.
             bar = self._fetch(node, bar_w) or layer_bar(start, end, t.n_layers, bar_w)
-            table.add_row(*self._cells(node, link, _two(head, bar)))
+            table.add_row(*self._with_prompt_cache(node, self._cells(node, link, _two(head, bar))))
         for node, reason in t.others():
             link = _two(Text("·", "dim"), Text(" "))
             why = _two(Text("idle", "blue"), self._fetch(node, bar_w) or Text(reason or "", "dim italic"))
