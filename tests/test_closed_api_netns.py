@@ -1,8 +1,8 @@
 """A swarm with a secret closes its API too (issue 33): a stranger host without the key gets 401.
 
 One node with a swarm secret and no --api-key, on a host of its own; a stranger host beside it.
-Every route the node's app has (listed from its router) answers the stranger 401 in OpenAI's
-error shape, with no key or a wrong one; /health answers with its public minimum only. The key
+Every route the node's app has (listed from its router) answers the stranger 401 in the error
+shape of the API called, with no key or a wrong one; /health answers with its public minimum only. The key
 `swarm-node --print-api-key` prints opens everything, and a client on the node's own machine
 needs none.
 """
@@ -10,12 +10,12 @@ needs none.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from netns import netns_unavailable_reason
@@ -29,13 +29,26 @@ SECRET = "a closed swarm's secret, long enough: 3b7e0c5d"
 CHAT = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4, "temperature": 0}
 
 
+class _Anything:
+    """A stand-in for the service the app is built around: the routes are all this test reads."""
+
+    def __getattr__(self, name: str) -> "_Anything":
+        return _Anything()
+
+    def __call__(self, *args, **kwargs) -> "_Anything":
+        return _Anything()
+
+    def __iter__(self):
+        return iter(())
+
+
 def app_routes() -> list[tuple[str, str]]:
-    """(method, path) of every route the node's API serves, from its router (a pattern filled in)."""
+    """(method, path) of every route the node's API serves, from its router (patterns filled in)."""
     from swarm.api.app import make_app
-    app = make_app(SimpleNamespace(vocab=None), None, None, "m", None)
+    app = make_app(_Anything(), _Anything(), _Anything(), "m", _Anything())
     routes = set()
     for route in app.router.routes():
-        path = route.resource.canonical.replace("{model_id}", "m")
+        path = re.sub(r"\{[^}]*\}", "m", route.resource.canonical)
         routes.add((route.method, path))
     assert ("POST", "/v1/chat/completions") in routes and ("GET", "/v1/topology") in routes, routes
     return sorted(routes)
@@ -96,8 +109,10 @@ def test_a_stranger_without_the_key_gets_401_on_every_route(closed_node):
                 continue
             assert status == 401, (method, path, key, status, body)
             assert headers.get("WWW-Authenticate", "").startswith("Bearer"), headers
-            if method != "HEAD":
-                assert body["error"]["code"] == "invalid_api_key", body
+            if method != "HEAD":  # in the shape of the API called (OpenAI's, Anthropic's, Ollama's)
+                assert body.get("error"), body
+                if isinstance(body["error"], dict) and "code" in body["error"]:
+                    assert body["error"]["code"] == "invalid_api_key", body
                 assert "10.77." not in json.dumps(body) and node.node_id not in json.dumps(body)
 
 
