@@ -34,7 +34,7 @@ class AnthropicRoutes:
     async def messages(self, request: web.Request) -> web.StreamResponse:
         gen = self.generation
         ask = await self._parsed(request, count_only=False)
-        prompt = gen.encode_chat(ask.messages, ask.tools.offered)
+        prompt = await gen.encode_chat(ask.messages, ask.tools.offered)
         shape = MessageShape(gen.model_id)
         if ask.max_tokens == 0:  # a request to warm a cache: checked, answered, nothing generated
             return await _answer(request, ask.stream, _finished(Finished("length", len(prompt), 0)), shape,
@@ -48,7 +48,7 @@ class AnthropicRoutes:
 
     async def count_tokens(self, request: web.Request) -> web.Response:
         ask = await self._parsed(request, count_only=True)
-        prompt = self.generation.encode_chat(ask.messages, ask.tools.offered)
+        prompt = await self.generation.encode_chat(ask.messages, ask.tools.offered)
         return web.json_response({"input_tokens": len(prompt)})
 
     async def _parsed(self, request: web.Request, count_only: bool) -> MessagesRequest:

@@ -41,7 +41,7 @@ class CompletionRoutes:
             raise ApiError(400, "response_format together with tools is not supported; send tool_choice 'none' "
                                 "or leave one out", param="response_format")
         gen = self.generation
-        prompt = gen.encode_chat(messages, tools.offered)
+        prompt = await gen.encode_chat(messages, tools.offered)
         grammar, fmt = await gen.chat_grammar(tools, schema)
         return await self._respond(request, prompt, params, params.with_rules(grammar=grammar),
                                    ChatShape(self.model_id, self.texts), gen.tool_output(tools, fmt))
@@ -51,7 +51,7 @@ class CompletionRoutes:
         report_ignored(request, check_fields(body, COMPLETION_FIELDS))
         text = parse_prompt(body)
         params = self._params(body, chat=False)
-        prompt = self.generation.encode_text(text)
+        prompt = await self.generation.encode_text(text)
         return await self._respond(request, prompt, params, params.rules, TextShape(self.model_id, self.texts),
                                    None, echo=text if params.echo else None)
 

@@ -56,15 +56,21 @@ class Generation:
             raise ApiError(404, f"model {requested!r} is not served here; this swarm serves {self.model_id!r}",
                            param="model", code="model_not_found")
 
-    def encode_chat(self, messages: list[dict], tools: list[dict] | None, param: str = "messages") -> list[int]:
-        return _encoded(self.service.encode_chat, param, messages, tools)
+    async def encode_chat(self, messages: list[dict], tools: list[dict] | None, param: str = "messages") -> list[int]:
+        """Off the event loop (the service's prompt threads), after its size check."""
+        return await _encoded(self.service.encode_chat, param, messages, tools)
 
-    def encode_text(self, text: str, param: str = "prompt") -> list[int]:
-        return _encoded(self.service.encode_text, param, text)
+    async def encode_text(self, text: str, param: str = "prompt") -> list[int]:
+        return await _encoded(self.service.encode_text, param, text)
 
     async def chat_grammar(self, tools: ToolRequest, schema: dict | None,
                            schema_param: str = "response_format") -> tuple[str | None, ToolFormat]:
-        """The grammar the answer follows, and the form its tool calls are parsed in."""
+        """The grammar the answer follows, and the form its tool calls are parsed in (built and checked on
+        the prompt threads: a schema's grammar, and the first one's view of the vocabulary, take a while)."""
+        return await self.service.off_loop(self._chat_grammar_now, tools, schema, schema_param)
+
+    def _chat_grammar_now(self, tools: ToolRequest, schema: dict | None,
+                          schema_param: str) -> tuple[str | None, ToolFormat]:
         vocab, fmt = self.service.vocab, self.service.chat_prompt.tool_format
         calls = [tool_call_schema(f["name"], f["parameters"]) for f in tools.forced or
                  [t["function"] for t in tools.offered or []]]
@@ -83,8 +89,8 @@ class Generation:
         if len(grammar) > MAX_GRAMMAR_CHARS:
             raise ApiError(400, f"the {param} schema is too large ({len(grammar)} characters as a grammar, "
                                 f"at most {MAX_GRAMMAR_CHARS})", param=param)
-        try:  # the first grammar builds llguidance's view of the vocabulary: off the event loop
-            return await asyncio.to_thread(checked, grammar, vocab), fmt
+        try:
+            return checked(grammar, vocab), fmt
         except GrammarError as e:
             raise ApiError(400, f"the {param} schema cannot be followed: {e}", param=param)
 
@@ -127,9 +133,9 @@ def no_pipeline_error(e: NoPipeline) -> ApiError:
     return ApiError(503, str(e), "service_unavailable", code="no_pipeline")
 
 
-def _encoded(encode, param: str, *args) -> list[int]:
+async def _encoded(encode, param: str, *args) -> list[int]:
     try:
-        return encode(*args)
+        return await encode(*args)
     except PromptTooLong as e:
         raise ApiError(400, str(e), param=param, code="context_length_exceeded")
     except TemplateRejected as e:

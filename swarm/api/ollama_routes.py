@@ -74,9 +74,9 @@ class OllamaRoutes:
         if req.loads_only:  # Ollama's "load the model" call: it is loaded
             return web.json_response(chunks.loaded())
         if req.messages is not None:
-            prompt = gen.encode_chat(req.messages, req.tools.offered)
+            prompt = await gen.encode_chat(req.messages, req.tools.offered)
         else:
-            prompt = gen.encode_text(req.raw_prompt)
+            prompt = await gen.encode_text(req.raw_prompt)
         params = req.params
         if req.until_full:
             params = replace(params, max_tokens=max(1, gen.service.context_length - len(prompt)))

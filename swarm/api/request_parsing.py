@@ -51,6 +51,9 @@ BODY_TIMEOUT = web.AppKey("body_timeout", float)  # the app's own, when it sets 
 CONTENT_ENCODINGS = {"identity", "gzip", "deflate"}
 
 
+LARGE_BODY_BYTES = 64 * 1024
+
+
 async def read_json_object(request: web.Request) -> dict:
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
     if encoding not in CONTENT_ENCODINGS:
@@ -66,8 +69,8 @@ async def read_json_object(request: web.Request) -> dict:
         raise ApiError(400, f"request body could not be decoded as {encoding}: {e.__cause__ or e}")
     if not raw:
         raise ApiError(400, "request body is empty; expected a JSON object")
-    try:
-        body = json.loads(raw)
+    try:  # a body of MBs takes the parser tens of ms: not on the event loop
+        body = json.loads(raw) if len(raw) < LARGE_BODY_BYTES else await asyncio.to_thread(json.loads, raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ApiError(400, f"request body is not valid JSON: {e}")
     except RecursionError:

@@ -51,7 +51,7 @@ class ResponsesRoutes:
         gen.check_model(req.params.model)
         report_ignored(request, req.ignored)
         earlier = self.store.conversation(req.previous_response_id) if req.previous_response_id else []
-        prompt = gen.encode_chat(req.messages(earlier), req.tools.offered, param="input")
+        prompt = await gen.encode_chat(req.messages(earlier), req.tools.offered, param="input")
         grammar, fmt = await gen.chat_grammar(req.tools, req.schema, schema_param="text.format")
         rules = req.params.with_rules(grammar=grammar)
         wants_logprobs = rules is not None and rules.logprobs is not None

@@ -49,11 +49,11 @@ from ..weights.model_from_peers import model_files_from_peers
 from ..weights.peer_weights import PeerWeights
 from ..weights.store import ChunkStore
 from . import peer_security
-from .assembly import PeerSide, build_peer_side, build_serving
+from .assembly import PeerSide, api_access, build_peer_side, build_serving
 from .config import NodeConfig
 from .inbox import NodeInbox
 from .ports import port_error, reachable_urls
-from .secrets import Secret, api_key, swarm_secret
+from .secrets import API_KEY_FROM_SECRET, Secret, api_key, effective_api_key, swarm_secret
 
 log = logging.getLogger(__name__)
 
@@ -204,6 +204,8 @@ class Node:
         peer_security.log_at_start(self.secret)
         # Stretched once (scrypt, slow on purpose), off the loop.
         link_key = await asyncio.to_thread(stretch_secret, self.secret.value) if self.secret else None
+        key = effective_api_key(self.api_key, link_key)  # a closed swarm's API is closed too
+        self._api_access = api_access(key)
 
         # What this node is: its model's sizes, its speed, its profile (and so its id). A node that
         # fetches its model names only the model it looks for until it has the model's small files.
@@ -239,7 +241,7 @@ class Node:
         log.info("requests that leave sampling out get %s", defaults.describe())
         serving = build_serving(cfg, peers, worker, model, self.tokenizer, sizes,
                                 model_spec(sizes, cfg.kv_reserve_tokens), vocab_size(model.config), self.dtype,
-                                self.dequantize, self.outline, self.backend, defaults, self.gate, self.api_key,
+                                self.dequantize, self.outline, self.backend, defaults, self.gate, key,
                                 self.secret, loop)
 
         # Start, in the same order: the inbox takes messages before the peer port accepts them, the
@@ -262,8 +264,11 @@ class Node:
                  "with a secret" if link_key else "OPEN: no secret", self.backend.describe(),
                  profile.memory_available / 2**30, describe_memory(profile.memory_kind),
                  "as stored" if self.dtype is None else str(self.dtype).removeprefix("mlx.core."))
-        if self.api_key:
-            log.info("the API requires its key (from %s) for everything but /health", self.api_key.source)
+        if key.source == API_KEY_FROM_SECRET:
+            log.info("the API requires a key derived from the swarm secret for everything but /health, except "
+                     "from this machine (`swarm-node --print-api-key` prints it for clients elsewhere)")
+        elif key:
+            log.info("the API requires its key (from %s) for everything but /health", key.source)
         else:
             log.warning("the API takes requests from anyone who can reach %s:%d (no API key: see --api-key)",
                         cfg.api_host, cfg.api_port)
@@ -296,7 +301,7 @@ class Node:
             await discovery.update_profile(state=state)
 
         runner = web.AppRunner(make_bootstrap_app(lambda: {**waiting, "fetch": weights.status.to_dict()},
-                                                  discovery, cfg.model, self.api_key.value), access_log=None)
+                                                  discovery, cfg.model, self._api_access), access_log=None)
         await runner.setup()
         try:
             await _bound("api", cfg.api_host, cfg.api_port, web.TCPSite(runner, cfg.api_host, cfg.api_port).start)
