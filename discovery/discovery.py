@@ -6,7 +6,9 @@ Sources of knowledge, all funnelled into one PeerTable:
   * liveness: every admitted peer is asked for its profile every
     `probe_interval`; `probe_failures` failures in a row is a leave (< 3 s).
   * endpoint polling: static peers, and mDNS peers declared gone, are asked
-    for their profile every `probe_interval` until they answer.
+    for their profile every `probe_interval` until they answer; one that keeps
+    failing is asked less and less often, and only so many per round
+    (probe_backoff.py: records naming endpoints that never answer cost bounded work).
 
 How a profile is asked for is the caller's: `fetch_profile(host, port, timeout)`,
 by default the plain SWPF exchange (profile_exchange.py; the caller then serves
@@ -36,8 +38,9 @@ from typing import Any, Awaitable, Callable, Iterable, Union
 from . import liveness
 from .mdns import MdnsAgent, local_ipv4_addresses, resolve_interfaces
 from .node_id import must_remint, remint_node_id
+from .probe_backoff import ProbeBackoff
 from .profile import NodeProfile
-from .profile_exchange import ProfileExchangeError, fetch_profile
+from .profile_exchange import OwnResourcesExhausted, ProfileExchangeError, fetch_profile
 from .static_peers import Endpoint, ProfileFetcher, poll_endpoints
 from .view import PeerEvent, PeerInfo, PeerTable
 
@@ -86,6 +89,8 @@ class Discovery:
         self._events: asyncio.Queue[PeerEvent] = asyncio.Queue()
         self._state_dir = state_dir
         self._interval, self._timeout, self._failure_limit = probe_interval, probe_timeout, probe_failures
+        self._exhausted_said_at = float("-inf")
+        self._backoff = ProbeBackoff()
         self._tasks: list[asyncio.Task[Any]] = []
         self._reminting = False
         self._on_duplicate = on_duplicate
@@ -108,6 +113,11 @@ class Discovery:
         if include_self:
             peers.insert(0, PeerInfo(self.profile, self._addresses, "self"))
         return peers
+
+    def is_peer_address(self, address: str) -> bool:
+        """Does a peer in the view (proved, with a swarm secret) have this address? (Its connections from
+        there are served before strangers': transport/connection_budget.py.)"""
+        return any(address in p.addresses for p in self._table.peers.values())
 
     def endpoint_of(self, node_id: str) -> tuple[str, int] | None:
         """A peer's (address, peer port). One dict lookup, so other threads may call it too."""
@@ -185,7 +195,7 @@ class Discovery:
             self._tasks.append(asyncio.create_task(self._probe_after_goodbye(peer), name="discovery-goodbye"))
 
     async def _probe_after_goodbye(self, peer: PeerInfo) -> None:
-        if not await self._check(peer) and self._table.get(peer.node_id) is peer:
+        if await self._check(peer) is False and self._table.get(peer.node_id) is peer:
             log.info("peer %s (%s) said goodbye and no longer answers: gone", peer.node_id, peer.endpoint)
             self._gone_instances.add(peer.profile.instance)
             self._emit(self._table.mark_gone(peer.node_id, peer.profile.instance))
@@ -226,8 +236,8 @@ class Discovery:
             peers = list(self._table.peers.values())
             results = await asyncio.gather(*(self._check(p) for p in peers))
             for peer, alive in zip(peers, results):
-                if self._table.get(peer.node_id) is not peer:
-                    continue  # replaced or removed while we probed
+                if self._table.get(peer.node_id) is not peer or alive is None:
+                    continue  # replaced or removed while we probed, or we could not probe at all
                 key = (peer.node_id, peer.profile.instance)
                 counter = self._failures.setdefault(key, liveness.FailureCounter(self._failure_limit))
                 if alive:
@@ -241,13 +251,22 @@ class Discovery:
                 del self._failures[key]
             await asyncio.sleep(max(0.0, self._interval - (loop.time() - started)))
 
-    async def _check(self, peer: PeerInfo) -> bool:
+    async def _check(self, peer: PeerInfo) -> bool | None:
+        """Alive, gone, or None: this node is out of descriptors or memory, which says nothing of the peer
+        (a node under a flood must not declare its peers dead and split the swarm)."""
         # The probe fetches the profile itself (SWPF), not just a TCP connect: it is the
         # only way to see a static peer's changes, and it repairs a lost mDNS update
         # (seen in tests: one multicast announcement of a new plan never arrived), so
         # every profile change reaches every peer within one probe interval.
         try:
             profile = await self._fetch(*peer.endpoint, self._timeout)
+        except OwnResourcesExhausted as exc:
+            now = asyncio.get_running_loop().time()
+            if now - self._exhausted_said_at > 60:
+                self._exhausted_said_at = now
+                log.warning("cannot probe peers: this node is out of resources (%s); nobody is declared gone "
+                            "for it", exc)
+            return None
         except ProfileExchangeError:
             return False
         # A restarted node at the same endpoint shows up here as a newer instance,
@@ -265,7 +284,12 @@ class Discovery:
             admitted = {p.endpoint for p in self._table.peers.values()}
             candidates = {e for e in self._static + [known[0] for known in self._mdns_endpoints.values()]
                           if (e.host, e.port) not in admitted}
-            for endpoint, profile in await poll_endpoints(candidates, max(self._timeout, 1.0), self._fetch):
+            asked = self._backoff.due(candidates)  # endpoints that keep failing are asked less and less
+            answered = await poll_endpoints(asked, max(self._timeout, 1.0), self._fetch)
+            for endpoint in set(asked) - {e for e, _ in answered}:
+                self._backoff.failed(endpoint)
+            for endpoint, profile in answered:
+                self._backoff.answered(endpoint)
                 self._gone_instances.discard(profile.instance)
                 self._observe(profile, (endpoint.host,), endpoint.source)
             with contextlib.suppress(asyncio.TimeoutError):

@@ -16,6 +16,7 @@ with the same reader/writer (the magic already consumed).
 from __future__ import annotations
 
 import asyncio
+import errno
 import struct
 
 from .profile import MalformedProfile, NodeProfile
@@ -27,6 +28,19 @@ _LENGTH = struct.Struct(">I")
 
 class ProfileExchangeError(Exception):
     """The peer could not be reached or did not answer with a valid profile."""
+
+
+class OwnResourcesExhausted(ProfileExchangeError):
+    """This node could not even try: it is out of descriptors, buffers or memory (says nothing of the peer)."""
+
+
+OWN_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+def exchange_error(host: str, port: int, exc: BaseException) -> ProfileExchangeError:
+    """The ProfileExchangeError for a failed fetch: OwnResourcesExhausted where the failure was ours."""
+    kind = OwnResourcesExhausted if getattr(exc, "errno", None) in OWN_RESOURCE_ERRNOS else ProfileExchangeError
+    return kind(f"{host}:{port}: {type(exc).__name__}: {exc}")
 
 
 async def answer_profile_request(
@@ -51,7 +65,7 @@ async def fetch_profile(host: str, port: int, timeout: float = 1.0) -> NodeProfi
     except ProfileExchangeError:
         raise
     except (asyncio.TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
-        raise ProfileExchangeError(f"{host}:{port}: {type(exc).__name__}: {exc}") from exc
+        raise exchange_error(host, port, exc) from exc
 
 
 async def _fetch(host: str, port: int) -> NodeProfile:

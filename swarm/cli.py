@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--new-secret", action="store_true",
                    help="write a new random swarm secret into the state dir, print it and how to give it to "
                         "the other nodes, and exit")
+    p.add_argument("--print-api-key", action="store_true",
+                   help="print the key this node's API requires of clients on other machines (--api-key, else "
+                        "one derived from the swarm secret) and exit")
     p.add_argument("--interface", action="append", dest="interfaces", default=None, metavar="IP_OR_NAME",
                    help="advertise and browse with mDNS only on this interface (repeatable; default: all)")
     p.add_argument("--peer", action="append", dest="peers", default=[], type=_host_port, metavar="HOST:PORT",
@@ -121,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peer-host", default="0.0.0.0", help="address the peer port listens on (default: %(default)s)")
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help="require 'Authorization: Bearer KEY' for chat, models and topology (/health stays open); "
-                        "default: $SWARM_API_KEY, else the file api-key in the state dir, else no key")
+                        "default: $SWARM_API_KEY, else the file api-key in the state dir, else with a swarm "
+                        "secret a key derived from it (not asked of clients on this machine), else no key")
     p.add_argument("--http-timeout", type=_seconds, default=30.0, metavar="SECONDS",
                    help="an HTTP request's headers and body must arrive within this, and an idle connection "
                         "closes after it (default: %(default)s)")
@@ -254,7 +258,28 @@ This node uses it from now on. Give every other node of the swarm the same secre
     SWARM_SECRET={text} swarm-node
     a file named `secret` holding it in that node's state dir ({default_state_dir()} by default)
 (the flag wins over the environment, which wins over the file). Nodes with the secret never
-connect to nodes without it: restart every node of the swarm with it.""")
+connect to nodes without it: restart every node of the swarm with it. The API is closed with it
+too: clients on other machines send the key `swarm-node --print-api-key` prints.""")
+    return 0
+
+
+def print_api_key(args: argparse.Namespace) -> int:
+    """`swarm-node --print-api-key`: the key clients elsewhere send, found as a node would find it."""
+    from .node.secrets import API_KEY_FROM_SECRET, api_key, effective_api_key, swarm_secret
+    from .transport.link_crypto import stretch_secret
+    try:
+        secret = swarm_secret(args.secret, args.state_dir)
+        key = effective_api_key(api_key(args.api_key, args.state_dir),
+                                stretch_secret(secret.value) if secret else None)
+    except ValueError as e:
+        print(f"swarm-node: error: {e}", file=sys.stderr)
+        return 2
+    if not key:
+        print("swarm-node: this node's API needs no key (no --api-key and no swarm secret)", file=sys.stderr)
+        return 1
+    print(key.value)
+    print(f"(from {key.source}; clients send 'Authorization: Bearer <key>', e.g. OpenAI's clients' api_key"
+          + (", those on this machine need none)" if key.source == API_KEY_FROM_SECRET else ")"), file=sys.stderr)
     return 0
 
 
@@ -280,6 +305,8 @@ def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if args.new_secret:
         return new_secret(args.state_dir)
+    if args.print_api_key:
+        return print_api_key(args)
     try:  # before anything slow: a taken port is one line now, not after the model has loaded
         check_port("api", args.api_host, args.api_port)
         check_port("peer", args.peer_host, args.peer_port)
@@ -289,6 +316,12 @@ def _main(argv: list[str] | None) -> int:
     # Before MLX is imported: on Linux CPUs, re-exec once with an optimized BLAS preloaded.
     maybe_reexec_with_blas(sys.argv[1:] if argv is None else list(argv))
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .node.descriptor_limit import DescriptorLimitError, prepare_descriptor_limit
+    try:
+        prepare_descriptor_limit()
+    except DescriptorLimitError as e:
+        print(f"swarm-node: error: {e}", file=sys.stderr)
+        return 2
     from .models.errors import ModelError
     from .node.node import DuplicateNodeId, Node
     from .node.lifecycle import Interrupted, serve

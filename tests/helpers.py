@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -44,9 +45,10 @@ def streamed_text(events: Iterable[dict]) -> str:
     return "".join(piece(e["choices"][0]) for e in events if e.get("choices"))
 
 
-def http_json(url: str, body: dict | None = None, timeout: float = 120) -> tuple[int, dict]:
+def http_json(url: str, body: dict | None = None, timeout: float = 120,
+              headers: dict | None = None) -> tuple[int, dict]:
     """GET `url`, or POST it a JSON body: (status, JSON answer), an error status included."""
-    return _answer(url, json.dumps(body).encode() if body is not None else None, {}, timeout)
+    return _answer(url, json.dumps(body).encode() if body is not None else None, headers or {}, timeout)
 
 
 def post_raw(node, path: str, body: bytes, headers: dict | None = None, timeout: float = 60) -> tuple[int, dict]:
@@ -105,3 +107,20 @@ async def eventually(predicate: Callable[[], Any], timeout: float = 10.0, what: 
     while not (await asyncio.to_thread(predicate) if blocking else predicate()):
         assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what or predicate}"
         await asyncio.sleep(0.02)
+
+
+def assert_gone_mid_stream_frees(node, path: str, body: dict, marker: bytes) -> None:
+    """A client that reads a few events and hangs up: the node forgets the request on every stage."""
+    raw = json.dumps(body).encode()
+    with socket.create_connection(("127.0.0.1", node.api_port)) as s:
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
+                  + f"Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
+        seen = b""
+        while seen.count(marker) < 5:
+            seen += s.recv(4096)
+        assert node.health()[1]["active_requests"] == 1
+
+    def freed() -> bool:
+        health = node.health()[1]
+        return health["active_requests"] == 0 and health["cached_requests"] == 0
+    wait_until(freed, 30, "the request freed on every stage")

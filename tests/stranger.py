@@ -171,3 +171,67 @@ def flood(ip: str, port: int, swarm: str, version: int, count: int, seconds: flo
     finally:
         for s in socks:
             s.close()
+
+
+def _bound_connect(ip: str, port: int, source: str, timeout: float = 2.0) -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind((source, 0))
+        s.settimeout(timeout)
+        s.connect((ip, port))
+    except OSError:
+        s.close()
+        raise
+    s.setblocking(False)
+    return s
+
+
+def held_connections(targets: list[tuple[str, int]], sources: list[str], per_source: int, seconds: float,
+                     first_bytes: bytes, trickle: bytes = b"", trickle_every: float = 5.0) -> dict:
+    """From every source address, hold `per_source` connections to every target for `seconds`, each having
+    sent `first_bytes` (and `trickle` every `trickle_every` s); a connection the node closes is opened
+    again. Bounded in count (len(sources) * per_source * len(targets) at once) and time. Counts back."""
+    held: dict[tuple[int, int], socket.socket] = {}
+    opened = failed = closed_by_node = 0
+    deadline = time.monotonic() + seconds
+    next_trickle = time.monotonic() + trickle_every
+    slots = [(t, s) for t in range(len(targets)) for s in range(len(sources) * per_source)]
+    try:
+        while time.monotonic() < deadline:
+            for slot in slots:
+                if time.monotonic() > deadline:
+                    break
+                sock = held.get(slot)
+                if sock is not None and not _closed(sock):
+                    continue
+                if sock is not None:
+                    closed_by_node += 1
+                    sock.close()
+                    del held[slot]
+                target, index = slot
+                try:
+                    sock = _bound_connect(*targets[target], sources[index // per_source])
+                    sock.send(first_bytes)
+                except OSError:
+                    failed += 1
+                    continue
+                opened += 1
+                held[slot] = sock
+            if trickle and time.monotonic() > next_trickle:
+                next_trickle = time.monotonic() + trickle_every
+                for sock in held.values():
+                    try:
+                        sock.send(trickle)
+                    except OSError:
+                        pass
+            time.sleep(0.2)
+        return {"opened": opened, "failed": failed, "closed_by_node": closed_by_node, "held_at_end": len(held)}
+    finally:
+        for sock in held.values():
+            sock.close()
+
+
+def half_hello(node_id: str = "half-hello", swarm: str = "default", version: int = 1) -> bytes:
+    """The magic and the first half of a hello frame: a hello that never completes."""
+    whole = hello(node_id, swarm, version, nonce=os.urandom(32))
+    return MAGIC + whole[:len(whole) // 2]

@@ -40,10 +40,10 @@ class SwarmNode:
                                     label=f"node{self.index}-{time.monotonic_ns()}")
 
     def get(self, path: str, timeout: float = 30) -> tuple[int, dict]:
-        return in_netns(self.host.ns, http_json, self.url + path, None, timeout)
+        return in_netns(self.host.ns, http_json, self.url + path, None, timeout, self.cluster.auth)
 
     def post(self, path: str, body: dict, timeout: float = 300) -> tuple[int, dict]:
-        return in_netns(self.host.ns, http_json, self.url + path, body, timeout)
+        return in_netns(self.host.ns, http_json, self.url + path, body, timeout, self.cluster.auth)
 
     def stream(self, path: str, body: dict, timeout: float = 300) -> list[dict]:
         return in_netns(self.host.ns, sse_events, self.url + path, {**body, "stream": True}, timeout)
@@ -62,11 +62,13 @@ class SwarmNode:
 
 class SwarmCluster:
     def __init__(self, root: Path, n: int, common: list[str], per_node: list[list[str]] | None = None,
-                 secret: str | None = None, start: bool = True):
+                 secret: str | None = None, start: bool = True, api_key: str | None = None):
         """`secret`: written into every node's state dir (the file a node reads its swarm secret from).
-        `start` False: the hosts exist, the nodes are started by the test (`node.start()`)."""
+        `start` False: the hosts exist, the nodes are started by the test (`node.start()`).
+        `api_key`: every node's (--api-key), which get and post send."""
         self.root = Path(root)
-        self.common = common
+        self.api_key = api_key
+        self.common = common + (["--api-key", api_key] if api_key else [])
         if secret is not None:
             for i in range(n):
                 (self.root / f"state{i}").mkdir(parents=True, exist_ok=True)
@@ -80,6 +82,10 @@ class SwarmCluster:
         except BaseException:
             self.network.close()
             raise
+
+    @property
+    def auth(self) -> dict:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def add_node(self, extra: list[str] | None = None) -> SwarmNode:
         """One more node, on a new host of the same network (started now)."""

@@ -304,7 +304,8 @@ CHAT_SAMPLES = {  # a value for each field this server honours (the rest of Open
     "top_logprobs": 2, "presence_penalty": 0.5, "frequency_penalty": 0.5, "logit_bias": {"5": 1},
     "tools": TOOLS, "tool_choice": "none", "parallel_tool_calls": False, "response_format": {"type": "text"},
     "user": "u1", "safety_identifier": "s1", "prompt_cache_key": "k1", "prompt_cache_retention": "24h",
-    "metadata": {"a": "b"}, "store": False, "service_tier": "auto", "modalities": ["text"],
+    "metadata": {"a": "b"}, "store": True, "service_tier": "flex", "modalities": ["text"],
+    "reasoning_effort": "low", "verbosity": "low",
     "stream_options": {"include_usage": True},
 }
 COMPLETION_SAMPLES = {
@@ -337,12 +338,41 @@ def test_every_openai_request_field_is_honoured_or_refused_by_name(node, path, f
             status, reply = post_raw(node, path, json.dumps({**base, field: {"x": 1}}).encode())
             assert (status, reply["error"]["param"]) == (400, field), (field, reply)
             assert field in reply["error"]["message"] or reply["error"]["code"] == "unsupported_parameter"
-    for field, value in [("store", True), ("service_tier", "flex"), ("modalities", ["text", "audio"])]:
+    for field, value in [("store", "yes"), ("service_tier", "turbo"), ("reasoning_effort", "max"),
+                         ("modalities", ["text", "audio"])]:
         if field in every:
             status, reply = post_raw(node, path, json.dumps({**base, field: value}).encode())
             assert (status, reply["error"]["param"]) == (400, field), (field, reply)
     status, reply = post_raw(node, path, json.dumps({**base, "audio": None, "functions": None}).encode())
     assert status == 200, "a field sent as null counts as left out"
+
+
+NO_EFFECT = {"reasoning_effort": "high", "verbosity": "low", "store": True, "metadata": {"app": "x"},
+             "user": "u1", "service_tier": "priority"}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_fields_without_effect_are_accepted_and_named_in_a_header_and_the_log(node, stream):
+    """The fields some clients always send change nothing on a model that does not reason: the answer is
+    the one without them, and the x-swarm-ignored header and the node's log name them."""
+    import urllib.request
+    base = {"messages": ASK, "max_tokens": 6, "temperature": 0, "stream": stream}
+    answers, headers = [], []
+    for body in (base, {**base, **NO_EFFECT, "parallel_tool_calls": True}):
+        req = urllib.request.Request(node.url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            answers.append(r.read().decode())
+            headers.append(r.headers.get("x-swarm-ignored"))
+    assert headers[0] is None, "nothing ignored, no header"
+    assert sorted(headers[1].split(", ")) == sorted(NO_EFFECT), headers[1]  # parallel_tool_calls is applied
+    if stream:
+        texts = ["".join((json.loads(line[6:])["choices"] or [{}])[0].get("delta", {}).get("content") or ""
+                         for line in a.splitlines() if line.startswith("data: {")) for a in answers]
+    else:
+        texts = [json.loads(a)["choices"][0]["message"]["content"] for a in answers]
+    assert texts[0] == texts[1]
+    assert "accepted and ignored" in node.log.read_text() and "reasoning_effort" in node.log.read_text()
 
 
 def post_sse_or_json(node, path: str, body: dict) -> tuple[int, object]:

@@ -202,3 +202,15 @@ def test_the_log_says_when_the_swarm_cannot_hold_the_model(tmp_path, llama):
         assert "ready: " not in node.log.read_text()
     finally:
         node.stop()
+
+
+def test_the_ready_urls_follow_the_address_family_listened_on():
+    """asyncio's servers take "::" as IPv6 only, "0.0.0.0" as IPv4 only, "" as both: the ready line names
+    only addresses that answer (a host's own address on a network is in tests/test_ready_line_netns.py)."""
+    from swarm.node.ports import reachable_urls
+    v4, v6, both = reachable_urls("0.0.0.0", 8800), reachable_urls("::", 8800), reachable_urls("", 8800)
+    assert "http://127.0.0.1:8800/v1" in v4 and not any("[" in u for u in v4), v4
+    assert all("[" in u for u in v6) and v6[-1] == "http://[::1]:8800/v1", v6
+    assert set(v4) <= set(both) and v4[-1] == "http://127.0.0.1:8800/v1"
+    assert reachable_urls("10.1.2.3", 9) == ["http://10.1.2.3:9/v1"]
+    assert reachable_urls("fd00::5", 9) == ["http://[fd00::5]:9/v1"]

@@ -61,7 +61,7 @@ def test_the_flag_wins_over_the_environment_which_wins_over_the_file(tmp_path, l
         (tmp_path / f"n{i}").mkdir()
         with running_node(tmp_path / f"n{i}", *model, *flag, "--state-dir", str(state), env=env) as node:
             status, health = get_json(node.url + "/health")
-            expected = {"peers": "secret", "secret_from": source, "api_key": False}
+            expected = {"peers": "secret", "secret_from": source, "api_key": True}  # derived from the secret
             assert health["security"] == expected, health["security"]
             status, topology = get_json(node.url + "/v1/topology")
             assert topology["security"]["peers"] == "secret"

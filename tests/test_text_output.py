@@ -32,7 +32,7 @@ def test_stop_strings_never_leak(default_model):
         if expected is None:
             assert text == tok.decode(ids) and not out.stopped
         else:
-            assert text == expected and out.stopped
+            assert text == expected and out.stopped and out.stop_string == stop
         assert all(stop not in p for p in pieces)
 
 

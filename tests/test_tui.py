@@ -15,7 +15,7 @@ import uuid
 import pytest
 from helpers import chat_body, http_json
 from node_process import running_node
-from swarm.bench.cluster import get_json
+from swarm.bench.cluster import free_port, get_json
 
 from tui.app import SwarmTUI
 from tui.client import NodeError
@@ -155,6 +155,41 @@ async def test_polls_when_the_event_stream_fails(node, monkeypatch):
         await pilot.press("r")
         await pilot.pause(0.3)
         assert "[polling]" in app.screen_text()
+
+
+async def test_swarm_events_read_as_sentences(tmp_path, tiny_models):
+    """A second node joins the one the dashboard watches: its join, the new plan and the watched node's
+    loading of it are sentences naming nodes and layers, not raw dicts or "new plan (none)"."""
+    second_peer_port = free_port()  # each names the other as a static peer (no mDNS on loopback)
+    with running_node(tmp_path, "--model", str(tiny_models["llama"]), "--name", "first", "--speed", "0.002",
+                      "--peer", f"127.0.0.1:{second_peer_port}") as a:
+        app = SwarmTUI([a.url])
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.topology is not None and "first" in app.screen_text(), what="first")
+            with running_node(tmp_path, "--model", str(tiny_models["llama"]), "--name", "second", "--speed", "0.002",
+                              "--peer-port", str(second_peer_port), "--peer", f"127.0.0.1:{a.peer_port}"):
+                events = app.query_one(EventLog)  # its lines_text is replaced as lines come
+                await wait_for(pilot, lambda: any("second" in line and "new plan" in line for line in events.lines_text)
+                               and any("first has loaded" in line for line in events.lines_text), timeout=120,
+                               what="the new plan, loaded")
+                log = events.lines_text
+                text = "\n".join(log)
+                assert "second joined" in text, text
+                [plan] = [line for line in log if "new plan" in line and "second" in line]
+                assert "in 2 stages: first layers [0, 3) → second layers [3, 6)" in plan or \
+                       "in 2 stages: second layers [0, 3) → first layers [3, 6)" in plan, plan
+                plan_id = plan.split("new plan ")[1].split()[0]
+                assert f"first has loaded its layers of plan {plan_id} and serves it" in text, text
+                assert "{" not in text and "(none)" not in text, text
+
+
+def test_a_plan_event_without_a_plan_says_why():
+    log = EventLog()
+    log.add("plan", "x")  # the widget is not mounted: lines_text still records
+    log.add_event("plan", {"plan": None, "error": "the swarm cannot hold the model: 2 GiB short"}, str)
+    log.add_event("weights_moved", {"node_id": "n1", "bytes": 5}, str)
+    assert log.lines_text[-2].endswith("no plan: the swarm cannot hold the model: 2 GiB short")
+    assert log.lines_text[-1].endswith("weights moved: node id n1, bytes 5")
 
 
 def test_parsing_never_raises_on_partial_or_odd_json():

@@ -38,8 +38,8 @@ class Overloaded(ApiError):
         super().__init__(429, message, "rate_limit_error", code="overloaded")
         self.retry_after_s = retry_after_s
 
-    def response(self) -> web.Response:
-        resp = error_response(self.status, self.message, self.type, self.param, self.code)
+    def response(self, path: str = "") -> web.Response:
+        resp = error_response(self.status, self.message, self.type, self.param, self.code, path=path)
         resp.headers["Retry-After"] = str(self.retry_after_s)
         return resp
 

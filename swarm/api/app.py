@@ -1,6 +1,6 @@
-"""The node's HTTP server: OpenAI-compatible chat plus health and models.
+"""The node's HTTP server: OpenAI-compatible chat and Responses, Ollama's API, plus health and models.
 
-Hardened for a network with strangers on it: an optional API key (auth.py), bodies of at
+Hardened for a network with strangers on it: an API key, optional in an open swarm (auth.py), bodies of at
 most MAX_BODY_BYTES that must arrive within the HTTP timeout (request_parsing.py), and,
 set where the server is run (node/node.py): a connection that sends no complete request within
 that timeout is closed (aiohttp's keep-alive timeout, which also covers unfinished
@@ -18,11 +18,17 @@ from ..events import EventBus
 from ..models.generation_defaults import GenerationDefaults
 from ..status.node_status import NodeStatus
 from .admission import Admission
-from .auth import api_key_middleware, bearer_matches
+from .anthropic_routes import AnthropicRoutes
+from .auth import ApiAccess, api_key_middleware, authorized
 from .completions import CompletionRoutes
 from .errors import ApiError, error_middleware
+from .generation import Generation
+from .ollama_models import OllamaModel
+from .ollama_routes import OllamaRoutes
+from .request_fields import ignored_header
 from .request_gate import RequestGate
 from .request_parsing import BODY_TIMEOUT, BODY_TIMEOUT_S
+from .responses_routes import ResponsesRoutes
 from .topology_routes import TopologyRoutes
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -30,14 +36,21 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
 
 def make_app(service: InferenceService, status: NodeStatus, events: EventBus, model_id: str,
              admission: Admission, defaults: GenerationDefaults | None = None, gate: RequestGate | None = None,
-             *, api_key: str | None = None, body_timeout: float = BODY_TIMEOUT_S) -> web.Application:
+             *, api_key: ApiAccess | str | None = None, body_timeout: float = BODY_TIMEOUT_S) -> web.Application:
     """The API sees the inference service (chat) and the status (health, topology), not the node."""
     # The key first (a request without it learns nothing, not even that the node is stopping), then
     # errors in OpenAI's shape, then the gate (a 503 once the node stops taking requests).
     middlewares = [api_key_middleware(api_key), error_middleware] + ([gate.middleware] if gate else [])
     app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
     app[BODY_TIMEOUT] = body_timeout
-    CompletionRoutes(service, model_id, admission, defaults).add_to(app)
+    app.on_response_prepare.append(ignored_header)
+    generation = Generation(service, model_id, admission, defaults)
+    CompletionRoutes(generation).add_to(app)
+    AnthropicRoutes(generation).add_to(app)
+    ResponsesRoutes(generation).add_to(app)
+    template = getattr(service.tokenizer, "chat_template", None)
+    OllamaRoutes(generation, OllamaModel(model_id, status.model, template if isinstance(template, str) else None)
+                 ).add_to(app)
     model = {"id": model_id, "object": "model", "created": int(time.time()), "owned_by": "swarm"}
 
     async def models(_request):
@@ -50,9 +63,9 @@ def make_app(service: InferenceService, status: NodeStatus, events: EventBus, mo
         return web.json_response(model)
 
     async def health(request):
-        authorized = bearer_matches(request, api_key)
-        body = status.health(authorized=authorized)
-        if authorized:  # like the rest of the details, only for a caller with the key
+        allowed = authorized(request, api_key)
+        body = status.health(authorized=allowed)
+        if allowed:  # like the rest of the details, only for a caller with the key
             body["admission"] = admission.status()
         return web.json_response(body,
                                  status=200 if status.can_serve()[0] else 503)

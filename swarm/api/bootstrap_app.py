@@ -14,12 +14,12 @@ from aiohttp import web
 
 from discovery import Discovery, NodeState
 
-from .auth import api_key_middleware
+from .auth import ApiAccess, api_key_middleware
 from .errors import error_response
 
 
 def make_bootstrap_app(state: Callable[[], dict], discovery: Discovery, model: str | None,
-                       api_key: str | None = None) -> web.Application:
+                       api_key: ApiAccess | str | None = None) -> web.Application:
     app = web.Application(middlewares=[api_key_middleware(api_key)])  # the topology is the key's, as later
 
     def health() -> dict:
@@ -44,7 +44,7 @@ def make_bootstrap_app(state: Callable[[], dict], discovery: Discovery, model: s
 
     async def anything_else(request):
         return error_response(503, f"this node is not serving yet: {state()['status']}", "service_unavailable",
-                              code="starting")
+                              code="starting", path=request.path)
 
     app.router.add_get("/health", health_route)
     app.router.add_get("/v1/topology", topology)

@@ -4,34 +4,27 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import aclosing
-from dataclasses import replace
 
 from aiohttp import web
 
-from ..engine.decoding_rules import MAX_GRAMMAR_CHARS, DecodingRules
-from ..entry.chat_prompt import JSON_TOOLS, TemplateRejected, ToolFormat
-from ..entry.grammars import (GrammarError, checked, forced_tool_calls_grammar, json_schema_grammar,
-                              lazy_tool_calls_grammar, tool_call_schema)
+from ..engine.decoding_rules import DecodingRules
 from ..planning.errors import NoPipeline
-from ..entry.service import Finished, InferenceService, PromptScores, PromptTooLong, TextDelta, TokenScore
-from ..entry.tool_call_output import ToolCallOutput
-from ..models.generation_defaults import GenerationDefaults
-from .admission import Admission
+from ..entry.service import Finished, PromptScores, TextDelta, TokenScore
 from .errors import ApiError
-from .request_fields import CHAT_FIELDS, COMPLETION_FIELDS, check_fields
-from .request_parsing import CompletionParams, parse_messages, parse_params, parse_prompt, read_json_object
+from .generation import Generation, chained, no_pipeline_error
+from .request_fields import CHAT_FIELDS, COMPLETION_FIELDS, check_fields, report_ignored
+from .request_parsing import CompletionParams, parse_messages, parse_prompt, read_json_object
 from .response_format import parse_response_format
 from .response_shapes import ChatShape, Collected, TextShape, TokenTexts
 from .sse import open_event_stream, send_event
-from .tool_params import ToolRequest, parse_tools
+from .tool_params import parse_tools
 
 
 class CompletionRoutes:
-    def __init__(self, service: InferenceService, model_id: str, admission: Admission,
-                 defaults: GenerationDefaults | None = None):
-        self.service, self.model_id, self.admission = service, model_id, admission
-        self.defaults = defaults or GenerationDefaults()
-        self.texts = TokenTexts(service.vocab)
+    def __init__(self, generation: Generation):
+        self.generation = generation
+        self.service, self.model_id = generation.service, generation.model_id
+        self.texts = TokenTexts(self.service.vocab)
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self.chat)
@@ -39,7 +32,7 @@ class CompletionRoutes:
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await read_json_object(request)
-        check_fields(body, CHAT_FIELDS)
+        report_ignored(request, check_fields(body, CHAT_FIELDS, reasoning=self.service.chat_prompt.reasons))
         messages = parse_messages(body)
         tools = parse_tools(body)
         schema = parse_response_format(body)
@@ -47,88 +40,33 @@ class CompletionRoutes:
         if schema is not None and tools.offered:
             raise ApiError(400, "response_format together with tools is not supported; send tool_choice 'none' "
                                 "or leave one out", param="response_format")
-        prompt = _encoded(self.service.encode_chat, messages, tools.offered)
-        grammar, fmt = await self._chat_grammar(tools, schema)
-        make_output = (lambda: ToolCallOutput(fmt, tools.tools)) if tools.offered else None
+        gen = self.generation
+        prompt = await gen.encode_chat(messages, tools.offered)
+        grammar, fmt = await gen.chat_grammar(tools, schema)
         return await self._respond(request, prompt, params, params.with_rules(grammar=grammar),
-                                   ChatShape(self.model_id, self.texts), make_output)
+                                   ChatShape(self.model_id, self.texts), gen.tool_output(tools, fmt))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await read_json_object(request)
-        check_fields(body, COMPLETION_FIELDS)
+        report_ignored(request, check_fields(body, COMPLETION_FIELDS))
         text = parse_prompt(body)
         params = self._params(body, chat=False)
-        prompt = _encoded(self.service.encode_text, text)
+        prompt = await self.generation.encode_text(text)
         return await self._respond(request, prompt, params, params.rules, TextShape(self.model_id, self.texts),
                                    None, echo=text if params.echo else None)
 
     def _params(self, body: dict, chat: bool) -> CompletionParams:
-        params = parse_params(body, self.service.context_length, self.service.vocab_size, self.defaults, chat)
-        if params.model is not None and params.model != self.model_id:
-            raise ApiError(404, f"model {params.model!r} is not served here; this swarm serves "
-                                f"{self.model_id!r}", param="model", code="model_not_found")
+        params = self.generation.params(body, chat)
+        self.generation.check_model(params.model)
         return params
-
-    async def _chat_grammar(self, tools: ToolRequest, schema: dict | None) -> tuple[str | None, ToolFormat]:
-        """The grammar the answer follows, and the form its tool calls are parsed in."""
-        vocab, fmt = self.service.vocab, self.service.chat_prompt.tool_format
-        calls = [tool_call_schema(f["name"], f["parameters"]) for f in tools.forced or
-                 [t["function"] for t in tools.offered or []]]
-        if tools.forced:  # "required" or a named function: nothing but calls, in the json_tools form
-            grammar, param, fmt = forced_tool_calls_grammar(calls, vocab, tools.choice == "required"
-                                                            and tools.parallel), "tools", JSON_TOOLS
-        elif tools.offered and fmt.is_json_tools:  # "auto": free text, but a call once opened is a valid one
-            grammar, param = lazy_tool_calls_grammar(calls, vocab, tools.parallel), "tools"
-        elif schema is not None:
-            try:
-                grammar, param = json_schema_grammar(schema), "response_format"
-            except ValueError as e:
-                raise ApiError(400, f"response_format schema: {e}", param="response_format")
-        else:
-            return None, fmt
-        if len(grammar) > MAX_GRAMMAR_CHARS:
-            raise ApiError(400, f"the {param} schema is too large ({len(grammar)} characters as a grammar, "
-                                f"at most {MAX_GRAMMAR_CHARS})", param=param)
-        try:  # the first grammar builds llguidance's view of the vocabulary: off the event loop
-            return await asyncio.to_thread(checked, grammar, vocab), fmt
-        except GrammarError as e:
-            raise ApiError(400, f"the {param} schema cannot be followed: {e}", param=param)
 
     async def _respond(self, request, prompt: list[int], params: CompletionParams, rules: DecodingRules | None,
                        shape, make_output, echo: str | None = None) -> web.StreamResponse:
-        service = self.service
-        try:
-            max_tokens = service.budget(len(prompt), params.max_tokens)
-        except ValueError as e:
-            raise ApiError(400, str(e), param="max_tokens", code="context_length_exceeded")
-        async with self.admission.slot():  # waits its turn, or 429 (admission.py)
-            return await self._generate(request, prompt, params, rules, shape, make_output, echo, max_tokens)
-
-    async def _generate(self, request, prompt: list[int], params: CompletionParams, rules: DecodingRules | None,
-                        shape, make_output, echo: str | None, max_tokens: int) -> web.StreamResponse:
-        service = self.service
-        if rules is not None and rules.logprobs is not None:
-            await asyncio.to_thread(lambda: service.vocab.ll)  # token texts for logprobs (built once)
-        seed = params.sampling.seed
-        streams = [service.complete(prompt, replace(params.sampling, seed=(seed + i) % 2**64), max_tokens,
-                                    params.stop, rules, make_output() if make_output else None)
-                   for i in range(params.n)]
-        run = _Run(prompt, rules, echo, streams)
-        try:
-            # The first events decide the HTTP status: no pipeline in time is a 503,
-            # which a client can only see before the stream has started.
-            firsts = await asyncio.gather(*(anext(s) for s in streams), return_exceptions=True)
-            for first in firsts:
-                if isinstance(first, NoPipeline):
-                    raise ApiError(503, str(first), "service_unavailable", code="no_pipeline")
-                if isinstance(first, BaseException):
-                    raise first
+        async with self.generation.started(prompt, params, rules, make_output) as started:
+            run = _Run(prompt, rules, echo, started.streams)
             if params.stream:
-                return await _stream(request, run, firsts, shape, params.include_usage)
-            return await _collect(run, firsts, shape)
-        finally:
-            for s in streams:
-                await s.aclose()  # frees the request's caches on every stage, whatever happened
+                return await _stream(request, run, started.firsts, shape, params.include_usage)
+            return await _collect(run, started.firsts, shape)
 
 
 class _Run:
@@ -144,29 +82,13 @@ class _Run:
         return [TokenScore(self.prompt[0], 0.0), *ev.scores]
 
 
-def _encoded(encode, *args) -> list[int]:
-    try:
-        return encode(*args)
-    except PromptTooLong as e:
-        raise ApiError(400, str(e), param="messages" if isinstance(args[0], list) else "prompt",
-                       code="context_length_exceeded")
-    except TemplateRejected as e:
-        raise ApiError(400, str(e), param="messages")
-
-
-async def _events(first, stream):
-    yield first
-    async for ev in stream:
-        yield ev
-
-
 async def _collect(run: _Run, firsts: list, shape) -> web.Response:
     choices = [Collected(run.wants_logprobs) for _ in firsts]
 
     async def gather(c: Collected, first, stream) -> None:
         if run.echo is not None:
             c.text = run.echo
-        async for ev in _events(first, stream):
+        async for ev in chained(first, stream):
             if isinstance(ev, TextDelta):
                 c.text += ev.text
                 c.tool_calls += ev.tool_calls
@@ -181,7 +103,7 @@ async def _collect(run: _Run, firsts: list, shape) -> web.Response:
                                    return_exceptions=True)
     for r in results:
         if isinstance(r, NoPipeline):
-            raise ApiError(503, str(r), "service_unavailable", code="no_pipeline")
+            raise no_pipeline_error(r)
         if isinstance(r, BaseException):
             raise r
     return web.json_response(shape.whole(choices, len(run.prompt)))
@@ -232,7 +154,7 @@ async def _send_all(resp, run: _Run, events, shape, finished: list, offsets: lis
 async def _merged(firsts: list, streams: list):
     """(choice index, event) from every choice as they come; one choice is read directly."""
     if len(streams) == 1:
-        async for ev in _events(firsts[0], streams[0]):
+        async for ev in chained(firsts[0], streams[0]):
             yield 0, ev
         return
     queue: asyncio.Queue = asyncio.Queue()
@@ -240,7 +162,7 @@ async def _merged(firsts: list, streams: list):
 
     async def pump(i: int) -> None:
         try:
-            async for ev in _events(firsts[i], streams[i]):
+            async for ev in chained(firsts[i], streams[i]):
                 await queue.put((i, ev))
         except Exception as e:
             await queue.put((i, e))

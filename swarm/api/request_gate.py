@@ -1,6 +1,6 @@
 """The API's door: counts the requests being answered, and once closed (Ctrl-C) refuses new ones.
 
-Runs on the event loop. Only generation (POST under /v1/) passes through it: /health and
+Runs on the event loop. Only generation (POST under /v1/, and Ollama's under /api/) passes through it: /health and
 /v1/topology keep answering while the node finishes what it took.
 """
 
@@ -10,7 +10,7 @@ import asyncio
 
 from aiohttp import web
 
-from .errors import ApiError
+from .errors import OLLAMA_PREFIX, ApiError
 
 
 class RequestGate:
@@ -22,7 +22,7 @@ class RequestGate:
 
     @web.middleware
     async def middleware(self, request: web.Request, handler):
-        if request.method != "POST" or not request.path.startswith("/v1/"):
+        if request.method != "POST" or not request.path.startswith(("/v1/", OLLAMA_PREFIX)):
             return await handler(request)
         if self.closed:
             raise ApiError(503, "this node is shutting down and takes no new requests; send them to another node "

@@ -50,6 +50,9 @@ BODY_TIMEOUT = web.AppKey("body_timeout", float)  # the app's own, when it sets 
 CONTENT_ENCODINGS = {"identity", "gzip", "deflate"}
 
 
+LARGE_BODY_BYTES = 64 * 1024
+
+
 async def read_json_object(request: web.Request) -> dict:
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
     if encoding not in CONTENT_ENCODINGS:
@@ -65,8 +68,8 @@ async def read_json_object(request: web.Request) -> dict:
         raise ApiError(400, f"request body could not be decoded as {encoding}: {e.__cause__ or e}")
     if not raw:
         raise ApiError(400, "request body is empty; expected a JSON object")
-    try:
-        body = json.loads(raw)
+    try:  # a body of MBs takes the parser tens of ms: not on the event loop
+        body = json.loads(raw) if len(raw) < LARGE_BODY_BYTES else await asyncio.to_thread(json.loads, raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ApiError(400, f"request body is not valid JSON: {e}")
     except RecursionError:
@@ -125,20 +128,20 @@ def _tool_calls(calls, where: str) -> list[dict]:
             raise ApiError(400, f"{where}[{j}] must be {{'id': ..., 'type': 'function', 'function': {{'name': "
                                 f"string, 'arguments': JSON string}}}}", param=f"{where}[{j}]")
         out.append({"id": str(c.get("id") or f"call_{j}"), "type": "function",
-                    "function": {"name": f["name"], "arguments": _valid_text(f["arguments"], f"{where}[{j}]")}})
+                    "function": {"name": f["name"], "arguments": valid_text(f["arguments"], f"{where}[{j}]")}})
     return out
 
 
 def _message_text(content, where: str) -> str:
     if isinstance(content, str):
-        return _valid_text(content, f"{where}.content")
+        return valid_text(content, f"{where}.content")
     if isinstance(content, list):  # content parts: only text is supported
         texts = []
         for j, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise ApiError(400, f"{where}.content[{j}] must be a text part {{'type': 'text', 'text': ...}}",
                                param=f"{where}.content")
-            texts.append(_valid_text(part["text"], f"{where}.content"))
+            texts.append(valid_text(part["text"], f"{where}.content"))
         return "".join(texts)
     raise ApiError(400, f"{where}.content must be a string or an array of text parts", param=f"{where}.content")
 
@@ -149,10 +152,10 @@ def parse_prompt(body: dict) -> str:
         prompt = prompt[0]
     if not isinstance(prompt, str) or not prompt:
         raise ApiError(400, "'prompt' must be a non-empty string", param="prompt")
-    return _valid_text(prompt, "prompt")
+    return valid_text(prompt, "prompt")
 
 
-def _valid_text(text: str, param: str) -> str:
+def valid_text(text: str, param: str) -> str:
     """JSON may carry lone UTF-16 surrogates ("\\ud800"), which no tokenizer can encode."""
     try:
         text.encode("utf-8")
@@ -166,26 +169,26 @@ def parse_params(body: dict, max_tokens_limit: int, vocab_size: int, defaults: G
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError(400, "'model' must be a string", param="model")
-    n = _opt_int(body, "n", 1, MAX_CHOICES) or 1
-    best_of = _opt_int(body, "best_of", 1, MAX_CHOICES)
+    n = opt_int(body, "n", 1, MAX_CHOICES) or 1
+    best_of = opt_int(body, "best_of", 1, MAX_CHOICES)
     if best_of is not None and best_of != n:
         raise ApiError(400, "'best_of' other than n is not supported (every choice generated is returned)",
                        param="best_of")
 
-    max_tokens = _opt_int(body, "max_completion_tokens", 1, None)
+    max_tokens = opt_int(body, "max_completion_tokens", 1, None)
     if max_tokens is None:
-        max_tokens = _opt_int(body, "max_tokens", 1, None)
+        max_tokens = opt_int(body, "max_tokens", 1, None)
     if max_tokens is not None and max_tokens > max_tokens_limit:
         raise ApiError(400, f"max_tokens={max_tokens} exceeds this model's context of {max_tokens_limit} tokens",
                        param="max_tokens")
 
-    temperature = _opt_number(body, "temperature", 0.0, 2.0, default=defaults.temperature)
-    top_p = _opt_number(body, "top_p", 0.0, 1.0, default=defaults.top_p)
+    temperature = opt_number(body, "temperature", 0.0, 2.0, default=defaults.temperature)
+    top_p = opt_number(body, "top_p", 0.0, 1.0, default=defaults.top_p)
     if top_p == 0.0:
         raise ApiError(400, "'top_p' must be greater than 0", param="top_p")
-    top_k = _opt_int(body, "top_k", 0, vocab_size, "the vocabulary size")
+    top_k = opt_int(body, "top_k", 0, vocab_size, "the vocabulary size")
     top_k = defaults.top_k if top_k is None else top_k
-    seed = _opt_int(body, "seed", -(2**63), 2**64 - 1)
+    seed = opt_int(body, "seed", -(2**63), 2**64 - 1)
     if seed is None:  # drawn once per request, so a replay after churn draws the same tokens
         seed = random.getrandbits(63)
 
@@ -212,9 +215,9 @@ def parse_params(body: dict, max_tokens_limit: int, vocab_size: int, defaults: G
     logprobs = _logprobs(body, chat)
     rules = DecodingRules(
         logit_bias=_logit_bias(body, vocab_size),
-        presence_penalty=_opt_number(body, "presence_penalty", -2.0, 2.0, default=0.0),
-        frequency_penalty=_opt_number(body, "frequency_penalty", -2.0, 2.0, default=0.0),
-        repetition_penalty=_opt_number(body, "repetition_penalty", 0.0, 10.0, default=defaults.repetition_penalty),
+        presence_penalty=opt_number(body, "presence_penalty", -2.0, 2.0, default=0.0),
+        frequency_penalty=opt_number(body, "frequency_penalty", -2.0, 2.0, default=0.0),
+        repetition_penalty=opt_number(body, "repetition_penalty", 0.0, 10.0, default=defaults.repetition_penalty),
         logprobs=logprobs, echo_logprobs=echo and logprobs is not None)
     if rules.repetition_penalty == 0.0:
         raise ApiError(400, "'repetition_penalty' must be greater than 0 (1 is off)", param="repetition_penalty")
@@ -226,11 +229,11 @@ def parse_params(body: dict, max_tokens_limit: int, vocab_size: int, defaults: G
 def _logprobs(body: dict, chat: bool) -> int | None:
     """How many alternatives to give with each token's logprob; None: no logprobs."""
     if not chat:  # legacy completions: logprobs is that number
-        return _opt_int(body, "logprobs", 0, MAX_TOP_LOGPROBS)
+        return opt_int(body, "logprobs", 0, MAX_TOP_LOGPROBS)
     wanted = body.get("logprobs")
     if wanted is not None and not isinstance(wanted, bool):
         raise ApiError(400, "'logprobs' must be a boolean", param="logprobs")
-    top = _opt_int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    top = opt_int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
     if top is not None and not wanted:
         raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
     return (top or 0) if wanted else None
@@ -269,10 +272,10 @@ def _parse_stop(stop) -> list[str]:
         raise ApiError(400, "'stop' must be a string or an array of strings", param="stop")
     if len(stop) > MAX_STOP_STRINGS:
         raise ApiError(400, f"'stop' takes at most {MAX_STOP_STRINGS} strings", param="stop")
-    return [_valid_text(s, "stop") for s in stop if s]
+    return [valid_text(s, "stop") for s in stop if s]
 
 
-def _opt_int(body: dict, name: str, lo: int | None, hi: int | None, hi_name: str = "") -> int | None:
+def opt_int(body: dict, name: str, lo: int | None, hi: int | None, hi_name: str = "") -> int | None:
     v = body.get(name)
     if v is None:
         return None
@@ -284,7 +287,7 @@ def _opt_int(body: dict, name: str, lo: int | None, hi: int | None, hi_name: str
     return v
 
 
-def _opt_number(body: dict, name: str, lo: float, hi: float, default: float) -> float:
+def opt_number(body: dict, name: str, lo: float, hi: float, default: float) -> float:
     v = body.get(name)
     if v is None:
         return default

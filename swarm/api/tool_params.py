@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
 from .errors import ApiError
+from .request_parsing import valid_text
 
 MAX_TOOLS = 128
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -70,16 +72,19 @@ def _list(tools) -> list:
     return tools
 
 
+def check_tool_name(name, where: str) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ApiError(400, f"{where} must be 1-64 letters, digits, '_' or '-', got {name!r}", param=where)
+    return name
+
+
 def _tool(tool, i: int) -> dict:
     where = f"tools[{i}]"
     if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
         raise ApiError(400, f"{where} must be {{'type': 'function', 'function': {{...}}}} (only function tools "
                             f"are supported)", param=where)
     f = tool["function"]
-    name = f.get("name")
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise ApiError(400, f"{where}.function.name must be 1-64 letters, digits, '_' or '-', got {name!r}",
-                       param=f"{where}.function.name")
+    name = check_tool_name(f.get("name"), f"{where}.function.name")
     description = f.get("description")
     if description is not None and not isinstance(description, str):
         raise ApiError(400, f"{where}.function.description must be a string", param=f"{where}.function.description")
@@ -93,4 +98,5 @@ def _tool(tool, i: int) -> dict:
     if strict is not None and not isinstance(strict, bool):
         raise ApiError(400, f"{where}.function.strict must be a boolean", param=f"{where}.function.strict")
     function = {"name": name, **({"description": description} if description else {}), "parameters": parameters}
+    valid_text(json.dumps(function, ensure_ascii=False), where)  # the prompt shows it all: no lone surrogates
     return {"type": "function", "function": function}

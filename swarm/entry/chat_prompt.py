@@ -56,6 +56,8 @@ class ChatPrompt:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.renders_tools = self._renders_tools()
+        # The model writes its reasoning between think markers (mlx-lm's tokenizer finds them).
+        self.reasons = bool(getattr(tokenizer, "has_thinking", False))
         parser = getattr(tokenizer, "tool_parser", None)
         if self.renders_tools and getattr(tokenizer, "has_tool_calling", False) and parser is not None:
             start, end = tokenizer.tool_call_start, tokenizer.tool_call_end or ""

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
+from functools import partial
 from dataclasses import dataclass, field, replace
 from typing import AsyncIterator
 
@@ -47,10 +50,31 @@ class Finished:
     prompt_tokens: int
     completion_tokens: int
     route: dict | None = None  # which plan and nodes the request went through
+    stop_sequence: str | None = None  # the stop string that ended it (reason "stop")
 
 
 class PromptTooLong(ValueError):
     """The prompt cannot fit the model's context (found out before tokenizing all of it)."""
+
+
+# Templating, tokenizing and grammar checks run on these threads, never on the event loop: a prompt
+# of a few hundred thousand characters takes the tokenizer most of a second, which on the loop
+# stalled /health, peers' probes and every other request. Two, so a burst of huge prompts queues
+# here and leaves a core to the MLX thread (the tokenizer releases the GIL while it works).
+PROMPT_THREADS = 2
+
+
+def content_chars(messages: list[dict]) -> int:
+    """Characters of the messages' contents (text, or its text parts): a lower bound of what any chat
+    template renders of them, so a prompt past the context is refused before the template runs."""
+    total = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            total += sum(len(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return total
 
 
 class InferenceService:
@@ -71,22 +95,36 @@ class InferenceService:
         # No token decodes to more characters than its vocabulary entry has, so a text longer than
         # context x this cannot fit: it is refused before the tokenizer spends memory on it.
         self._max_chars_per_token = max(map(len, vocab_entries), default=1) or 1
+        self._prompt_work = ThreadPoolExecutor(PROMPT_THREADS, thread_name_prefix="prompt-work")
 
-    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
-        """Raises PromptTooLong, or chat_prompt.TemplateRejected when the template refuses the messages."""
+    async def off_loop(self, fn, *args):
+        """fn(*args) on the prompt threads (templating, tokenizing, grammars), awaited on the loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._prompt_work, partial(fn, *args))
+
+    async def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """Raises PromptTooLong (checked here, before any work), or chat_prompt.TemplateRejected."""
         if len(messages) > self.context_length:
             raise PromptTooLong(f"{len(messages)} messages cannot fit this model's context of "
                                 f"{self.context_length} tokens")
+        self._check_chars(content_chars(messages))
+        return await self.off_loop(self.encode_chat_now, messages, tools)
+
+    def encode_chat_now(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """encode_chat on the calling thread (any thread but the event loop's)."""
         text = self.chat_prompt.render(messages, tools)
         return self._encode(text, add_special_tokens=False)  # what tokenize=True does, after our size check
 
-    def encode_text(self, text: str) -> list[int]:
-        return self._encode(text, add_special_tokens=True)
+    async def encode_text(self, text: str) -> list[int]:
+        self._check_chars(len(text))
+        return await self.off_loop(self._encode, text, True)
+
+    def _check_chars(self, chars: int) -> None:
+        if chars > self.context_length * self._max_chars_per_token:
+            raise PromptTooLong(f"a prompt of {chars} characters cannot fit this model's context of "
+                                f"{self.context_length} tokens")
 
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
-        if len(text) > self.context_length * self._max_chars_per_token:
-            raise PromptTooLong(f"a prompt of {len(text)} characters cannot fit this model's context of "
-                                f"{self.context_length} tokens")
+        self._check_chars(len(text))
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def budget(self, prompt_len: int, max_tokens: int | None) -> int:
@@ -133,7 +171,7 @@ class InferenceService:
                 yield TextDelta(tail, calls, scores)
             if reason == "stop" and tool_calls is not None and tool_calls.count:
                 reason = "tool_calls"
-            yield Finished(reason, len(prompt), len(job.generated), job.route)
+            yield Finished(reason, len(prompt), len(job.generated), job.route, out.stop_string)
 
 
 def _delta(text: str, tool_calls: ToolCallOutput | None, scores: list[TokenScore]) -> TextDelta | None:

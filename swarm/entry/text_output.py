@@ -17,6 +17,7 @@ class TextOutput:
         self._pending = ""  # decoded but not yet emitted
         self.text = ""  # everything emitted so far
         self.stopped = False  # a stop string was hit
+        self.stop_string: str | None = None  # which one
 
     def add(self, token: int, eos: bool = False) -> str:
         """Feed one generated token; return the text that is now safe to emit."""
@@ -41,7 +42,7 @@ class TextOutput:
             at = self._pending.find(s)
             if at != -1:
                 out = self._pending[:at]
-                self.stopped = True
+                self.stopped, self.stop_string = True, s
                 self._pending = ""
                 self.text += out
                 return out

@@ -20,6 +20,12 @@ def looks_like_repo_id(spec: str) -> bool:
     return bool(_REPO_ID.match(spec)) and not spec.startswith((".", "/", "~"))
 
 
+def hub_cache_dir() -> str:
+    """Where huggingface_hub looks for cached repos (HF_HUB_CACHE, else HF_HOME/hub, else the default)."""
+    from huggingface_hub import constants
+    return str(constants.HF_HUB_CACHE)
+
+
 def cached_repo(repo_id: str) -> Path:
     """The local snapshot directory of `repo_id`; ModelNotFoundError if it is not cached."""
     from huggingface_hub import constants, snapshot_download

@@ -17,7 +17,7 @@ from .manifest import Manifest, cached_manifest
 from .cache_dir import default_cache_root
 from .errors import ModelFormatError, ModelNotFoundError
 from .gguf_convert import cached_conversion, default_model_gguf
-from .hub_cache import cached_repo, looks_like_repo_id
+from .hub_cache import cached_repo, hub_cache_dir, looks_like_repo_id
 
 DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
 # What mlx-lm families call their layer count in config.json (gpt2: n_layer, exaone: num_layers, ...).
@@ -71,6 +71,13 @@ def is_local_spec(spec: str) -> bool:
         except ModelNotFoundError:
             return False
     return False
+
+
+def where_not_found(spec: str) -> str:
+    """Where this machine looked for a model `--model spec` names and did not find it, in one clause."""
+    if looks_like_repo_id(spec):
+        return f"{spec} is no local path and not in the local Hugging Face cache ({hub_cache_dir()})"
+    return f"{spec} is no local path (looked in {Path.cwd()})"
 
 
 def resolve_model(spec: str | None, cache_root: Path | None = None, backend: str | None = None) -> LocalModel:

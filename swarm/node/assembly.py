@@ -19,6 +19,7 @@ from partitioner import ModelSpec
 
 from ..api.admission import Admission
 from ..api.app import make_app
+from ..api.auth import ApiAccess
 from ..api.connection_cap import CappedAppRunner
 from ..api.request_gate import RequestGate
 from ..engine.constraints import GrammarVocab
@@ -55,7 +56,7 @@ from ..weights.transfer import WEIGHTS_MAX_PAYLOAD, WEIGHTS_PURPOSE
 from . import peer_security
 from .config import AUTO_PROMPT_CACHE, NodeConfig
 from .inbox import NodeInbox
-from .secrets import Secret
+from .secrets import API_KEY_FROM_SECRET, Secret
 from .sender_rules import SenderRules
 
 
@@ -87,7 +88,7 @@ def build_peer_side(cfg: NodeConfig, profile: NodeProfile, worker: MlxWorker, li
     lane = DataLane(node_id, cfg.swarm, links, worker.watch, worker.post, discovery.endpoint_of, key=link_key,
                     auth=auth)
     listener = PeerListener(node_id, cfg.swarm, cfg.peer_host, cfg.peer_port, links, lane,
-                            lambda: discovery.profile, key=link_key, auth=auth)
+                            lambda: discovery.profile, key=link_key, auth=auth, is_member=discovery.is_peer_address)
 
     # Weights: served to peers from what this node holds; fetched from them for layers it lacks, over
     # links for that purpose (authenticated and sealed like the data path's when the swarm has a secret).
@@ -110,6 +111,11 @@ class Serving:
     coordinator: Coordinator
     peer_stats: PeerStats
     runner: CappedAppRunner
+
+
+def api_access(key: Secret) -> ApiAccess:
+    """Who may use the API: a key derived from the swarm secret spares clients on this machine."""
+    return ApiAccess(key.value, local_without_key=key.source == API_KEY_FROM_SECRET)
 
 
 def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: LocalModel, tokenizer,
@@ -159,7 +165,7 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
                         hop_timing, peer_stats, peers.weights, api_key=bool(api_key),
                         peers=peer_security.describe(secret))
     admission = Admission(cfg.max_active, cfg.max_queue)
-    app = make_app(service, status, events, model.model_id, admission, defaults, gate, api_key=api_key.value,
+    app = make_app(service, status, events, model.model_id, admission, defaults, gate, api_key=api_access(api_key),
                    body_timeout=cfg.http_timeout)
     # keepalive_timeout closes a connection idle between requests, and one that never completes
     # its headers (aiohttp's default keeps both for an hour). handler_cancellation: a client that
@@ -169,10 +175,3 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
     runner = CappedAppRunner(app, per_address=cfg.http_connections_per_address, access_log=None,
                              keepalive_timeout=cfg.http_timeout, handler_cancellation=True, shutdown_timeout=1.0)
     return Serving(inbox, coordinator, peer_stats, runner)
-
-
-def api_url(api_host: str, port: int) -> str:
-    """Where a user on this machine sends requests."""
-    local = api_host if api_host not in ("0.0.0.0", "::", "") else "127.0.0.1"
-    local = f"[{local}]" if ":" in local else local
-    return f"http://{local}:{port}/v1"

@@ -38,7 +38,8 @@ from ..engine.shard import check_splittable
 from ..engine.speed_probe import cached_speed, measure_speed
 from ..engine.worker import MlxWorker
 from ..models.generation_defaults import generation_defaults
-from ..models.resolve import LocalModel, describe_model, is_local_spec, models_root, resolve_model
+from ..models.resolve import (LocalModel, describe_model, is_local_spec, models_root, resolve_model,
+                              where_not_found)
 from ..planning.coordinator import Coordinator
 from ..planning.errors import NoPipeline
 from ..transport.link_crypto import stretch_secret
@@ -47,11 +48,11 @@ from ..weights.model_from_peers import model_files_from_peers
 from ..weights.peer_weights import PeerWeights
 from ..weights.store import ChunkStore
 from . import peer_security
-from .assembly import PeerSide, api_url, build_peer_side, build_serving
+from .assembly import PeerSide, api_access, build_peer_side, build_serving
 from .config import NodeConfig
 from .inbox import NodeInbox
-from .ports import port_error
-from .secrets import Secret, api_key, swarm_secret
+from .ports import port_error, reachable_urls
+from .secrets import API_KEY_FROM_SECRET, Secret, api_key, effective_api_key, swarm_secret
 
 log = logging.getLogger(__name__)
 
@@ -213,6 +214,8 @@ class Node:
         peer_security.log_at_start(self.secret)
         # Stretched once (scrypt, slow on purpose), off the loop.
         link_key = await asyncio.to_thread(stretch_secret, self.secret.value) if self.secret else None
+        key = effective_api_key(self.api_key, link_key)  # a closed swarm's API is closed too
+        self._api_access = api_access(key)
 
         # What this node is: its model's sizes, its speed, its profile (and so its id). A node that
         # fetches its model names only the model it looks for until it has the model's small files.
@@ -247,7 +250,7 @@ class Node:
         log.info("requests that leave sampling out get %s", defaults.describe())
         serving = build_serving(cfg, peers, worker, model, self.tokenizer, sizes,
                                 model_spec(sizes, cfg.kv_reserve_tokens), vocab_size(model.config), self.dtype,
-                                self.dequantize, self.outline, self.backend, defaults, self.gate, self.api_key,
+                                self.dequantize, self.outline, self.backend, defaults, self.gate, key,
                                 self.secret, loop)
 
         # Start, in the same order: the inbox takes messages before the peer port accepts them, the
@@ -267,8 +270,11 @@ class Node:
         log.info("node %s (%s): API on %s:%d, peers on %s:%d, %.2f ms/layer/token, swarm %r (%s)",
                  profile.node_id, profile.name, cfg.api_host, cfg.api_port, cfg.peer_host, peers.listener.port,
                  speed * 1e3, cfg.swarm, "with a secret" if link_key else "OPEN: no secret")
-        if self.api_key:
-            log.info("the API requires its key (from %s) for everything but /health", self.api_key.source)
+        if key.source == API_KEY_FROM_SECRET:
+            log.info("the API requires a key derived from the swarm secret for everything but /health, except "
+                     "from this machine (`swarm-node --print-api-key` prints it for clients elsewhere)")
+        elif key:
+            log.info("the API requires its key (from %s) for everything but /health", key.source)
         else:
             log.warning("the API takes requests from anyone who can reach %s:%d (no API key: see --api-key)",
                         cfg.api_host, cfg.api_port)
@@ -277,8 +283,8 @@ class Node:
         consumer = asyncio.create_task(_consume_peer_events(peers.peer_events, serving.inbox, coordinator),
                                        name="peer-events")
         self._stops.append(lambda: _cancel(consumer))
-        ready = asyncio.create_task(_say_ready(coordinator, api_url(cfg.api_host, runner.addresses[0][1])),
-                                    name="say-ready")
+        urls = reachable_urls(cfg.api_host, runner.addresses[0][1])
+        ready = asyncio.create_task(_say_ready(coordinator, urls), name="say-ready")
         self._stops.append(lambda: _cancel(ready))
 
     async def _start(self, start, stop) -> None:
@@ -301,13 +307,14 @@ class Node:
             await discovery.update_profile(state=state)
 
         runner = web.AppRunner(make_bootstrap_app(lambda: {**waiting, "fetch": weights.status.to_dict()},
-                                                  discovery, cfg.model, self.api_key.value), access_log=None)
+                                                  discovery, cfg.model, self._api_access), access_log=None)
         await runner.setup()
         try:
             await _bound("api", cfg.api_host, cfg.api_port, web.TCPSite(runner, cfg.api_host, cfg.api_port).start)
             root = models_root(cfg.cache_dir)
-            model_id, manifest = await model_files_from_peers(None if cfg.join else cfg.model, discovery,
-                                                              weights.open_link, root, weights, report)
+            model_id, manifest = await model_files_from_peers(
+                None if cfg.join else cfg.model, discovery, weights.open_link, root, weights, report,
+                not_here="" if cfg.join else where_not_found(cfg.model), swarm=cfg.swarm)
             self.model = describe_model(weights.store.root, model_id, root, manifest)
             self._from_peers = True
             self._check_model()
@@ -342,14 +349,15 @@ async def _consume_peer_events(events: asyncio.Queue[PeerEvent], inbox: NodeInbo
             log.exception("handling %s of %s failed", event.kind, event.node_id)
 
 
-async def _say_ready(coordinator: Coordinator, url: str) -> None:
-    """One line once the first whole pipeline serves: where to send requests."""
+async def _say_ready(coordinator: Coordinator, urls: list[str]) -> None:
+    """One line once the first whole pipeline serves: where to send requests (every address, when the
+    API listens on all of them)."""
     while True:
         try:
             await coordinator.agreed_plan()
         except NoPipeline:
             continue  # the coordinator logs why (e.g. the swarm cannot hold the model)
-        log.info("ready: %s", url)
+        log.info("ready: %s%s", urls[0], f" (also {', '.join(urls[1:])})" if urls[1:] else "")
         return
 
 

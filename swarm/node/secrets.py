@@ -4,12 +4,16 @@ Each is looked up in this order, and the first one found wins:
     1. the command line (`--secret`, `--api-key`)
     2. the environment ($SWARM_SECRET, $SWARM_API_KEY)
     3. a file in the state dir (`secret`, `api-key`), e.g. written by `swarm-node --new-secret`
-None found: the swarm is open to anyone on the network (said loudly everywhere), or the
-API takes requests without a key.
+None found: the swarm is open to anyone on the network (said loudly everywhere). A swarm with
+a secret and no API key gets one derived from the secret (`swarm-node --print-api-key` prints
+it): a closed swarm's API is closed too. An open swarm without a key takes requests from anyone.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import os
 import secrets
 import stat
@@ -21,6 +25,8 @@ from .. import environment
 
 SECRET_ENV, API_KEY_ENV = environment.SECRET.name, environment.API_KEY.name
 SECRET_FILE, API_KEY_FILE = "secret", "api-key"
+API_KEY_FROM_SECRET = "the swarm secret"  # a derived key's source
+_API_KEY_LABEL = b"swarm api key v1"
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,23 @@ def swarm_secret(flag: str | None, state_dir: Path, env: Mapping[str, str] = os.
 
 def api_key(flag: str | None, state_dir: Path, env: Mapping[str, str] = os.environ) -> Secret:
     return _choose(flag, "--api-key", env, API_KEY_ENV, Path(state_dir) / API_KEY_FILE)
+
+
+def api_key_from_secret(stretched: bytes) -> str:
+    """The API key of a swarm with a secret and no key of its own.
+
+    From the stretched secret (link_crypto.stretch_secret), never the secret itself: a client
+    holds the key, and a key must not let anyone test guesses of a passphrase quickly, nor
+    join the swarm as a peer."""
+    digest = hmac.new(stretched, _API_KEY_LABEL, hashlib.sha256).digest()
+    return "sk-swarm-" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def effective_api_key(explicit: Secret, stretched: bytes | None) -> Secret:
+    """The key clients need: the one given, else one derived from the swarm secret, else none."""
+    if explicit or stretched is None:
+        return explicit
+    return Secret(api_key_from_secret(stretched), API_KEY_FROM_SECRET)
 
 
 def new_secret_file(state_dir: Path) -> tuple[Path, str]:

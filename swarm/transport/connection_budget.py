@@ -7,7 +7,11 @@ link). A connection over budget is closed at once: a stranger with thousands of
 connections holds at most `per_address` of this node's file descriptors, a crowd
 of strangers at most `total`, and the node never runs out of them (without a budget,
 a few thousand connections stop its API). An honest peer needs a handful: its data
-link, a probe every 0.75 s, a transfer or two. Any thread.
+link, a probe every 0.75 s, a transfer or two.
+
+Members (addresses of peers in the view) have a reserve strangers cannot take: a crowd of
+half-finished hellos fills the strangers' share only, and the members' probes and links
+still get in, so strangers cannot make this node look dead to its peers. Any thread.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import threading
 
 PER_ADDRESS = 32
 MAX_TOTAL = 512
+MEMBER_SHARE = 4  # a quarter of the total is kept for members
 
 
 def default_total() -> int:
@@ -44,15 +49,16 @@ class ConnectionBudget:
     def __init__(self, per_address: int = PER_ADDRESS, total: int | None = None) -> None:
         self.total = default_total() if total is None else total
         self.per_address = min(per_address, self.total)
+        self.reserved = self.total // MEMBER_SHARE  # slots only members' connections may take
         self._lock = threading.Lock()
         self._by_address: dict[str, int] = {}
         self._held = 0
 
-    def take(self, address: str) -> Slot | None:
-        """A slot for a new connection from `address`, or None: close it."""
+    def take(self, address: str, member: bool = False) -> Slot | None:
+        """A slot for a new connection from `address` (a member's: the reserve too), or None: close it."""
         with self._lock:
             mine = self._by_address.get(address, 0)
-            if mine >= self.per_address or self._held >= self.total:
+            if mine >= self.per_address or self._held >= (self.total if member else self.total - self.reserved):
                 return None
             self._by_address[address] = mine + 1
             self._held += 1

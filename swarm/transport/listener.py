@@ -17,8 +17,9 @@ Profiles and liveness stay here, on short connections of their own: they must no
 wait for the MLX thread, or a long prefill would make this node look dead.
 
 Nothing a stranger sends can exhaust the node: every connection takes a slot of the
-ConnectionBudget (per remote address and in all) before anything is read, or is
-closed at once; a hello must be complete within the handshake timeout; an answered
+ConnectionBudget (per remote address and in all, with a reserve for the addresses of
+peers in the view: `is_member`) before anything is read, or is closed at once; a hello
+must be complete within the handshake timeout (a stranger's: STRANGER_HELLO_S); an answered
 link idle for `link_idle_timeout` is closed (here for purpose links; the lane's are
 retired by the sweep this listener runs); and every line a connection can cause is
 logged at a bounded rate (log_limit.py). A bad connection is closed; nobody else
@@ -53,6 +54,7 @@ log = logging.getLogger("swarm.transport")
 PurposeHandler = Callable[[StreamFrameLink], Awaitable[None]]
 DATA_PURPOSE = "data"
 IDLE_SWEEP_S = 5.0
+STRANGER_HELLO_S = 2.0  # a hello from an address no peer in the view has: its slot is back soon
 LOG_EVERY_S = 60.0
 
 
@@ -61,10 +63,11 @@ class PeerListener:
                  profile: Callable[[], NodeProfile] | None, *, key: bytes | None = None,
                  max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES, handshake_timeout: float = HANDSHAKE_TIMEOUT,
                  budget: ConnectionBudget | None = None, link_idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-                 auth: LinkAuth | None = None) -> None:
+                 auth: LinkAuth | None = None, is_member: Callable[[str], bool] = lambda address: False) -> None:
         """`key`: the stretched swarm secret (None: an open swarm), as the lane's. `profile`: what the
         "profile" purpose (and, in an open swarm, the plain SWPF request) answers. `auth`: the node's (one
-        for all its handshakes), else one of the listener's own from `key`."""
+        for all its handshakes), else one of the listener's own from `key`. `is_member(address)`: a peer in
+        the view has that address (its connections take the budget's reserve)."""
         self.node_id, self.swarm, self.host = node_id, swarm, host
         self.auth = auth or LinkAuth(node_id, swarm, key)
         self.port = port  # the bound port once started (port=0 picks one)
@@ -72,6 +75,7 @@ class PeerListener:
         self.max_payload, self.handshake_timeout = max_payload, handshake_timeout
         self.budget = budget or ConnectionBudget()
         self.link_idle_timeout = link_idle_timeout
+        self.is_member = is_member
         self._purposes: dict[str, PurposeHandler] = {}
         if profile is not None:
             self.serve_purpose(PROFILE_PURPOSE, serve_profile(profile))
@@ -113,7 +117,8 @@ class PeerListener:
         peer = writer.get_extra_info("peername")
         host = peer[0] if peer else "?"
         where = f"{peer[0]}:{peer[1]}" if peer else "?"
-        slot = self.budget.take(host)
+        member = self.is_member(host)
+        slot = self.budget.take(host, member)
         if slot is None:
             self._noise.every(("over budget", host), LOG_EVERY_S,
                               "closing connections from %s at once: it holds %d of this node's peer-port "
@@ -125,7 +130,8 @@ class PeerListener:
         self._serving.add(task)
         handed_over = False
         try:
-            handed_over = await self._route(reader, writer, where, slot.release)
+            hello_s = self.handshake_timeout if member else min(self.handshake_timeout, STRANGER_HELLO_S)
+            handed_over = await self._route(reader, writer, where, slot.release, hello_s)
         except ConnectionClosed:
             log.debug("%s closed its connection", where)
         except HandshakeRejected as exc:
@@ -147,12 +153,12 @@ class PeerListener:
                 await asyncio.wait_for(writer.wait_closed(), 1.0)
 
     async def _route(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, where: str,
-                     release: Callable[[], None]) -> bool:
+                     release: Callable[[], None], hello_s: float) -> bool:
         """Serve one connection; True when it was handed to the lane (which then owns its slot)."""
-        magic = await asyncio.wait_for(read_magic(reader), self.handshake_timeout)
+        magic = await asyncio.wait_for(read_magic(reader), hello_s)
         if magic == MAGIC:
             answered = await answer(reader, writer, self.auth, {DATA_PURPOSE, *self._purposes}, self._admit,
-                                    self._withdraw, where, self.handshake_timeout)
+                                    self._withdraw, where, hello_s)
             if answered.purpose == DATA_PURPOSE:
                 try:
                     conn = take_socket(reader, writer, answered, where, self.max_payload, release)

@@ -15,7 +15,7 @@ import asyncio
 from typing import Callable
 
 from discovery.profile import MalformedProfile, NodeProfile
-from discovery.profile_exchange import MAX_PROFILE_BYTES, ProfileExchangeError
+from discovery.profile_exchange import MAX_PROFILE_BYTES, ProfileExchangeError, exchange_error
 
 from .errors import ProtocolError
 from .handshake import dial_stream
@@ -44,7 +44,7 @@ class ProfileFetcher:
         except ProfileExchangeError:
             raise
         except (asyncio.TimeoutError, OSError, ProtocolError) as exc:
-            raise ProfileExchangeError(f"{host}:{port}: {type(exc).__name__}: {exc}") from None
+            raise exchange_error(host, port, exc) from None
 
     async def _fetch(self, host: str, port: int, timeout: float) -> NodeProfile:
         link = await dial_stream((host, port), self.auth, PROFILE_PURPOSE, timeout=timeout,

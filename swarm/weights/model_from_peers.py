@@ -42,18 +42,29 @@ def holders_of(discovery: Discovery, model_id: str | None) -> dict[tuple[str, st
     return found
 
 
+def peers_in_view(discovery: Discovery) -> str:
+    """The peers this node sees, each with the model it serves (for a line saying what we wait for)."""
+    peers = [f"{p.profile.name or p.node_id[:8]} ({p.profile.model_id or 'no model yet'})" for p in discovery.view()]
+    return ", ".join(sorted(peers)) or "none"
+
+
 async def model_files_from_peers(model_id: str | None, discovery: Discovery, open_link: OpenLink,
-                                 models_root: Path, weights: PeerWeights, report: Report) -> tuple[str, Manifest]:
-    """(model id, manifest) once the model's small files are on disk; `weights` holds its store."""
+                                 models_root: Path, weights: PeerWeights, report: Report,
+                                 not_here: str = "", swarm: str = "") -> tuple[str, Manifest]:
+    """(model id, manifest) once the model's small files are on disk; `weights` holds its store.
+    `not_here`: where this machine looked for the model (said in the line about waiting);
+    `swarm`: the swarm whose peers it waits for."""
     said = None
+    scope = f" of swarm {swarm!r}" if swarm else ""
     while True:
         found = holders_of(discovery, model_id)
         if not found:
-            why = (f"no peer holds {model_id!r}: waiting for one" if model_id else
-                   "no peer serves a model yet: waiting for one to join")
-            if why != said:
-                log.warning("%s (peers in view: %d)", why, len(discovery.view()))
-                said = why
+            why = (f"{not_here + '; ' if not_here else ''}no peer{scope} holds {model_id!r}: waiting for one"
+                   if model_id else f"no peer{scope} serves a model yet: waiting for one to join")
+            seen = f"{why} (peers in view: {peers_in_view(discovery)})"
+            if seen != said:
+                log.warning("%s", seen)
+                said = seen
                 weights.status.state, weights.status.error = "looking", why
                 await report(why, NodeState.LOOKING)
             await asyncio.sleep(LOOK_EVERY_S)
