@@ -17,9 +17,7 @@ SAMPLED = SamplingParams(temperature=0.9, top_p=0.95, seed=11)
 PROMPT = [5, 9, 13, 2, 7, 1, 3, 9, 2]
 
 
-@pytest.fixture(scope="module")
-def model(random_model):
-    return random_model("llama", n_layers=4, seed=3)
+MODEL = dict(family="llama", n_layers=4, seed=3)  # conftest's `model` fixture builds it
 
 
 @pytest.fixture
