@@ -128,7 +128,9 @@ def test_a_restarted_stage_makes_the_next_turn_run_cold_with_the_right_text(tmp_
             [(s["node_id"], s["start"], s["end"]) for s in before], "the same route: the entry expects a hit"
         turn(3)
         stats = [n.get("/health")[1]["prompt_cache"] for n in cluster.nodes]
-        assert sum(s["misses"] for s in stats) == 1 and all(s["entries"] == 1 for s in stats), stats
+        # (a stage whose layers never changed while the victim was away keeps its earlier entry beside
+        # the new one: whether the survivors re-planned around the gap depends on how fast it came back)
+        assert sum(s["misses"] for s in stats) == 1 and all(s["entries"] >= 1 for s in stats), stats
         turn(4)
         stats = [n.get("/health")[1]["prompt_cache"] for n in cluster.nodes]
         assert all(s["hits"] >= 1 for s in stats), stats
