@@ -24,7 +24,8 @@ from discovery.memory import parse_size  # noqa: E402
 from . import environment  # noqa: E402
 from .engine.blas import maybe_reexec_with_blas  # noqa: E402
 from .node.config import (DEFAULT_API_PORT, DEFAULT_BATCH_DECODE, DEFAULT_MAX_ACTIVE, DEFAULT_MAX_QUEUE,  # noqa: E402
-                          DEFAULT_PEER_PORT, DEFAULT_PROMPT_GATHER_MS, NodeConfig, default_state_dir)
+                          DEFAULT_PEER_PORT, DEFAULT_PREFILL_CHUNK, DEFAULT_PROMPT_GATHER_MS, MAX_PREFILL_CHUNK,
+                          MIN_PREFILL_CHUNK, NodeConfig, default_state_dir)
 from .node.ports import PortError, check_port  # noqa: E402
 
 
@@ -96,8 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "taken off the memory offered to the model; 0 turns it off (default: auto, what the "
                         "plan leaves free of the offered memory, up to 512M)")
     p.add_argument("--token-timeout", type=float, default=120.0, metavar="SECONDS",
-                   help="the longest an entry waits for one step's token (a whole prompt's prefill included) "
-                        "before it replays the request (default: %(default)s)")
+                   help="the longest an entry waits for one step's token, or for a chunk of a prompt to be "
+                        "read, before it replays the request (default: %(default)s)")
+    p.add_argument("--prefill-chunk", type=_prefill_chunk, default=DEFAULT_PREFILL_CHUNK, metavar="N",
+                   help="read prompts in chunks of N positions; each stage serves other requests between two "
+                        "chunks, so a long prompt holds a short request back one chunk at most (smaller: "
+                        "shorter holds, a little more overhead; greedy output equals mlx-lm's at "
+                        f"prefill_step_size N) (default: %(default)s, {MIN_PREFILL_CHUNK} to {MAX_PREFILL_CHUNK})")
     p.add_argument("--speed", type=_speed, default=None, metavar="SECONDS",
                    help="state this node's speed (seconds per layer per decoded token, e.g. 0.002) instead "
                         "of measuring it; nodes stating the same speed get equal shares of the layers")
@@ -150,6 +156,13 @@ def _port(text: str) -> int:
 def _batch(text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= 64:
         raise argparse.ArgumentTypeError(f"expected a whole number from 1 to 64, got {text!r}")
+    return int(text)
+
+
+def _prefill_chunk(text: str) -> int:
+    if not text.isdigit() or not MIN_PREFILL_CHUNK <= int(text) <= MAX_PREFILL_CHUNK:
+        raise argparse.ArgumentTypeError(f"expected a whole number from {MIN_PREFILL_CHUNK} to {MAX_PREFILL_CHUNK}, "
+                                         f"got {text!r}")
     return int(text)
 
 
@@ -235,7 +248,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
                       interfaces=args.interfaces, peers=args.peers, mdns=not args.no_mdns,
                       memory_limit=args.memory_limit, prompt_cache=args.prompt_cache, speed=args.speed,
                       strategy=args.strategy, recovery_timeout=args.recovery_timeout,
-                      token_timeout=args.token_timeout, peer_host=args.peer_host,
+                      token_timeout=args.token_timeout, prefill_chunk=args.prefill_chunk, peer_host=args.peer_host,
                       batch_decode=args.batch_decode, prompt_gather_ms=args.prompt_gather,
                       max_active=args.max_active, max_queue=args.max_queue,
                       api_key=args.api_key, http_timeout=args.http_timeout)

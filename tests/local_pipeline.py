@@ -32,7 +32,8 @@ class LocalPipeline:
                               ids=tokens if rules is not None else None, prefix=prefix)
         return x if sampling is not None else None
 
-    async def forward(self, request_id, tokens, start_pos, sampling, continue_unless=None, rules=None, prefix=None):
+    async def forward(self, request_id, tokens, start_pos, sampling, continue_unless=None, rules=None, prefix=None,
+                      attempt=0):
         try:
             return await self.worker.run(self._run, request_id, tokens, start_pos, sampling, rules, prefix)
         except PromptCacheMiss as e:

@@ -59,7 +59,8 @@ class BreakingPipeline(LocalPipeline):
         super().__init__(stages, worker)
         self.after, self.sampled = after, 0
 
-    async def forward(self, request_id, tokens, start_pos, sampling, continue_unless=None, rules=None, prefix=None):
+    async def forward(self, request_id, tokens, start_pos, sampling, continue_unless=None, rules=None, prefix=None,
+                      attempt=0):
         if sampling is not None:
             self.sampled += 1
             if self.sampled == self.after:

@@ -42,3 +42,13 @@ async def test_a_silent_pipeline_times_out():
     with pytest.raises(PipelineBroken, match="no token"):
         await pending.wait("r1", fut, 0.05)
     await asyncio.sleep(0)
+
+
+async def test_answers_of_an_earlier_attempt_neither_resolve_nor_break_the_replay():
+    pending = PendingTokens()
+    fut = pending.expect("r1", "planA", at=64, attempt=1)
+    pending.resolve(Token("r1", "planA", 64, 0))  # the first attempt's answer to the same chunk
+    pending.resolve(Error("r1", "planA", "cache", "cache holds 0 positions, frame starts at 4096"))
+    assert not fut.done()
+    pending.resolve(Token("r1", "planA", 64, 0, attempt=1))
+    assert (await pending.wait("r1", fut, 1)).token.attempt == 1

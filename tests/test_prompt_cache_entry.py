@@ -143,7 +143,8 @@ class BreakOnce(LocalPipeline):
 
     sampled = 0
 
-    async def forward(self, request_id, tokens, start_pos, sampling, continue_unless=None, rules=None, prefix=None):
+    async def forward(self, request_id, tokens, start_pos, sampling, continue_unless=None, rules=None, prefix=None,
+                      attempt=0):
         if sampling is not None:
             BreakOnce.sampled += 1
             if BreakOnce.sampled == 3:

@@ -15,6 +15,7 @@ from swarm.engine.model_bytes import measure_model_bytes
 from swarm.engine.shard import load_shard
 from swarm.engine.shard_runner import CacheMismatch, ShardRunner
 from swarm.entry.generate import PREFILL_STEP
+from swarm.node.config import DEFAULT_PREFILL_CHUNK, MAX_PREFILL_CHUNK
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,8 @@ def test_a_first_shard_takes_ids_of_its_vocabulary_within_the_context(shards):
     assert "context of 4096" in limits.refusal(0, (1, 8192), ids(*[1] * 8192))
     assert "context of 4096" in limits.refusal(4090, (1, 10), ids(*[1] * 10))
     assert "at most 2048" in limits.refusal(0, (1, 2049), ids(*[1] * 2049))
-    assert MAX_CHUNK == PREFILL_STEP  # the entry never sends a chunk a stage refuses
+    # the entry never sends a chunk a stage refuses, whatever --prefill-chunk says
+    assert PREFILL_STEP == DEFAULT_PREFILL_CHUNK <= MAX_PREFILL_CHUNK == MAX_CHUNK
 
 
 def test_a_later_shard_takes_hidden_states_of_its_width(shards):

@@ -110,6 +110,28 @@ async def test_releases_free_only_the_senders_own_requests(stage):
     _, token = await answer(prev)
     assert isinstance(token, Token) and token.at == 3
     await prev.send("us", Release("mine"))
-    await prev.send("us", hidden("mine", 3, 64, length=1))
+    await prev.send("us", hidden("mine", 3, 64, length=1))  # its entry let it go: dropped, no answer
+    await prev.send("us", hidden("mine", 3, 64, length=1)._replace(attempt=1))  # a new attempt is not
     _, error = await answer(prev)
-    assert isinstance(error, Error) and error.kind == "cache"
+    assert isinstance(error, Error) and error.kind == "cache" and error.attempt == 1
+    assert "cache holds 0 positions" in error.message and prev.nothing_received()
+
+
+async def test_a_prompt_chunk_is_answered_once_read_with_its_attempt(stage):
+    """The last stage tells the entry each prompt chunk it read (the entry sends the next ones as these
+    come: entry/swarm_pipeline.py); a frame of an attempt older than one seen is dropped unanswered."""
+    service, prev, _ = stage
+    chunk = hidden("long", 0, 64, length=4)._replace(sampling=None)
+    await prev.send("us", chunk)
+    _, read = await answer(prev)
+    assert isinstance(read, Token) and (read.rid, read.at, read.attempt) == ("long", 4, 0)
+    await prev.send("us", chunk._replace(attempt=2))  # a replay: the first attempt's caches go
+    _, read = await answer(prev)
+    assert (read.at, read.attempt) == (4, 2)
+    await prev.send("us", chunk._replace(pos=4))  # the first attempt's next chunk, late: dropped
+    await prev.send("us", hidden("long", 4, 64, length=1)._replace(attempt=2))
+    _, token = await answer(prev)
+    assert isinstance(token, Token) and (token.at, token.attempt) == (5, 2)
+    assert prev.nothing_received()
+    await prev.send("us", Release("long", attempt=2))
+    await eventually(lambda: service.host.stage.active_requests == 0, 10, "the request freed")

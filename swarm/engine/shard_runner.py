@@ -11,12 +11,16 @@ Decode passes of several requests run on batches kept across steps (kept_batches
 shard can batch, and prompts prefilled in one pass start in that pass's batch: while a request's
 rows are in one, its own caches are None and it is counted the batch's width (its positions and
 its left padding).
+
+A request's entry counts its restarts (attempts: transport/messages.py, Forward): frames of an
+attempt older than one seen here, or than one its entry released, are dropped (`admits`), and a
+newer attempt frees the older one's caches first, so a replay never computes on stale frames.
 """
 
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -76,6 +80,8 @@ class ShardRunner:
         # caches of finished requests, reused by later ones that start with the same tokens (prompt_cache.py)
         self.prompts = PromptCache(0 if shard.family in families.PIECES_MATTER else prompt_cache_bytes)
         self._missed: dict[Key, None] = {}  # requests that missed their prefix: their later frames are dropped
+        # the latest attempt seen of requests past their first, and of released ones: (attempt, released)
+        self._attempts: OrderedDict[Key, tuple[int, bool]] = OrderedDict()
 
     @property
     def range(self):
@@ -430,11 +436,38 @@ class ShardRunner:
             self._count_padding(self.batches.adopt(keys, batch))
         return results
 
-    def release(self, request_id: str, entry: str = "", keep: Sequence[int] | None = None) -> bool:
-        """Free `entry`'s request (False: it holds none by that id). `keep`: the token ids of the
-        positions its caches hold, as its entry knows them (a list, or a numpy view of a frame): the
-        caches are kept as theirs for later requests of that entry (prompt_cache.py)."""
+    def admits(self, entry: str, request_id: str, attempt: int) -> bool:
+        """May a frame of this attempt of `entry`'s request run? False: an older attempt's, or one its
+        entry released. A newer attempt than the one held frees the older one's caches."""
         key = (entry, request_id)
+        seen = self._attempts.get(key)
+        if seen is None:
+            if attempt:
+                self._note_attempt(key, attempt, False)
+            return True
+        latest, released = seen
+        if attempt < latest or (attempt == latest and released):
+            return False
+        if attempt > latest:
+            if key in self._requests:
+                self._drop(key)
+            self._note_attempt(key, attempt, False)
+        return True
+
+    def _note_attempt(self, key: Key, attempt: int, released: bool) -> None:
+        self._attempts[key] = (attempt, released)
+        self._attempts.move_to_end(key)
+        while len(self._attempts) > ATTEMPTS_KEPT:
+            self._attempts.popitem(last=False)
+
+    def release(self, request_id: str, entry: str = "", keep: Sequence[int] | None = None, attempt: int = 0) -> bool:
+        """Free `entry`'s request (False: it holds none by that id); frames of `attempt` or older that
+        come later are dropped. `keep`: the token ids of the positions its caches hold, as its entry
+        knows them (a list, or a numpy view of a frame): the caches are kept as theirs for later
+        requests of that entry (prompt_cache.py)."""
+        key = (entry, request_id)
+        seen = self._attempts.get(key, (0, False))[0]
+        self._note_attempt(key, max(seen, attempt), True)
         self._missed.pop(key, None)
         state = self._requests.get(key)
         if state is None:
@@ -472,5 +505,6 @@ class ShardRunner:
         return self.budget.kv_bytes()
 
 
+ATTEMPTS_KEPT = 4096  # requests whose latest attempt is remembered (their stale frames are dropped)
 MISSED_KEPT = 1024  # requests remembered as having missed their prefix (their frames in flight are dropped)
 IDLE_EVICT_S = 60.0  # at a cap, requests idle this long are freed first: an honest one steps far more often

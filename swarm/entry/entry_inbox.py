@@ -49,9 +49,10 @@ class EntryInbox:
     def post(self, node_id: str, forward: Forward) -> None:
         self.worker.post(self._mlx_send, node_id, forward)
 
-    def post_release(self, rid: str, node_ids: list[str], keep: list[int] | None = None) -> None:
-        """`keep`: the ids of the positions the request's caches hold, for the stages' prompt caches."""
-        self.worker.post(self._mlx_release_everywhere, rid, node_ids, keep)
+    def post_release(self, rid: str, node_ids: list[str], keep: list[int] | None = None, attempt: int = 0) -> None:
+        """`keep`: the ids of the positions the request's caches hold, for the stages' prompt caches;
+        `attempt`: the latest the request sent (its frames still on the way are dropped)."""
+        self.worker.post(self._mlx_release_everywhere, rid, node_ids, keep, attempt)
 
     # -- MLX thread -------------------------------------------------------------------------
     def mlx_answer(self, message: Token | Error) -> None:
@@ -93,12 +94,13 @@ class EntryInbox:
             for step in steps:
                 self._mlx_send(step.to, step.forward)
 
-    def _mlx_release_everywhere(self, rid: str, node_ids: list[str], keep: list[int] | None = None) -> None:
+    def _mlx_release_everywhere(self, rid: str, node_ids: list[str], keep: list[int] | None = None,
+                                attempt: int = 0) -> None:
         waiting = self.joins.mlx_released(rid)  # (steps held for it to come back may go now)
-        release = Release.keeping(rid, keep)
+        release = Release.keeping(rid, keep, attempt)
         for node_id in node_ids:
             try:
-                self.send_release(node_id, release)  # to us: queued behind our stage's frames
+                self.send_release(node_id, release)  # to us: handed to our stage at once
             except PeerUnreachable:
                 pass  # a dead stage freed its caches by dying
         self._mlx_send_steps(waiting)

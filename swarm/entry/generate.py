@@ -27,7 +27,6 @@ from dataclasses import dataclass, field, replace
 from typing import AsyncIterator, Awaitable, Callable
 
 from ..engine.decoding_rules import DecodingRules
-from ..engine.input_limits import MAX_CHUNK
 from ..engine.sampling import SamplingParams
 from ..engine.token_logprobs import SampledToken, TokenLogprobs
 from ..planning.errors import NoPipeline
@@ -36,10 +35,13 @@ from .prompt_index import Reuse
 
 log = logging.getLogger(__name__)
 
-# Same prefill schedule as mlx_lm.generate (prompt[:-1] in chunks, then the last
-# token alone), so that greedy output matches it token for token. A stage takes no
-# bigger chunk (engine/input_limits.py).
-PREFILL_STEP = MAX_CHUNK
+# The prefill schedule of mlx_lm.generate (prompt[:-1] in chunks, then the last token alone),
+# in chunks of `--prefill-chunk` positions (its prefill_step_size): greedy output matches mlx-lm's
+# at the same step size token for token. Each stage serves other requests between two chunks of
+# a prompt (stage/stage_service.py), so a chunk is what a long prompt holds a short request back:
+# on a CPU, about a second per stage. A stage takes no bigger chunk than MAX_CHUNK
+# (engine/input_limits.py).
+PREFILL_STEP = 256
 # Prompt logprobs (echo) need the logits of every prompt position: (chunk, vocab) floats at a time.
 ECHO_PREFILL_STEP = 64
 
@@ -59,6 +61,9 @@ class GenerationJob:
     prompt_logprobs: TokenLogprobs | None = None  # rows of prompt tokens 1.. (echo), once they came
     may_reuse: bool = True  # may start from a prefix the stages keep (not after a miss)
     reused: Reuse | None = None  # what the current attempt started from, until its first token came
+    attempt: int = 0  # restarts so far (a replay, a miss): the stages tell attempts apart
+    prefill_step: int = PREFILL_STEP  # positions per prompt chunk
+    prefilling: bool = True  # its prompt (or a replay's history) is being read
 
     def reusable_now(self) -> bool:
         """Prompt logprobs need every prompt position computed: such a request runs cold."""
@@ -91,6 +96,7 @@ async def generate_tokens(job: GenerationJob, get_pipeline: PipelineSource,
                 if job.reused is not None:
                     pipeline.prefix_missed(job.prompt + job.generated, job.reused)
                 job.cached, job.reused, job.may_reuse = 0, None, False  # position 0 restarts it on every stage
+                job.attempt += 1
                 continue
             except PipelineBroken as e:
                 now = time.monotonic()
@@ -104,6 +110,7 @@ async def generate_tokens(job: GenerationJob, get_pipeline: PipelineSource,
                 await _release_quietly(pipeline, job.request_id)
                 pipeline = await get_pipeline(pipeline)
                 job.cached = 0
+                job.attempt += 1
                 continue
             broken_since = None
             if plan := getattr(pipeline, "plan", None):
@@ -121,7 +128,7 @@ async def generate_tokens(job: GenerationJob, get_pipeline: PipelineSource,
 async def _next_token(job: GenerationJob, pipeline: Pipeline) -> int:
     history = job.prompt + job.generated
     rules = job.rules_now()
-    step = ECHO_PREFILL_STEP if rules is not None and rules.echo_logprobs else PREFILL_STEP
+    step = ECHO_PREFILL_STEP if rules is not None and rules.echo_logprobs else job.prefill_step
     prefix = None
     if job.cached == 0 and job.reusable_now():
         job.reused = pipeline.reusable(history)
@@ -129,17 +136,19 @@ async def _next_token(job: GenerationJob, pipeline: Pipeline) -> int:
             job.cached = job.reused.length
             prefix = history[:job.cached]
     # Everything but the last known token goes through as prefill (no sampling).
+    job.prefilling = len(history) - 1 - job.cached > 0
     while len(history) - 1 - job.cached > 0:
         n = min(step, len(history) - 1 - job.cached)
         await pipeline.forward(job.request_id, history[job.cached:job.cached + n], job.cached, None, rules=rules,
-                               prefix=prefix)
+                               prefix=prefix, attempt=job.attempt)
         job.cached += n
         prefix = None
     more = len(job.generated) + 1 < job.max_tokens  # after this token, another step is wanted ...
     token = await pipeline.forward(job.request_id, history[-1:], job.cached, job.sampling,
                                    continue_unless=job.eos_ids if more else None,  # ... unless it is EOS
-                                   rules=rules, prefix=prefix)
+                                   rules=rules, prefix=prefix, attempt=job.attempt)
     job.cached += 1
+    job.prefilling = False
     if job.reused is not None:
         job.reused = None
         pipeline.prefix_hit()

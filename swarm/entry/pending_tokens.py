@@ -22,18 +22,21 @@ class TokenArrival:
 
 class PendingTokens:
     def __init__(self) -> None:
-        # rid -> {position of an awaited token: (plan id, future)}; more than one position
-        # when the next step was armed to run ahead (see run_ahead.py)
-        self._futures: dict[str, dict[int, tuple[str, asyncio.Future]]] = {}
+        # rid -> {position of an awaited token: ((plan id, attempt), future)}; more than one position
+        # when the next step was armed to run ahead (see run_ahead.py), or prompt chunks are out
+        self._futures: dict[str, dict[int, tuple[tuple[str, int], asyncio.Future]]] = {}
 
-    def expect(self, rid: str, plan_id: str, at: int) -> asyncio.Future:
-        """The future of the token at `at` (the one already expected, if any)."""
+    def expect(self, rid: str, plan_id: str, at: int, attempt: int = 0) -> asyncio.Future:
+        """The future of the token at `at` (the one already expected, if any): a token, or the answer to
+        a prompt chunk that ends there (its stages read it)."""
         waits = self._futures.setdefault(rid, {})
         current = waits.get(at)
-        if current is not None and current[0] == plan_id and not current[1].cancelled():
+        if current is not None and current[0] == (plan_id, attempt) and not current[1].cancelled():
             return current[1]
+        if current is not None and current[1].done() and not current[1].cancelled():
+            current[1].exception()  # (an earlier attempt's, nobody's now: asyncio would log it as lost)
         fut = asyncio.get_running_loop().create_future()
-        waits[at] = (plan_id, fut)
+        waits[at] = ((plan_id, attempt), fut)
         return fut
 
     def resolve(self, message: Token | Error, next_started: float | None = None) -> None:
@@ -41,25 +44,26 @@ class PendingTokens:
         if not waits:
             return  # a late answer for a request that already gave up
         # A late answer from a plan or attempt the request has left behind must not
-        # stand in for the current step (it would repeat a token).
+        # stand in for the current step (it would repeat a token), nor fail it.
+        of = (message.plan_id, message.attempt)
         if isinstance(message, Token):
-            plan_id, fut = waits.get(message.at, (None, None))
-            if fut is not None and not fut.done() and message.plan_id == plan_id:
+            expected, fut = waits.get(message.at, (None, None))
+            if fut is not None and not fut.done() and of == expected:
                 fut.set_result(TokenArrival(message, next_started))
         else:
             broken = PrefixMissed if message.kind == "prompt_cache_miss" else PipelineBroken
-            for plan_id, fut in waits.values():
-                if plan_id == message.plan_id and not fut.done():
+            for expected, fut in waits.values():
+                if expected == of and not fut.done():
                     fut.set_exception(broken(f"{message.kind}: {message.message}"))
 
-    async def wait(self, rid: str, fut: asyncio.Future, timeout: float) -> TokenArrival:
+    async def wait(self, rid: str, fut: asyncio.Future, timeout: float, what: str = "token") -> TokenArrival:
         try:
             # Not wait_for: on Python 3.11 it loses a cancel that lands as the token arrives, and
             # then a request whose client has gone generates on to max_tokens.
             async with asyncio.timeout(timeout):
                 return await fut
         except TimeoutError:
-            raise PipelineBroken(f"no token within {timeout:.0f}s") from None
+            raise PipelineBroken(f"no {what} within {timeout:.0f}s") from None
         finally:
             waits = self._futures.get(rid, {})
             for at, (_, f) in list(waits.items()):
@@ -79,6 +83,6 @@ class PendingTokens:
     def break_all(self, reason: str, keep_plans: frozenset[str] = frozenset()) -> None:
         """Fail every wait that is not on one of `keep_plans` (a stage died or the plan changed)."""
         for waits in list(self._futures.values()):
-            for plan_id, fut in waits.values():
+            for (plan_id, _), fut in waits.values():
                 if plan_id not in keep_plans and not fut.done():
                     fut.set_exception(PipelineBroken(reason))

@@ -26,12 +26,15 @@ class PrefixMissed(PipelineBroken):
 class Pipeline(Protocol):
     async def forward(self, request_id: str, tokens: list[int], start_pos: int, sampling: SamplingParams | None,
                       continue_unless: frozenset[int] | None = None, rules: DecodingRules | None = None,
-                      prefix: list[int] | None = None) -> int | SampledToken | None:
-        """continue_unless: a hint that the caller will want the next step unless the token is in it.
+                      prefix: list[int] | None = None, attempt: int = 0) -> int | SampledToken | None:
+        """Without `sampling` (a prompt chunk) it returns None once the pipeline may take the next chunk.
+        continue_unless: a hint that the caller will want the next step unless the token is in it.
         rules: the request's decoding rules, if any (they start with its first forward; every step of such
         a request carries its token ids to the last stage). A SampledToken when they ask for logprobs.
         prefix: the ids of positions [0, start_pos), which the stages keep: the request starts from them
-        (a stage that does not hold them makes the request's next token raise PrefixMissed)."""
+        (a stage that does not hold them makes the request's next token raise PrefixMissed).
+        attempt: how many times the request started again (a replay, a miss): the stages drop frames and
+        answers of its earlier attempts."""
 
     async def release(self, request_id: str, keep: list[int] | None = None) -> None:
         """keep: the ids of the positions the request's caches hold, for the stages to keep (prompt caches)."""

@@ -30,6 +30,7 @@ class _Armed:
     stop_ids: frozenset[int]
     first_stage: str  # node id the next step goes to
     with_ids: bool  # the request has decoding rules: its steps carry their token ids
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -56,9 +57,9 @@ class RunAhead:
 
     # -- event loop -------------------------------------------------------
     def arm(self, rid: str, plan_id: str, at: int, sampling: SamplingParams, stop_ids: frozenset[int],
-            first_stage: str, with_ids: bool = False) -> None:
+            first_stage: str, with_ids: bool = False, attempt: int = 0) -> None:
         with self._lock:
-            self._armed[rid] = _Armed(plan_id, at, sampling, stop_ids, first_stage, with_ids)
+            self._armed[rid] = _Armed(plan_id, at, sampling, stop_ids, first_stage, with_ids, attempt)
 
     def started(self, rid: str, plan_id: str, pos: int, tokens: list[int]) -> float | None:
         """When this very step was started by the MLX thread (None: not started, send it)."""
@@ -79,11 +80,11 @@ class RunAhead:
         with self._lock:
             armed = self._armed.get(token.rid)
             if (armed is None or token.token in armed.stop_ids
-                    or (token.plan_id, token.at) != (armed.plan_id, armed.at)):
+                    or (token.plan_id, token.at, token.attempt) != (armed.plan_id, armed.at, armed.attempt)):
                 return None
             del self._armed[token.rid]
             started = time.perf_counter()
             self._launched[token.rid] = _Launched(armed.plan_id, armed.at, token.token, started)
         forward = Forward.of_tokens(token.rid, armed.plan_id, armed.at, self.node_id, armed.sampling, [token.token],
-                                    with_ids=armed.with_ids)
+                                    with_ids=armed.with_ids, attempt=armed.attempt)
         return NextStep(armed.first_stage, forward, started)

@@ -15,7 +15,7 @@ from ..engine.decoding_rules import DecodingRules
 from ..engine.sampling import SamplingParams
 from ..engine.token_logprobs import TokenLogprobs
 from .chat_prompt import ChatPrompt
-from .generate import GenerationJob, PipelineSource, generate_tokens
+from .generate import PREFILL_STEP, GenerationJob, PipelineSource, generate_tokens
 from .stats import RequestStats
 from .text_output import TextOutput
 from .tool_call_output import ToolCallOutput
@@ -81,13 +81,15 @@ def content_chars(messages: list[dict]) -> int:
 class InferenceService:
     def __init__(self, tokenizer, context_length: int, get_pipeline: PipelineSource,
                  stats: RequestStats, default_max_tokens: int = 512, recovery_timeout: float = 30.0,
-                 vocab: GrammarVocab | None = None):
+                 vocab: GrammarVocab | None = None, prefill_step: int = PREFILL_STEP):
+        """`prefill_step`: positions per prompt chunk (`--prefill-chunk`, generate.py)."""
         self.tokenizer = tokenizer
         self.context_length = context_length
         self.get_pipeline = get_pipeline
         self.stats = stats
         self.default_max_tokens = default_max_tokens
         self.recovery_timeout = recovery_timeout
+        self.prefill_step = prefill_step
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
         self.vocab = vocab or GrammarVocab(tokenizer)
         self.chat_prompt = ChatPrompt(tokenizer)
@@ -143,12 +145,13 @@ class InferenceService:
         """Text events for one completion. `rules`: what the last stage's sampler applies; `tool_calls`:
         where tool calls are taken out of the text (chat with tools)."""
         job = GenerationJob(uuid.uuid4().hex, prompt, sampling, max_tokens, self.eos_ids,
-                            rules=replace(rules, prompt_len=len(prompt)) if rules is not None else None)
+                            rules=replace(rules, prompt_len=len(prompt)) if rules is not None else None,
+                            prefill_step=self.prefill_step)
         out = TextOutput(self.tokenizer, stop)
         scores: list[TokenScore] = []  # of tokens whose text has not gone out yet
         ids: list[int] = []  # tokens not yet in a delta
         reason = "length"
-        with self.stats.track(job.request_id):
+        with self.stats.track(job.request_id, job):
             async with aclosing(generate_tokens(job, self.get_pipeline, self.recovery_timeout)) as tokens:
                 async for token in tokens:
                     self.stats.token()

@@ -24,14 +24,15 @@ class RequestStats:
         """`emit(kind, data)` gets request_started/finished events, `data` naming this node as `entry` and
         the request by its label."""
         self._emit, self.entry = emit, entry
-        self.active: set[str] = set()
+        self.active: dict[str, object] = {}  # request id -> its job (generate.py): whether it is prefilling
         self.total_requests = 0
         self.total_tokens = 0
         self._recent: deque[float] = deque()
 
     @contextmanager
-    def track(self, request_id: str):
-        self.active.add(request_id)
+    def track(self, request_id: str, job: object = None):
+        """`job`: the request's GenerationJob, whose `prefilling` says whether its prompt is being read."""
+        self.active[request_id] = job
         self.total_requests += 1
         label = self.total_requests
         log.debug("request %s started (#%d)", request_id, label)
@@ -40,12 +41,16 @@ class RequestStats:
         try:
             yield
         finally:
-            self.active.discard(request_id)
+            self.active.pop(request_id, None)
             self._event("request_finished", {"request": label, "tokens": self.total_tokens - counted})
 
     def token(self) -> None:
         self.total_tokens += 1
         self._recent.append(time.monotonic())
+
+    def prefilling(self) -> int:
+        """Active requests whose prompt (or a replay's history) is being read."""
+        return sum(1 for job in list(self.active.values()) if getattr(job, "prefilling", False))
 
     def tokens_per_second(self) -> float:
         now = time.monotonic()
@@ -57,7 +62,8 @@ class RequestStats:
         return len(self._recent) / span
 
     def to_dict(self) -> dict:
-        return {"active_requests": len(self.active), "tokens_per_second": round(self.tokens_per_second(), 2),
+        return {"active_requests": len(self.active), "prefilling": self.prefilling(),
+                "tokens_per_second": round(self.tokens_per_second(), 2),
                 "total_requests": self.total_requests, "total_tokens": self.total_tokens}
 
     def _event(self, kind: str, data: dict) -> None:

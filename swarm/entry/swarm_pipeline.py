@@ -3,11 +3,18 @@
 Every message leaves through the outbox: the entry's inbox posts it to the MLX
 thread, whose data lane sends it (or queues it for our own stage 0). A send that
 fails comes back as an Error message for the request, like any stage's failure.
+
+A prompt goes out in chunks (entry/generate.py), at most PROMPT_CHUNKS_OUT of a request's at a
+time: the last stage answers each chunk it has read, and the next one leaves then. So a stage
+never holds a long prompt's backlog ahead of other requests' work (a release stops it at the
+chunk under way), and the token timeout bounds the wait for one chunk, not for the whole prompt:
+a prompt that is being read is alive however long it is.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Awaitable, Callable, Protocol
 
 from partitioner import Plan
@@ -22,6 +29,8 @@ from .pending_tokens import PendingTokens
 from .prompt_index import PromptIndex, Reuse, route_of
 from .run_ahead import RunAhead
 
+PROMPT_CHUNKS_OUT = 2  # one being read while the next travels: no stage waits for the entry
+
 
 class Outbox(Protocol):
     """How the event loop hands messages to the MLX thread (entry_inbox.py)."""
@@ -29,8 +38,8 @@ class Outbox(Protocol):
     def post(self, node_id: str, forward: Forward) -> None:
         """Send `forward` on the MLX thread; if it cannot be, an Error reaches its entry."""
 
-    def post_release(self, rid: str, node_ids: list[str], keep: list[int] | None = None) -> None:
-        """Tell these stages to free the request's caches (best effort); `keep`: see Release."""
+    def post_release(self, rid: str, node_ids: list[str], keep: list[int] | None = None, attempt: int = 0) -> None:
+        """Tell these stages to free the request's caches (best effort); `keep`, `attempt`: see Release."""
 
 
 class SwarmPipeline:
@@ -39,6 +48,8 @@ class SwarmPipeline:
         self.plan, self.entry, self.outbox, self.pending = plan, node_id, outbox, pending
         self.token_timeout, self.timing, self.run_ahead, self.own = token_timeout, timing, run_ahead, own
         self.prompts, self.route = prompts, route_of(plan)  # None: the stages keep no prompts for us
+        self._chunks_out: dict[str, deque] = {}  # rid -> futures of its prompt chunks not yet answered
+        self._attempts: dict[str, int] = {}  # rid -> the attempt its latest forward was of
 
     @property
     def path(self) -> list[str]:
@@ -46,25 +57,30 @@ class SwarmPipeline:
 
     async def forward(self, request_id: str, tokens: list[int], start_pos: int, sampling: SamplingParams | None,
                       continue_unless: frozenset[int] | None = None, rules: DecodingRules | None = None,
-                      prefix: list[int] | None = None) -> int | SampledToken | None:
+                      prefix: list[int] | None = None, attempt: int = 0) -> int | SampledToken | None:
         """`continue_unless`: the caller will want the next step too, unless the token is one of these
-        (see run_ahead.py); None: it may not. `rules`, `prefix`: see pipeline.py."""
+        (see run_ahead.py); None: it may not. `rules`, `prefix`, `attempt`: see pipeline.py."""
         first, plan_id = self.plan.stages[0].node_id, self.plan.plan_id
         at = start_pos + len(tokens)
         self.own.begin(request_id, self.plan)  # only this plan's stages may answer it (node/sender_rules.py)
-        fut = self.pending.expect(request_id, plan_id, at) if sampling else None  # before sending: errors too
+        if self._attempts.get(request_id) != attempt:
+            self._attempts[request_id] = attempt
+            self._chunks_out.pop(request_id, None)  # (an earlier attempt's: their answers are not awaited)
+        fut = self.pending.expect(request_id, plan_id, at, attempt)  # before sending: errors too
         started = self.run_ahead.started(request_id, plan_id, start_pos, tokens)
         t0 = started or time.perf_counter()
         with_ids = rules is not None
         if started is None:
             starts = start_pos == 0 or prefix is not None
             self.outbox.post(first, Forward.of_tokens(request_id, plan_id, start_pos, self.entry, sampling, tokens,
-                                                      rules if starts else None, with_ids, prefix))
-        if fut is None:
-            return None  # prefill: nothing comes back; errors arrive with the next sampled step
+                                                      rules if starts else None, with_ids, prefix, attempt))
+        if sampling is None:
+            await self._prompt_chunk_out(request_id, fut)
+            return None
+        self._chunks_out.pop(request_id, None)  # (this step's token comes after every chunk's answer)
         if continue_unless is not None:
-            self.pending.expect(request_id, plan_id, at + 1)  # that step's token may beat our next call
-            self.run_ahead.arm(request_id, plan_id, at, sampling, continue_unless, first, with_ids)
+            self.pending.expect(request_id, plan_id, at + 1, attempt)  # that step's token may beat our next call
+            self.run_ahead.arm(request_id, plan_id, at, sampling, continue_unless, first, with_ids, attempt)
         arrival = await self.pending.wait(request_id, fut, self.token_timeout)
         if len(tokens) == 1:
             # A step ends when the next one can start: when the token reached our MLX thread if that
@@ -73,6 +89,13 @@ class SwarmPipeline:
             self.timing.record(ended - t0, arrival.token.compute_us, self.hops)
         token = arrival.token
         return token.token if token.logprobs is None else SampledToken(token.token, token.logprobs)
+
+    async def _prompt_chunk_out(self, request_id: str, answered) -> None:
+        """A prompt chunk left: wait until at most PROMPT_CHUNKS_OUT of the request's are unanswered."""
+        out = self._chunks_out.setdefault(request_id, deque())
+        out.append(answered)
+        while len(out) > PROMPT_CHUNKS_OUT - 1:
+            await self.pending.wait(request_id, out.popleft(), self.token_timeout, "prompt chunk read")
 
     @property
     def hops(self) -> int:
@@ -85,8 +108,9 @@ class SwarmPipeline:
         self.own.end(request_id)
         self.run_ahead.forget(request_id)
         self.pending.forget(request_id)
+        self._chunks_out.pop(request_id, None)
         keep = keep if self.prompts is not None else None
-        self.outbox.post_release(request_id, self.path, keep)
+        self.outbox.post_release(request_id, self.path, keep, self._attempts.pop(request_id, 0))
         if keep:
             self.prompts.add(self.route, keep)
 

@@ -28,6 +28,7 @@ class Carried(NamedTuple):
     rid: str
     entry: str
     plan_id: str
+    attempt: int = 0
 
 
 class LinkRequests:
@@ -40,7 +41,7 @@ class LinkRequests:
         if forward.entry == self.node_id or forward.entry == peer or peer == self.node_id:
             return
         carried = self._by_peer.setdefault(peer, OrderedDict())
-        carried[forward.rid] = Carried(forward.rid, forward.entry, forward.plan_id)
+        carried[forward.rid] = Carried(forward.rid, forward.entry, forward.plan_id, forward.attempt)
         carried.move_to_end(forward.rid)
         if len(carried) > self.per_peer:
             carried.popitem(last=False)

@@ -1,8 +1,8 @@
 """The stage: the frames for this node's layers, queued, batched, computed and sent on. MLX thread.
 
 The node's inbox (node/inbox.py) hands over every Forward a sender may send this node, and
-every Release, in arrival order (`mlx_take`); they are computed after each round of socket
-events and the result sent on by the lane. A frame from the right sender that this stage
+every Release (`mlx_take`); the forwards are computed after each round of socket events and
+the result sent on by the lane. A frame from the right sender that this stage
 cannot serve (another plan, token ids outside the vocabulary, positions past the context, the
 wrong width, a cap on cached requests: engine/input_limits.py, engine/cache_budget.py) earns
 its entry an Error saying why. Never a crash, never a silent divergence.
@@ -14,7 +14,16 @@ forward got here; and a link that breaks tells the entries of the requests it ca
 
 Frames for our stage are computed in arrival order, which also keeps each request's
 frames in order downstream. Different requests still overlap across nodes: while we
-compute one request, the next stage computes another.
+compute one request, the next stage computes another. One exception: after a chunk of a
+prompt, what other requests queued goes before that request's next frames, so a long prompt
+(read in chunks: entry/generate.py) holds a short request or a decode step back one chunk at
+most. The last stage answers each prompt chunk with a Token of its end position (no token
+drawn): the entry sends the next chunks as these come, and its deadline follows them.
+
+A Release is served the moment it comes: frames of that request still queued, and any that
+come later of the attempt it names or older ones (a replay's earlier attempt), are dropped
+(engine/shard_runner.py, `admits`), so a request whose client has gone stops at the chunk
+under way.
 
 Decode steps of different requests that queued up while we computed run as one pass,
 up to max_batch (`--batch-decode`, 16 by default): the weights are read once for all of
@@ -80,18 +89,25 @@ class StageService:
 
     # -- MLX thread: what the node's inbox hands over ----------------------------------------
     def mlx_take(self, sender: str, message: Forward | Release) -> None:
-        """Queue a frame for our stage: a Forward its sender may send us, or a Release (it frees the
-        sender's own request only)."""
+        """Queue a Forward its sender may send us for our stage; serve a Release (it frees the sender's
+        own request only) at once."""
+        if isinstance(message, Release):
+            self._mlx_release(sender, message)
+            key = (sender, message.rid)
+            if any(isinstance(m, Forward) and (m.entry, m.rid) == key for _, m in self._queue):
+                self._queue = deque(item for item in self._queue
+                                    if not (isinstance(item[1], Forward) and (item[1].entry, item[1].rid) == key))
+            return
         self._queue.append((sender, message))
-        if isinstance(message, Forward):
-            self.gather.queued(message)
+        self.gather.queued(message)
 
     def mlx_link_broken(self, peer: str, problem: str) -> None:
         """The link to `peer` broke: frames we sent on it may be lost, so their requests' entries replay
         now (link_requests.py) instead of waiting out their token timeout."""
-        for rid, entry, plan_id in self.carried.broken(peer):
+        for rid, entry, plan_id, attempt in self.carried.broken(peer):
             self._mlx_fail_request(rid, plan_id, entry, "link",
-                                   f"the link from {self.node_id} to {peer} broke ({problem}): a frame may be lost")
+                                   f"the link from {self.node_id} to {peer} broke ({problem}): a frame may be lost",
+                                   attempt)
 
     def _mlx_refuse(self, sender: str, what: str, why: str) -> None:
         self.refusals.every(sender, LOG_EVERY_S, "refused %s from %s: %s", what, sender, why)
@@ -108,13 +124,14 @@ class StageService:
         return True
 
     def _mlx_fail(self, forward: Forward, kind: str, message: str) -> None:
-        self._mlx_fail_request(forward.rid, forward.plan_id, forward.entry, kind, message)
+        self._mlx_fail_request(forward.rid, forward.plan_id, forward.entry, kind, message, forward.attempt)
 
-    def _mlx_fail_request(self, rid: str, plan_id: str, entry: str, kind: str, message: str) -> None:
+    def _mlx_fail_request(self, rid: str, plan_id: str, entry: str, kind: str, message: str,
+                          attempt: int = 0) -> None:
         self.failures.every(("failed", kind), LOG_EVERY_S, "request %s of %s: %s (%s)", rid, entry, kind,
                             message)
         try:
-            self.lane.mlx_send(entry, Error(rid, plan_id, kind, message))
+            self.lane.mlx_send(entry, Error(rid, plan_id, kind, message, attempt))
         except PeerUnreachable:
             pass  # the entry node is gone too; its clients are gone with it
 
@@ -130,11 +147,10 @@ class StageService:
         while self._queue and not self.worker.closed:  # (a node stopping computes no more)
             sender, message = self._queue.popleft()
             try:
-                if isinstance(message, Release):
-                    self._mlx_release(sender, message)
-                else:
-                    self._mlx_forward(self._with_queued_prompts(sender, message) if is_new_prompt(message)
-                                      else self._with_queued_decode_steps(message))
+                self._mlx_forward(self._with_queued_prompts(sender, message) if is_new_prompt(message)
+                                  else self._with_queued_decode_steps(message))
+                if message.sampling is None and message.length > 1:
+                    self._let_others_first((message.entry, message.rid))
             except Exception:
                 self.failures.every(("bug", type(message).__name__), LOG_EVERY_S, "failed to serve a %s message "
                                     "from %s", type(message).__name__, sender, exc_info=True)
@@ -146,9 +162,19 @@ class StageService:
             self._last_gc = now
             self.host.stage.release_idle(IDLE_CACHE_S)
 
+    def _let_others_first(self, key: tuple[str, str]) -> None:
+        """A prompt chunk of request `key` was computed: what other requests queued goes before its next
+        frames (each request's own order kept)."""
+        queue = self._queue
+        if not queue or not _of(queue[0][1], key):
+            return
+        others = [item for item in queue if not _of(item[1], key)]
+        if others:
+            self._queue = deque(others + [item for item in queue if _of(item[1], key)])
+
     def _mlx_release(self, sender: str, message: Release) -> None:
         runner = self.host.stage
-        if runner is None or runner.release(message.rid, sender, message.kept_ids()):
+        if runner is None or runner.release(message.rid, sender, message.kept_ids(), message.attempt):
             self.carried.forget(message.rid)
             return
         holders = runner.holders(message.rid)
@@ -227,7 +253,10 @@ class StageService:
                 self._mlx_deliver(forward, out, took_s, runner, plan, index, together)
 
     def _mlx_accept(self, forward: Forward, runner: ShardRunner | None, plan) -> bool:
-        """Can our stage serve it? If not, its entry is told (the sender was one that may send it)."""
+        """Can our stage serve it? If not, its entry is told (the sender was one that may send it); a frame
+        of an attempt its entry left behind is dropped without a word."""
+        if runner is not None and not runner.admits(forward.entry, forward.rid, forward.attempt):
+            return False
         if plan is None or runner is None or forward.plan_id != plan.plan_id or forward.start != runner.range.start:
             self._mlx_fail(forward, "plan_mismatch",
                            f"node {self.node_id} serves plan {self.host.plan_id} layers "
@@ -251,17 +280,24 @@ class StageService:
             return
         compute_us = forward.compute_us + round(took_s * 1e6)
         if runner.range.is_last:
-            if forward.sampling is not None:
-                at = forward.pos + forward.length
-                token = (Token(forward.rid, forward.plan_id, at, out.token, compute_us, out.logprobs)
-                         if isinstance(out, SampledToken) else Token(forward.rid, forward.plan_id, at, out, compute_us))
-                try:
-                    self.lane.mlx_send(forward.entry, token)
-                except PeerUnreachable as e:
-                    log.info("request %s: its token could not reach entry %s (%s)", forward.rid, forward.entry, e)
+            at = forward.pos + forward.length
+            if forward.sampling is None:  # a prompt chunk read: its entry may send the next (no token drawn)
+                token = Token(forward.rid, forward.plan_id, at, 0, compute_us, None, forward.attempt)
+            elif isinstance(out, SampledToken):
+                token = Token(forward.rid, forward.plan_id, at, out.token, compute_us, out.logprobs, forward.attempt)
+            else:
+                token = Token(forward.rid, forward.plan_id, at, out, compute_us, None, forward.attempt)
+            try:
+                self.lane.mlx_send(forward.entry, token)
+            except PeerUnreachable as e:
+                log.info("request %s: its token could not reach entry %s (%s)", forward.rid, forward.entry, e)
             return
         nxt = plan.stages[index + 1]
         self.mlx_send_or_fail(nxt.node_id, forward.onward(nxt.start, out, compute_us, together))
+
+
+def _of(message, key: tuple[str, str]) -> bool:
+    return isinstance(message, Forward) and (message.entry, message.rid) == key
 
 
 def _result(runner: ShardRunner, out):

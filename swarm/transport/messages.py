@@ -44,6 +44,7 @@ MAX_POSITION = 2**31 - 1
 MAX_COMPUTE_US = 2**62
 MAX_KEEP_IDS = 1 << 21  # token ids a Release may name (more than any context a node serves)
 MAX_TOGETHER = 1024  # prompts one pass may have sent side by side (Forward.together)
+MAX_ATTEMPT = 2**31 - 1
 _U64 = 2**64
 _HIDDEN_DTYPES = frozenset(WIRE_DTYPES) - {"int32"}
 
@@ -71,6 +72,11 @@ def _int(h: dict, key: str, lo: int, hi: int) -> int:
 def _int_error(h: dict, key: str, lo: int, hi: int) -> ProtocolError:
     return ProtocolError(f"{h.get('t')!r} message: {key!r} must be an integer in [{lo}, {hi}], "
                          f"got {_brief(h.get(key))}")
+
+
+def _attempt(h: dict) -> int:
+    """A message's attempt ('a'), present only when it is not the first."""
+    return _int(h, "a", 1, MAX_ATTEMPT)
 
 
 def _id(value: Any) -> bool:
@@ -131,6 +137,10 @@ class Forward(NamedTuple):
     A request that starts from a prefix the stages keep (engine/prompt_cache.py) starts at
     pos > 0 with `prefix`: the int32 token ids of positions [0, pos); its rules, if any, come
     with that forward. Every stage must start from exactly those positions.
+
+    `attempt` counts the entry's restarts of the request (a replay, a run without the kept prefix):
+    a stage drops frames of an attempt older than one it saw, so a replay never meets its earlier
+    attempt's frames still on the way. The Token or Error that answers a forward carries its attempt.
     """
 
     T = "fwd"
@@ -148,14 +158,15 @@ class Forward(NamedTuple):
     ids: bytes | None = None  # int32 token ids of positions [pos, pos + length), for a request with rules
     together: int = 0  # a new prompt: how many a pass sent on side by side with it (the next stage waits for them)
     prefix: bytes | None = None  # int32 token ids of [0, pos): the request starts from the stages' kept caches
+    attempt: int = 0
 
     @classmethod
     def of_tokens(cls, rid: str, plan_id: str, pos: int, entry: str, sampling: SamplingParams | None,
                   tokens: list[int], rules: DecodingRules | None = None, with_ids: bool = False,
-                  prefix: list[int] | None = None) -> Forward:
+                  prefix: list[int] | None = None, attempt: int = 0) -> Forward:
         data = np.asarray([tokens], dtype="<i4").tobytes()
         return cls(rid, plan_id, pos, 0, entry, sampling, "int32", (1, len(tokens)), data, 0, rules,
-                   data if with_ids else None, 0, None if prefix is None else _int32s(prefix))
+                   data if with_ids else None, 0, None if prefix is None else _int32s(prefix), attempt)
 
     def onward(self, start: int, hidden: tuple[str, list[int], memoryview], compute_us: int,
                together: int = 0) -> Forward:
@@ -163,7 +174,7 @@ class Forward(NamedTuple):
         (the memoryview keeps the array alive until sent); `together`: see the field."""
         dtype, shape, data = hidden
         return Forward(self.rid, self.plan_id, self.pos, start, self.entry, self.sampling, dtype, tuple(shape),
-                       data, compute_us, self.rules, self.ids, together, self.prefix)
+                       data, compute_us, self.rules, self.ids, together, self.prefix, self.attempt)
 
     def token_ids(self) -> list[int] | None:
         """The token ids a request with rules carries (None for a plain request)."""
@@ -198,6 +209,8 @@ class Forward(NamedTuple):
                 header["rules"] = self.rules.to_wire()
         if self.prefix is not None:
             header["pre"] = bytes(self.prefix)
+        if self.attempt:
+            header["a"] = self.attempt
         return header, self.payload
 
     @classmethod
@@ -247,6 +260,9 @@ class Forward(NamedTuple):
                 raise ProtocolError(f"'fwd' message: 'pre' must be the {pos} int32 token ids before position "
                                     f"{pos}, got {_brief(prefix)}")
             forward = forward._replace(prefix=prefix)
+        attempt = h.get("a")
+        if attempt is not None:
+            forward = forward._replace(attempt=_attempt(h))
         if h.get("ids") is None and h.get("rules") is None:
             return forward  # a plain request (the hot path)
         return forward._with_rules(h)
@@ -275,10 +291,13 @@ class Token(NamedTuple):
     token: int
     compute_us: int = 0
     logprobs: TokenLogprobs | None = None
+    attempt: int = 0  # the answered forward's (Forward.attempt)
 
     def to_frame(self) -> tuple[dict, bytes]:
         header = {"t": "tok", "rid": self.rid, "plan": self.plan_id, "at": self.at, "token": self.token,
                   "cu": self.compute_us}
+        if self.attempt:
+            header["a"] = self.attempt
         if self.logprobs is None:
             return header, b""
         header["lp"] = list(self.logprobs.ids.shape)
@@ -299,6 +318,8 @@ class Token(NamedTuple):
         if type(cu) is not int or not 0 <= cu <= MAX_COMPUTE_US:
             raise _int_error(h, "cu", 0, MAX_COMPUTE_US)
         token_msg = cls(rid, plan, at, token, cu)
+        if h.get("a") is not None:
+            token_msg = token_msg._replace(attempt=_attempt(h))
         shape = h.get("lp")
         if shape is None:
             return token_msg
@@ -321,12 +342,16 @@ class Error(NamedTuple):
     plan_id: str
     kind: str
     message: str
+    attempt: int = 0  # the failed forward's (Forward.attempt)
 
     def to_frame(self) -> tuple[dict, bytes]:
         message = self.message  # a long exception text must not make the frame invalid
         if len(message) > MAX_TEXT_CHARS:
             message = message[:MAX_TEXT_CHARS - 3] + "..."
-        return {"t": "err", "rid": self.rid, "plan": self.plan_id, "kind": self.kind, "message": message}, b""
+        header = {"t": "err", "rid": self.rid, "plan": self.plan_id, "kind": self.kind, "message": message}
+        if self.attempt:
+            header["a"] = self.attempt
+        return header, b""
 
     @classmethod
     def from_frame(cls, frame: Frame) -> Error:
@@ -334,39 +359,44 @@ class Error(NamedTuple):
         kind = h.get("kind")
         if kind not in cls.KINDS:
             raise ProtocolError(f"'err' message: kind must be one of {sorted(cls.KINDS)}, got {_brief(kind)}")
-        return cls(_text(h, "rid"), _text(h, "plan"), kind, _text(h, "message", MAX_TEXT_CHARS, empty=True))
+        return cls(_text(h, "rid"), _text(h, "plan"), kind, _text(h, "message", MAX_TEXT_CHARS, empty=True),
+                   0 if h.get("a") is None else _attempt(h))
 
 
 class Release(NamedTuple):
     """The entry is done with a request: free its KV caches. With `keep`, the int32 token ids of the
-    positions its caches hold: a stage keeps them for later requests that start the same way."""
+    positions its caches hold: a stage keeps them for later requests that start the same way. Frames
+    of `attempt` or an older one that come after it are dropped (Forward.attempt)."""
 
     T = "rel"
     rid: str
     keep: bytes | None = None
+    attempt: int = 0
 
     @classmethod
-    def keeping(cls, rid: str, tokens: list[int] | None) -> Release:
-        return cls(rid, _int32s(tokens) if tokens else None)
+    def keeping(cls, rid: str, tokens: list[int] | None, attempt: int = 0) -> Release:
+        return cls(rid, _int32s(tokens) if tokens else None, attempt)
 
     def kept_ids(self) -> np.ndarray | None:
         """The ids, as a view of the frame (a stage turns them into a list only once it holds that many)."""
         return None if self.keep is None else np.frombuffer(self.keep, dtype="<i4")
 
     def to_frame(self) -> tuple[dict, bytes]:
-        if self.keep is None:
-            return {"t": "rel", "rid": self.rid}, b""
-        return {"t": "rel", "rid": self.rid}, self.keep  # (the ids as the payload: a long one fits no header)
+        header = {"t": "rel", "rid": self.rid}
+        if self.attempt:
+            header["a"] = self.attempt
+        return header, self.keep or b""  # (the ids as the payload: a long one fits no header)
 
     @classmethod
     def from_frame(cls, frame: Frame) -> Release:
-        rid, keep = _text(frame.header, "rid"), frame.payload
+        h, keep = frame.header, frame.payload
+        rid, attempt = _text(h, "rid"), 0 if h.get("a") is None else _attempt(h)
         if not keep:
-            return cls(rid)
+            return cls(rid, None, attempt)
         if len(keep) % 4 or len(keep) > 4 * MAX_KEEP_IDS:
             raise ProtocolError(f"'rel' message: its payload must be at most {MAX_KEEP_IDS} int32 token ids, got "
                                 f"{len(keep)} bytes")
-        return cls(rid, bytes(keep))
+        return cls(rid, bytes(keep), attempt)
 
 
 # -- the handshake (handshake.py, link_handshake.py) ---------------------------------------------
