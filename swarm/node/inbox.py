@@ -77,7 +77,7 @@ class NodeInbox:
         """A token its last stage may send but that is wrong (a buggy stage) is an Error: the request replays."""
         if isinstance(message, Token) and (problem := self.sender_rules.mlx_token_problem(message)):
             self.failures.every("token", LOG_EVERY_S, "request %s: %s", message.rid, problem)
-            return Error(message.rid, message.plan_id, "protocol", problem)
+            return Error(message.rid, message.plan_id, "protocol", problem, message.attempt)
         return message
 
     def mlx_link_broken(self, peer: str, problem: str) -> None:
