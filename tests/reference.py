@@ -1,4 +1,8 @@
-"""What one machine produces: greedy tokens from mlx-lm on the whole model, in this process."""
+"""What one machine produces: greedy tokens from mlx-lm on the whole model, in this process.
+
+mlx-lm reads the prompt in chunks of the swarm's default `--prefill-chunk` (its prefill_step_size):
+the same schedule, so a prompt longer than one chunk gives the same text to the last bit.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model, load_tokenizer
+
+from swarm.entry.generate import PREFILL_STEP
 
 
 @lru_cache(maxsize=4)
@@ -28,7 +34,8 @@ def reference_chat(model_dir, messages: list[dict], max_tokens: int) -> tuple[st
     model, tok = _load(str(model_dir))
     prompt = chat_prompt(model_dir, messages)
     tokens = []
-    for (t, _), _ in zip(generate_step(mx.array(prompt), model, max_tokens=max_tokens), range(max_tokens)):
+    for (t, _), _ in zip(generate_step(mx.array(prompt), model, max_tokens=max_tokens,
+                                                   prefill_step_size=PREFILL_STEP), range(max_tokens)):
         tokens.append(int(t))
         if int(t) in tok.eos_token_ids:
             break
@@ -40,7 +47,8 @@ def reference_tokens(model_dir, prompt: list[int], n: int) -> list[tuple[int, np
     """Greedy (token, log-softmax of the logits it was drawn from) pairs, as mlx-lm's generate_step gives."""
     model, _ = _load(str(model_dir))
     return [(int(t), np.array(lp.astype(mx.float32)))
-            for (t, lp), _ in zip(generate_step(mx.array(prompt), model, max_tokens=n), range(n))]
+            for (t, lp), _ in zip(generate_step(mx.array(prompt), model, max_tokens=n,
+                                                prefill_step_size=PREFILL_STEP), range(n))]
 
 
 def reference_prompt_logprobs(model_dir, prompt: list[int]) -> np.ndarray:

@@ -33,7 +33,7 @@ CHUNK = 64  # positions per prefill chunk: a chunk of 10 of the model's layers t
 QUESTION = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 8,
             "temperature": 0}
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex bold jackdaws".split()
-TOKENS_PER_WORD = 1.09  # of the text below, with this tokenizer (each word one token, a '.' after every 11th)
+TOKENS_PER_WORD = 1.29  # of the texts below, with this tokenizer (measured on the chat's prompt_tokens)
 FREED_WITHIN_S = 2.0
 
 
@@ -113,8 +113,9 @@ def test_a_short_chat_beside_a_5000_token_prompt_is_answered_within_3x_its_quiet
     thread.join(900)
     assert "error" not in long, long.get("error")
     assert long["status"] == 200, long["reply"]
-    assert 5000 <= long["reply"]["usage"]["prompt_tokens"] <= 5600, long["reply"]["usage"]
-    print(f"short chat: {quiet:.2f}s alone, {beside:.2f}s beside a 5,000-token prompt (read in {long['took']:.1f}s)")
+    print(f"short chat: {quiet:.2f}s alone, {beside:.2f}s beside a {long['reply']['usage']['prompt_tokens']}-token "
+          f"prompt (answered in {long['took']:.1f}s)")
+    assert 4800 <= long["reply"]["usage"]["prompt_tokens"] <= 5400, long["reply"]["usage"]
     assert beside <= 3 * quiet, f"{beside:.2f}s beside the long prompt, {quiet:.2f}s alone"
     assert _plans(cluster) == plans  # honest nodes keep one view
 
@@ -140,9 +141,10 @@ def test_a_5500_token_prompt_on_a_loaded_swarm_completes(swarm):
     for out in (long, beside):
         assert "error" not in out, out.get("error")
         assert out["status"] == 200, out["reply"]
-    assert 5500 <= long["reply"]["usage"]["prompt_tokens"] <= 6100, long["reply"]["usage"]
+    print(f"{long['reply']['usage']['prompt_tokens']}-token prompt answered in {long['took']:.1f}s "
+          f"(token timeout {TOKEN_TIMEOUT_S}s)")
+    assert 5400 <= long["reply"]["usage"]["prompt_tokens"] <= 6000, long["reply"]["usage"]
     assert set(shorts) == {text}
-    print(f"5,500-token prompt answered in {long['took']:.1f}s (token timeout {TOKEN_TIMEOUT_S}s)")
     assert _plans(cluster) == plans
 
 

@@ -10,7 +10,7 @@ from swarm.engine.sampling import SamplingParams
 from swarm.engine.shard import load_shard
 from swarm.engine.shard_runner import ShardRunner
 from swarm.engine.worker import MlxWorker
-from swarm.entry.generate import GenerationJob, generate_tokens
+from swarm.entry.generate import PREFILL_STEP, GenerationJob, generate_tokens
 from helpers import TINY_FAMILIES
 from local_pipeline import LocalPipeline
 from reference import reference_tokens
@@ -80,3 +80,16 @@ def test_seeded_sampling_is_the_same_across_splits(tiny_models):
     assert chained_tokens(model_dir, [2, 4], prompt, 16, sampling) == one
     other_seed = chained_tokens(model_dir, [6], prompt, 16, SamplingParams(0.9, 0.95, 50, 99))
     assert other_seed != one
+
+
+def test_a_prompt_of_several_chunks_matches_mlx_lm_at_the_same_prefill_step(default_model):
+    """A prompt longer than one chunk (`--prefill-chunk`) is read chunk by chunk by every stage, as
+    mlx-lm reads it at that prefill_step_size: the same tokens (tests/reference.py)."""
+    from mlx_lm.utils import load_tokenizer
+    tok = load_tokenizer(default_model.path)
+    text = " ".join(f"Item {i}: a {['red', 'green', 'blue'][i % 3]} box." for i in range(90))
+    prompt = tok.apply_chat_template([{"role": "user", "content": text + " Which colour comes first?"}],
+                                     add_generation_prompt=True)
+    assert len(prompt) > 2 * PREFILL_STEP + 1
+    expected = [token for token, _ in reference_tokens(default_model.path, prompt, 6)]
+    assert chained_tokens(default_model.path, [10, 10, 10], prompt, 6) == expected

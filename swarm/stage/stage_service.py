@@ -14,10 +14,11 @@ forward got here; and a link that breaks tells the entries of the requests it ca
 
 Frames for our stage are computed in arrival order, which also keeps each request's
 frames in order downstream. Different requests still overlap across nodes: while we
-compute one request, the next stage computes another. One exception: after a chunk of a
-prompt, what other requests queued goes before that request's next frames, so a long prompt
-(read in chunks: entry/generate.py) holds a short request or a decode step back one chunk at
-most. The last stage answers each prompt chunk with a Token of its end position (no token
+compute one request, the next stage computes another. Two exceptions, for long prompts (read
+in chunks: entry/generate.py): after a chunk of a prompt, what other requests queued goes
+before that request's next frames; and while other requests decode, a prompt's later chunks
+wait a moment for their steps (chunk_hold.py). So a long prompt holds a short request or a
+decode step back little more than the chunk under way. The last stage answers each prompt chunk with a Token of its end position (no token
 drawn): the entry sends the next chunks as these come, and its deadline follows them.
 
 A Release is served the moment it comes: frames of that request still queued, and any that
@@ -53,6 +54,7 @@ from ..transport.errors import PeerUnreachable, ProtocolError
 from ..transport.lane import DataLane
 from ..transport.log_limit import LogLimiter
 from ..transport.messages import Error, Forward, Release, Token
+from .chunk_hold import ChunkHold
 from .link_requests import LinkRequests
 from .prompt_gather import PromptGather, is_new_prompt
 from .stage_host import StageHost
@@ -71,6 +73,7 @@ class StageService:
                  prompt_gather_s: float = 0.0):
         self.host, self.lane, self.worker, self.max_batch = host, lane, worker, max_batch
         self.gather = PromptGather(prompt_gather_s)  # `--prompt-gather`; MLX thread only
+        self.hold = ChunkHold()  # MLX thread only
         self.node_id = lane.node_id
         self.refusals = LogLimiter(refused_log)  # frames from senders that may not send them (node/inbox.py too)
         self.failures = LogLimiter(log, logging.INFO)  # requests this stage could not serve
@@ -94,6 +97,7 @@ class StageService:
         if isinstance(message, Release):
             self._mlx_release(sender, message)
             key = (sender, message.rid)
+            self.hold.forget(key)
             if any(isinstance(m, Forward) and (m.entry, m.rid) == key for _, m in self._queue):
                 self._queue = deque(item for item in self._queue
                                     if not (isinstance(item[1], Forward) and (item[1].entry, item[1].rid) == key))
@@ -145,10 +149,15 @@ class StageService:
                 self.worker.mlx_recheck_at(until)
                 return
         while self._queue and not self.worker.closed:  # (a node stopping computes no more)
+            until = self._held_chunks_behind()
+            if until is not None:
+                self.worker.mlx_recheck_at(until)
+                break
             sender, message = self._queue.popleft()
             try:
                 self._mlx_forward(self._with_queued_prompts(sender, message) if is_new_prompt(message)
                                   else self._with_queued_decode_steps(message))
+                self.hold.stepped(message)
                 if message.sampling is None and message.length > 1:
                     self._let_others_first((message.entry, message.rid))
             except Exception:
@@ -162,15 +171,30 @@ class StageService:
             self._last_gc = now
             self.host.stage.release_idle(IDLE_CACHE_S)
 
-    def _let_others_first(self, key: tuple[str, str]) -> None:
+    def _held_chunks_behind(self) -> float | None:
+        """Put prompt chunks that are held (chunk_hold.py) behind other requests' frames; when nothing but
+        held chunks is queued, when to look again."""
+        earliest = None
+        for _ in range(len(self._queue)):
+            head = self._queue[0][1]
+            until = self.hold.until(head)
+            if until is None:
+                return None
+            earliest = until if earliest is None else min(earliest, until)
+            if not self._let_others_first((head.entry, head.rid)):
+                return earliest
+        return earliest
+
+    def _let_others_first(self, key: tuple[str, str]) -> bool:
         """A prompt chunk of request `key` was computed: what other requests queued goes before its next
-        frames (each request's own order kept)."""
+        frames (each request's own order kept). False: nothing else is queued."""
         queue = self._queue
         if not queue or not _of(queue[0][1], key):
-            return
+            return True
         others = [item for item in queue if not _of(item[1], key)]
         if others:
             self._queue = deque(others + [item for item in queue if _of(item[1], key)])
+        return bool(others)
 
     def _mlx_release(self, sender: str, message: Release) -> None:
         runner = self.host.stage

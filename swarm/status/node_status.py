@@ -65,7 +65,8 @@ class NodeStatus:
                                     "prompt_rows": service.prompt_rows,
                                     "kept_passes": stage.batches.reused if stage else 0,
                                     "ahead_taken": stage.ahead_taken if stage else 0,
-                                    "ahead_undone": stage.ahead_undone if stage else 0},
+                                    "ahead_undone": stage.ahead_undone if stage else 0,
+                                    "prompt_chunks_held": service.hold.held},
                 "peer_connections": self.links.snapshot(), "fetch": self.weights.status.to_dict()}
 
     def _device(self) -> dict:
