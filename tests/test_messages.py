@@ -91,6 +91,10 @@ def frame_of(message, changes: dict) -> Frame:
 
 BAD = [
     # (message, header changes, what the error names)
+    (tokens_in(), {"a": 0}, "'a'"),
+    (Token("r1", "plan1", 4, 3), {"a": -1}, "'a'"),
+    (Error("r1", "plan1", "cache", "lost"), {"a": "2"}, "'a'"),
+    (Release("r1"), {"a": 2**31}, "'a'"),
     (tokens_in(), {"rid": ""}, "rid"),
     (tokens_in(), {"rid": 7}, "rid"),
     (tokens_in(), {"rid": "x" * 129}, "rid"),
@@ -152,6 +156,14 @@ BAD = [
     (from_a_kept_prefix(), {"pos": 0, "pre": b""}, "'pre'"),  # position 0 has no prefix
     (from_a_kept_prefix(), {"pre": ...}, "position 0"),  # without its prefix the rules came too late
 ]
+
+
+def test_every_answer_and_release_carries_its_attempt() -> None:
+    """A replay's frames, answers and release name their attempt; a first attempt's headers stay as they were."""
+    for message in (tokens_in()._replace(attempt=3), Token("r1", "plan1", 4, 0, attempt=3),
+                    Error("r1", "plan1", "cache", "lost", 3), Release.keeping("r1", [1, 2], 3)):
+        assert decode(on_the_wire(message)).attempt == 3
+        assert "a" not in message._replace(attempt=0).to_frame()[0]
 
 
 @pytest.mark.parametrize(("message", "changes", "named"), BAD, ids=[f"{type(m).__name__}-{c}" for m, c, _ in BAD])
