@@ -1,4 +1,5 @@
-"""A stage holds a long prompt's later chunks back while other requests decode, for a bounded time."""
+"""A stage holds a long prompt's later chunks back while other requests' decode steps are due, never
+longer than the last chunk took (stage/chunk_hold.py)."""
 
 from __future__ import annotations
 
@@ -19,33 +20,29 @@ def step(pos: int, rid: str = "short") -> Forward:
     return Forward.of_tokens(rid, "p1", pos, "entry", SamplingParams(), [7])
 
 
-def test_later_chunks_wait_for_decode_steps_at_most_the_hold():
-    hold = ChunkHold(after_step_s=0.5, max_s=1.0)
+def test_later_chunks_wait_while_another_requests_step_is_due():
+    hold = ChunkHold(min_period_s=0.2, min_hold_s=0.1)
     assert hold.until(chunk(64)) is None  # nobody decodes: go
-    hold.stepped(chunk(0))  # (a prompt chunk is no decode step)
-    assert hold.until(chunk(64)) is None
-    hold.stepped(step(40))
+    hold.served(chunk(64), took_s=1.0)  # a chunk took 1 s here: one may be held that long
+    hold.served(step(40), took_s=0.01)
     assert hold.until(chunk(0)) is None and hold.until(step(41)) is None  # a first chunk, a step: never held
-    until = hold.until(chunk(64))
-    assert until is not None and until <= time.monotonic() + 0.5
-    assert hold.held == 1
-    time.sleep(0.3)
-    hold.stepped(step(41))  # still decoding: held on, but never past max_s from the first hold
-    later = hold.until(chunk(64))
-    assert until < later <= until - 0.5 + 1.0 + 0.05
+    until = hold.until(chunk(128))
+    assert until is not None and until <= time.monotonic() + 2 * 0.2  # two periods after the step
+    assert hold.until(chunk(128, rid="short")) is None  # a request's own steps do not hold its chunks
+    time.sleep(0.5)
+    assert hold.until(chunk(128)) is None  # the step is overdue: the request ended or went quiet
     assert hold.held == 1
 
 
-def test_a_chunk_goes_once_the_steps_stop_or_the_hold_runs_out():
-    hold = ChunkHold(after_step_s=0.2, max_s=10.0)
-    hold.stepped(step(40))
-    assert hold.until(chunk(64)) is not None
+def test_a_held_chunk_waits_no_longer_than_the_last_chunk_took():
+    hold = ChunkHold(min_period_s=10.0, min_hold_s=0.1)
+    hold.served(chunk(64), took_s=0.2)
+    hold.served(step(40), took_s=0.01)
+    first = hold.until(chunk(128))
+    assert first is not None and first <= time.monotonic() + 0.2
     time.sleep(0.25)
-    assert hold.until(chunk(64)) is None  # no step for after_step_s
-    short = ChunkHold(after_step_s=10.0, max_s=0.2)
-    short.stepped(step(40))
-    assert short.until(chunk(64)) is not None
-    time.sleep(0.25)
-    short.stepped(step(41))
-    assert short.until(chunk(64)) is None  # held its max_s: it goes, however busy
-    assert short.until(chunk(128)) is not None  # the next chunk waits its own turn
+    hold.served(step(41), took_s=0.01)  # still decoding
+    assert hold.until(chunk(128)) is None  # held as long as a chunk takes: it goes, however busy
+    assert hold.until(chunk(192)) is not None  # the next chunk waits its own turn
+    hold.forget(("entry", "short"))
+    assert hold.until(chunk(192)) is None

@@ -1,12 +1,12 @@
 """How long a stage holds a long prompt's next chunk back while other requests decode (MLX thread only).
 
 A chunk of a prompt takes a stage many decode steps' time (on a CPU, hundreds of ms for a few
-dozen positions), and a step that arrives while one is computed waits for it. So while decode
-steps pass through this stage (one did within HOLD_AFTER_STEP_S: more are coming), the next chunk
-of a prompt already under way waits, HOLD_MAX_S at most: the steps go first, and a long prompt
-still gets a chunk through every HOLD_MAX_S however busy the stage is. A prompt's first chunk is
-never held (a new request starts at once), and the order of each request's frames is kept: the
-stage serves other requests' frames meanwhile (stage_service.py).
+dozen positions), and a step that arrives while one is computed waits for it. So while another
+request's next decode step is due at this stage (two of its periods after its last one here),
+the next chunk of a prompt already under way waits, but never longer than the last chunk took:
+the steps go first, and however busy the stage, long prompts get at least half of its time. A
+prompt's first chunk is never held (a new request starts at once), and the order of each
+request's frames is kept: the stage serves other requests' frames meanwhile (stage_service.py).
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import time
 
 from ..transport.messages import Forward
 
-HOLD_AFTER_STEP_S = 1.0  # a sampled step passed this recently: the next of its request is coming
-HOLD_MAX_S = 2.0  # the longest one chunk is held
+MIN_PERIOD_S = 0.5  # a decoding request's steps are taken to come at least this far apart
+DUE_PERIODS = 2.0  # its next step is due for this many of its periods after its last one here
+MIN_HOLD_S = 0.5  # a chunk may be held this long even after a quick chunk
 
 
 def is_later_chunk(message: Forward) -> bool:
@@ -25,32 +26,53 @@ def is_later_chunk(message: Forward) -> bool:
 
 
 class ChunkHold:
-    def __init__(self, after_step_s: float = HOLD_AFTER_STEP_S, max_s: float = HOLD_MAX_S) -> None:
-        self.after_step_s, self.max_s = after_step_s, max_s
-        self._last_step = float("-inf")  # time.monotonic() of the last sampled step served here
+    def __init__(self, min_period_s: float = MIN_PERIOD_S, min_hold_s: float = MIN_HOLD_S) -> None:
+        self.min_period_s, self.min_hold_s = min_period_s, min_hold_s
+        self._steps: dict[tuple[str, str], tuple[float, float]] = {}  # decoding request -> (last step, period)
         self._held_since: dict[tuple[str, str], float] = {}  # (entry, rid) -> when its waiting chunk was first held
+        self._chunk_s = 0.0  # how long the last chunk took here: what a held one may wait at most
         self.held = 0  # chunks held back so far (for /health)
 
-    def stepped(self, message: Forward) -> None:
-        """`message` was served here: a sampled one says other requests are decoding."""
+    def served(self, message: Forward, took_s: float) -> None:
+        """`message` was served here in `took_s`: a sampled one is a step of a request that decodes."""
+        key, now = (message.entry, message.rid), time.monotonic()
         if message.sampling is not None:
-            self._last_step = time.monotonic()
+            last = self._steps.get(key)
+            period = max(self.min_period_s, now - last[0]) if last else self.min_period_s
+            self._steps[key] = (now, period)
+        elif is_later_chunk(message):
+            self._chunk_s = took_s
 
     def until(self, message: Forward) -> float | None:
-        """When `message` may be served (time.monotonic); None: now."""
+        """When `message` may be served (time.monotonic); None: now. A later chunk of a prompt waits
+        while another request's next step is due here, but never longer than the last chunk took (at
+        least min_hold_s): the stage's time goes at least half to long prompts."""
         if not is_later_chunk(message):
             return None
         key, now = (message.entry, message.rid), time.monotonic()
-        since = self._held_since.get(key)
-        until = min(self._last_step + self.after_step_s, (since or now) + self.max_s)
+        due = self._next_due(key, now)
+        since = self._held_since.get(key, now)
+        until = min(due, since + max(self.min_hold_s, self._chunk_s))
         if now >= until:
             self._held_since.pop(key, None)
             return None
-        if since is None:
+        if key not in self._held_since:
             self._held_since[key] = now
             self.held += 1
         return until
 
+    def _next_due(self, key: tuple[str, str], now: float) -> float:
+        """Until when some other request's next step is due here (past: none is)."""
+        latest = float("-inf")
+        for other, (last, period) in list(self._steps.items()):
+            due = last + DUE_PERIODS * period
+            if due <= now:
+                del self._steps[other]  # (it ended, or went quiet)
+            elif other != key:
+                latest = max(latest, due)
+        return latest
+
     def forget(self, key: tuple[str, str]) -> None:
         """The request was released."""
         self._held_since.pop(key, None)
+        self._steps.pop(key, None)

@@ -155,9 +155,10 @@ class StageService:
                 break
             sender, message = self._queue.popleft()
             try:
+                t0 = time.monotonic()
                 self._mlx_forward(self._with_queued_prompts(sender, message) if is_new_prompt(message)
                                   else self._with_queued_decode_steps(message))
-                self.hold.stepped(message)
+                self.hold.served(message, time.monotonic() - t0)
                 if message.sampling is None and message.length > 1:
                     self._let_others_first((message.entry, message.rid))
             except Exception:
