@@ -1,5 +1,5 @@
 """A stage holds a long prompt's later chunks back while other requests' decode steps are due, never
-longer than the last chunk took (stage/chunk_hold.py)."""
+longer than a few times what the last chunk took (stage/chunk_hold.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from swarm.engine.sampling import SamplingParams
-from swarm.stage.chunk_hold import ChunkHold
+from swarm.stage.chunk_hold import HOLD_CHUNKS, ChunkHold
 from swarm.transport.messages import Forward
 
 
@@ -23,7 +23,7 @@ def step(pos: int, rid: str = "short") -> Forward:
 def test_later_chunks_wait_while_another_requests_step_is_due():
     hold = ChunkHold(min_period_s=0.2, min_hold_s=0.1)
     assert hold.until(chunk(64)) is None  # nobody decodes: go
-    hold.served(chunk(64), took_s=1.0)  # a chunk took 1 s here: one may be held that long
+    hold.served(chunk(64), took_s=1.0)  # a chunk took 1 s here: one may be held a few times that
     hold.served(step(40), took_s=0.01)
     assert hold.until(chunk(0)) is None and hold.until(step(41)) is None  # a first chunk, a step: never held
     until = hold.until(chunk(128))
@@ -34,15 +34,15 @@ def test_later_chunks_wait_while_another_requests_step_is_due():
     assert hold.held == 1
 
 
-def test_a_held_chunk_waits_no_longer_than_the_last_chunk_took():
+def test_a_held_chunk_waits_no_longer_than_a_few_chunks_take():
     hold = ChunkHold(min_period_s=10.0, min_hold_s=0.1)
-    hold.served(chunk(64), took_s=0.2)
+    hold.served(chunk(64), took_s=0.1)
     hold.served(step(40), took_s=0.01)
     first = hold.until(chunk(128))
-    assert first is not None and first <= time.monotonic() + 0.2
-    time.sleep(0.25)
+    assert first is not None and first <= time.monotonic() + HOLD_CHUNKS * 0.1
+    time.sleep(HOLD_CHUNKS * 0.1 + 0.05)
     hold.served(step(41), took_s=0.01)  # still decoding
-    assert hold.until(chunk(128)) is None  # held as long as a chunk takes: it goes, however busy
+    assert hold.until(chunk(128)) is None  # held its longest: it goes, however busy
     assert hold.until(chunk(192)) is not None  # the next chunk waits its own turn
     hold.forget(("entry", "short"))
     assert hold.until(chunk(192)) is None

@@ -3,8 +3,9 @@
 A chunk of a prompt takes a stage many decode steps' time (on a CPU, hundreds of ms for a few
 dozen positions), and a step that arrives while one is computed waits for it. So while another
 request's next decode step is due at this stage (two of its periods after its last one here),
-the next chunk of a prompt already under way waits, but never longer than the last chunk took:
-the steps go first, and however busy the stage, long prompts get at least half of its time. A
+the next chunk of a prompt already under way waits, but never longer than HOLD_CHUNKS times what
+the last chunk took: the steps go first, and however busy the stage, long prompts get at least
+1 / (1 + HOLD_CHUNKS) of its time. A
 prompt's first chunk is never held (a new request starts at once), and the order of each
 request's frames is kept: the stage serves other requests' frames meanwhile (stage_service.py).
 """
@@ -18,6 +19,9 @@ from ..transport.messages import Forward
 MIN_PERIOD_S = 0.5  # a decoding request's steps are taken to come at least this far apart
 DUE_PERIODS = 2.0  # its next step is due for this many of its periods after its last one here
 MIN_HOLD_S = 0.5  # a chunk may be held this long even after a quick chunk
+# A chunk may be held this many times what the last one took. A chunk takes many steps' time, so a
+# step that meets one waits long; the more a chunk is held, the fewer steps meet one.
+HOLD_CHUNKS = 3
 
 
 def is_later_chunk(message: Forward) -> bool:
@@ -30,7 +34,7 @@ class ChunkHold:
         self.min_period_s, self.min_hold_s = min_period_s, min_hold_s
         self._steps: dict[tuple[str, str], tuple[float, float]] = {}  # decoding request -> (last step, period)
         self._held_since: dict[tuple[str, str], float] = {}  # (entry, rid) -> when its waiting chunk was first held
-        self._chunk_s = 0.0  # how long the last chunk took here: what a held one may wait at most
+        self._chunk_s = 0.0  # how long the last chunk took here (a held one waits HOLD_CHUNKS times that at most)
         self.held = 0  # chunks held back so far (for /health)
 
     def served(self, message: Forward, took_s: float) -> None:
@@ -45,14 +49,14 @@ class ChunkHold:
 
     def until(self, message: Forward) -> float | None:
         """When `message` may be served (time.monotonic); None: now. A later chunk of a prompt waits
-        while another request's next step is due here, but never longer than the last chunk took (at
-        least min_hold_s): the stage's time goes at least half to long prompts."""
+        while another request's next step is due here, but never longer than HOLD_CHUNKS times the last
+        chunk took (at least min_hold_s)."""
         if not is_later_chunk(message):
             return None
         key, now = (message.entry, message.rid), time.monotonic()
         due = self._next_due(key, now)
         since = self._held_since.get(key, now)
-        until = min(due, since + max(self.min_hold_s, self._chunk_s))
+        until = min(due, since + max(self.min_hold_s, HOLD_CHUNKS * self._chunk_s))
         if now >= until:
             self._held_since.pop(key, None)
             return None
