@@ -22,6 +22,7 @@ MIN_HOLD_S = 0.5  # a chunk may be held this long even after a quick chunk
 # A chunk may be held this many times what the last one took. A chunk takes many steps' time, so a
 # step that meets one waits long; the more a chunk is held, the fewer steps meet one.
 HOLD_CHUNKS = 3
+MAX_HOLD_S = 5.0  # and never longer than this (the entry's token timeout bounds a chunk's whole trip)
 
 
 def is_later_chunk(message: Forward) -> bool:
@@ -50,13 +51,13 @@ class ChunkHold:
     def until(self, message: Forward) -> float | None:
         """When `message` may be served (time.monotonic); None: now. A later chunk of a prompt waits
         while another request's next step is due here, but never longer than HOLD_CHUNKS times the last
-        chunk took (at least min_hold_s)."""
+        chunk took (at least min_hold_s, at most MAX_HOLD_S)."""
         if not is_later_chunk(message):
             return None
         key, now = (message.entry, message.rid), time.monotonic()
         due = self._next_due(key, now)
         since = self._held_since.get(key, now)
-        until = min(due, since + max(self.min_hold_s, HOLD_CHUNKS * self._chunk_s))
+        until = min(due, since + min(MAX_HOLD_S, max(self.min_hold_s, HOLD_CHUNKS * self._chunk_s)))
         if now >= until:
             self._held_since.pop(key, None)
             return None
