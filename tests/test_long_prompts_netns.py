@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.skipif(netns_unavailable_reason() is not None, reason=
               pytest.mark.timeout(1200)]
 
 TOKEN_TIMEOUT_S = 60
-CHUNK = 64  # positions per prefill chunk: a chunk of 10 of the model's layers takes a fraction of a second here
+CHUNK = 32  # positions per prefill chunk: a chunk of 10 of the model's layers takes a fraction of a second here
 QUESTION = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 8,
             "temperature": 0}
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex bold jackdaws".split()
