@@ -36,6 +36,7 @@ from ..engine.token_logprobs import TokenLogprobs
 from .arrays import WIRE_DTYPES, decode_array
 from .errors import ProtocolError
 from .frames import Frame
+from .probe_messages import Probe, Probed
 
 MAX_ID_CHARS = 128  # request, plan and node ids
 MAX_TEXT_CHARS = 4096  # error messages
@@ -472,8 +473,8 @@ class Rejection(NamedTuple):
 
 
 HANDSHAKE_MESSAGES = (Hello, Proof, Admitted, Rejection)
-Message = Union[Forward, Token, Error, Release, Hello, Proof, Admitted, Rejection]
-_TYPES: dict[str, type] = {m.T: m for m in (Forward, Token, Error, Release, *HANDSHAKE_MESSAGES)}
+Message = Union[Forward, Token, Error, Release, Probe, Probed, Hello, Proof, Admitted, Rejection]
+_TYPES: dict[str, type] = {m.T: m for m in (Forward, Token, Error, Release, Probe, Probed, *HANDSHAKE_MESSAGES)}
 
 
 def decode(frame: Frame) -> Message:
