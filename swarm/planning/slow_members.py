@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Awaitable, Callable, Iterable, Mapping
+from typing import Awaitable, Callable, Iterable
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,7 @@ PROBE_TIMEOUT_S = 4.0  # a peer that reads takes well under this for a probe, on
 RETRY_S = 5.0  # a member left out is probed again this often
 HEARSAY_GAP_S = 2.0  # on hearsay, a member is not probed again sooner than this
 PROFILE_FIELD = "slow"  # the members a node leaves out for slowness, comma-separated, in its profile
+MAX_LISTED = 8
 
 ProbeFn = Callable[[str, float], Awaitable[bool]]  # (node, timeout): did it answer in time?
 
@@ -55,7 +56,8 @@ class SlowMembers:
         return {node for node in self._checks if node not in self._out}
 
     def profile_field(self) -> str:
-        return ",".join(sorted(self._out))
+        """What our profile says (PROFILE_FIELD): the first MAX_LISTED we leave out (a profile is small)."""
+        return ",".join(sorted(self._out)[:MAX_LISTED])
 
     # -- what we saw ------------------------------------------------------------------------
     def stalled(self, node: str, why: str) -> None:
@@ -141,7 +143,3 @@ class SlowMembers:
                 await self._on_change()
                 return
 
-
-def profile_fields(profiles: Mapping[str, Mapping[str, str]]) -> dict[str, str | None]:
-    """Each peer's PROFILE_FIELD, from their profiles' extra fields."""
-    return {node: extra.get(PROFILE_FIELD) for node, extra in profiles.items()}
