@@ -14,17 +14,14 @@ from typing import NamedTuple
 
 from .errors import ProtocolError
 from .frames import Frame
+from .wire_fields import int_field
 
 PROBE_PAD_BYTES = 64 * 1024  # read in well under a second by any peer that serves a pipeline
 MAX_NONCE = 2**63 - 1
 
 
 def _nonce(frame: Frame) -> int:
-    value = frame.header.get("n")
-    if type(value) is not int or not 0 <= value <= MAX_NONCE:
-        raise ProtocolError(f"{frame.header.get('t')!r} message: 'n' must be an int in [0, {MAX_NONCE}], got "
-                            f"{str(value)[:40]!r}")
-    return value
+    return int_field(frame.header, "n", 0, MAX_NONCE)
 
 
 class Probe(NamedTuple):
