@@ -53,7 +53,7 @@ SETTLE_S = 3.0
 PROSPECTS_WAIT_S = 30.0
 # A sampled step is overdue (its stages are probed: slow_members.py) after this, plus OVERDUE_FACTOR
 # times what its positions cost at the stages' stated speeds.
-OVERDUE_FLOOR_S = 3.0
+OVERDUE_FLOOR_S = 2.0
 OVERDUE_FACTOR = 4.0
 OVERDUE_MAX_S = 60.0  # (a stated speed is a claim: a liar's must not put its stage above suspicion)
 
