@@ -5,10 +5,14 @@ in test_slow_members_netns.py): here a set of the nodes that answer; a fixed vie
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 from test_coordinator_take_back import SPEC, FixedView
 
+from partitioner import make_plan
+
+from swarm.planning import coordinator as coordinator_module
 from swarm.planning import slow_members
 from swarm.planning.coordinator import Coordinator
 from swarm.planning.load_deadlines import Announced, LoadDeadlines
@@ -98,4 +102,27 @@ async def test_a_member_that_announces_the_plan_but_takes_no_data_stays_out_of_t
     coord._take_back_caught_up()  # announcing the plan with it back in does not take it back either
     assert {m.node_id for m in coord.members()} == {"a", "b"}
     assert coord._plan_id(set()) != full
+    await coord.slow.stop()
+
+
+async def test_the_same_broken_plan_is_not_taken_again_while_a_stage_of_it_is_probed(monkeypatch) -> None:
+    monkeypatch.setattr(coordinator_module, "NEW_PLAN_GRACE_S", 0.05)
+    view = FixedView("a", {"a": {}, "b": {}, "s": {}})
+    coord = Coordinator("a", SPEC, "fp", view, None, None, deadlines=LoadDeadlines("a"))
+    answer = asyncio.Event()
+
+    async def probe(node: str, _timeout: float) -> bool:
+        await answer.wait()
+        return True
+    coord.slow = SlowMembers("a", probe, lambda: asyncio.sleep(0))
+    coord.plan = make_plan(SPEC, coord.members(), coord.strategy)
+    coord.host = SimpleNamespace(plan_id=coord.plan.plan_id)
+    for node in ("b", "s"):
+        view.extras[node] = {"plan": coord.plan.plan_id}  # every stage serves it: whole, but it broke
+    coord.step_overdue(coord.plan, "no token")
+    again = asyncio.ensure_future(coord.agreed_plan(broken=coord.plan))
+    await asyncio.sleep(0.5)  # ten grace periods
+    assert not again.done()
+    answer.set()  # s answered: the plan is good enough again
+    assert (await asyncio.wait_for(again, 5)).plan_id == coord.plan.plan_id
     await coord.slow.stop()

@@ -55,6 +55,7 @@ PROSPECTS_WAIT_S = 30.0
 # times what its positions cost at the stages' stated speeds.
 OVERDUE_FLOOR_S = 2.0
 OVERDUE_FACTOR = 4.0
+SUSPICION_RECHECK_S = 0.25  # how often a request waiting out a probe of its broken plan's stage looks again
 OVERDUE_MAX_S = 60.0  # (a stated speed is a claim: a liar's must not put its stage above suspicion)
 
 
@@ -371,7 +372,8 @@ class Coordinator:
                     if broken is None or broken.plan_id != plan.plan_id or \
                             (waited > NEW_PLAN_GRACE_S and not self._under_suspicion(plan)):
                         return plan
-                    wake_by = NEW_PLAN_GRACE_S - waited  # the same plan is good enough then
+                    # the same plan is good enough then, unless a stage of it is being probed: look again soon
+                    wake_by = max(NEW_PLAN_GRACE_S - waited, SUSPICION_RECHECK_S)
                 else:
                     wake_by = self.recovery_timeout - waited
                 if waited > self.recovery_timeout:
