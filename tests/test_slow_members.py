@@ -10,10 +10,11 @@ from types import SimpleNamespace
 import pytest
 from test_coordinator_take_back import SPEC, FixedView
 
-from partitioner import make_plan
+from partitioner import NodeCapacity, make_plan
 
 from swarm.planning import coordinator as coordinator_module
-from swarm.planning import slow_members
+from swarm.engine.input_limits import MAX_CHUNK
+from swarm.planning import slow_members, step_costs
 from swarm.planning.coordinator import Coordinator
 from swarm.planning.load_deadlines import Announced, LoadDeadlines
 from swarm.planning.slow_members import SlowMembers
@@ -126,3 +127,14 @@ async def test_the_same_broken_plan_is_not_taken_again_while_a_stage_of_it_is_pr
     answer.set()  # s answered: the plan is good enough again
     assert (await asyncio.wait_for(again, 5)).plan_id == coord.plan.plan_id
     await coord.slow.stop()
+
+
+def test_a_probe_waits_out_the_longest_pass_a_stage_may_run_and_a_stated_speed_cannot_buy_more():
+    plan = make_plan(SPEC, [NodeCapacity(n, 8 << 30, 0.002) for n in ("a", "b", "s")], "balanced")
+    layers = {s.node_id: s.end - s.start for s in plan.stages}
+    assert step_costs.longest_pass(plan, "b", 0.002) == pytest.approx(
+        layers["b"] * 0.002 * MAX_CHUNK / step_costs.PREFILL_SPEEDUP)
+    assert step_costs.longest_pass(plan, "stranger", 0.002) == 0.0  # not a stage: computes nothing for us
+    assert step_costs.longest_pass(plan, "s", 1e6) == step_costs.MAX_S  # a liar's claim is capped
+    assert step_costs.overdue_after(plan, {"s": 1e6}, 1) == step_costs.MAX_S
+    assert step_costs.overdue_after(plan, {}, 1) == step_costs.OVERDUE_FLOOR_S

@@ -37,6 +37,7 @@ from ..weights.transfer import FetchStuck
 from .errors import NoPipeline
 from .load_deadlines import Announced, LoadDeadlines
 from .slow_members import PROFILE_FIELD, ProbeFn, SlowMembers
+from .step_costs import longest_pass, overdue_after
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +52,7 @@ SETTLE_S = 3.0
 # be members within seconds: a fetch waits for them, this long at most (one looking for ever must not
 # hold the swarm back).
 PROSPECTS_WAIT_S = 30.0
-# A sampled step is overdue (its stages are probed: slow_members.py) after this, plus OVERDUE_FACTOR
-# times what its positions cost at the stages' stated speeds.
-OVERDUE_FLOOR_S = 2.0
-OVERDUE_FACTOR = 4.0
 SUSPICION_RECHECK_S = 0.25  # how often a request waiting out a probe of its broken plan's stage looks again
-OVERDUE_MAX_S = 60.0  # (a stated speed is a claim: a liar's must not put its stage above suspicion)
 
 
 async def _always_answers(_node: str, _timeout: float) -> bool:
@@ -78,7 +74,7 @@ class Coordinator:
         self.strategy, self.recovery_timeout = strategy, recovery_timeout
         self.weights = weights  # None: this node never fetches (tests of planning alone)
         self.deadlines = deadlines or LoadDeadlines(node_id)
-        self.slow = SlowMembers(node_id, probe or _always_answers, self._slow_changed)
+        self.slow = SlowMembers(node_id, probe or _always_answers, self._slow_changed, busy_for=self.longest_pass)
         self.plan: Plan | None = None
         self.before: Plan | None = None  # the last plan seen whole: used while the newest is fetched for
         self.plan_error: str | None = None
@@ -162,9 +158,13 @@ class Coordinator:
 
     def overdue_after(self, plan: Plan, positions: int) -> float:
         """Seconds after which a sampled step of `plan` that computes `positions` positions is overdue."""
-        speeds = {p.node_id: p.profile.speed for p in self.discovery.view(include_self=True)}
-        cost = sum((s.end - s.start) * speeds.get(s.node_id, 0.0) for s in plan.stages) * positions
-        return min(OVERDUE_FLOOR_S + OVERDUE_FACTOR * cost, OVERDUE_MAX_S)
+        return overdue_after(plan, {p.node_id: p.profile.speed for p in self.discovery.view(include_self=True)},
+                             positions)
+
+    def longest_pass(self, node: str) -> float:
+        """The longest pass `node` may be computing for our plan (a probe of it waits that much longer)."""
+        return longest_pass(self.plan, node, next((p.profile.speed for p in self.discovery.view()
+                                                   if p.node_id == node), 0.0))
 
     def peer_stalled(self, node: str, problem: str) -> None:
         """Our data link to `node` took no data (transport/lane.py): it is left out."""

@@ -10,7 +10,9 @@ clear the record of a stage that announces the plan. So slowness has its own rec
 - `suspect(node)`: a step through it is overdue (entry/swarm_pipeline.py), or a peer says it left it
   out (its profile's `slow` field, read by the coordinator). Hearsay is not proof, or one liar could
   make the swarm drop honest members: the node is probed over the data lane (transport/
-  probe_messages.py), and left out only if the probe is not answered within PROBE_TIMEOUT_S.
+  probe_messages.py), and left out only if the probe is not answered within PROBE_TIMEOUT_S plus
+  the longest pass its stage may be computing (`busy_for`: a stage reads between passes only, and a
+  long prompt's pass on a CPU takes seconds).
 
 A member left out is probed again every RETRY_S and taken back when it answers (it reads again), or
 at once when a peer that listed it lists it no more (it was taken back there: one view again). Each
@@ -40,9 +42,11 @@ ProbeFn = Callable[[str, float], Awaitable[bool]]  # (node, timeout): did it ans
 
 class SlowMembers:
     def __init__(self, own_id: str, probe: ProbeFn, on_change: Callable[[], Awaitable[None]],
-                 clock: Callable[[], float] = time.monotonic):
-        """`on_change`: called after a member was left out or taken back (the coordinator replans)."""
+                 clock: Callable[[], float] = time.monotonic, busy_for: Callable[[str], float] = lambda _: 0.0):
+        """`on_change`: called after a member was left out or taken back (the coordinator replans);
+        `busy_for(node)`: the longest pass `node` may be computing now, in seconds."""
         self.own_id, self._probe, self._on_change, self.clock = own_id, probe, on_change, clock
+        self.busy_for = busy_for
         self._out: dict[str, float] = {}  # left out, since when
         self._checks: dict[str, asyncio.Task] = {}  # a probe under way (or a member's watch while out)
         self._last_probe: dict[str, float] = {}
@@ -115,7 +119,7 @@ class SlowMembers:
     async def _answers(self, node: str) -> bool:
         self._last_probe[node] = self.clock()
         try:
-            return await self._probe(node, PROBE_TIMEOUT_S)
+            return await self._probe(node, self._timeout(node))
         except Exception as e:  # noqa: BLE001 (whatever went wrong, it did not answer)
             log.debug("probe of %s: %s", node, e)
             return False
@@ -123,7 +127,10 @@ class SlowMembers:
     async def _check(self, node: str, why: str) -> None:
         if not await self._answers(node) and node not in self._out:
             self._checks.pop(node, None)
-            self._leave_out(node, f"{why}, and it did not answer a probe within {PROBE_TIMEOUT_S:.0f} s")
+            self._leave_out(node, f"{why}, and it did not answer a probe within {self._timeout(node):.0f} s")
+
+    def _timeout(self, node: str) -> float:
+        return PROBE_TIMEOUT_S + self.busy_for(node)
 
     def _leave_out(self, node: str, why: str) -> None:
         log.warning("node %s takes no data (%s): left out of the plans until it reads again", node, why)
