@@ -208,9 +208,14 @@ class FixedView:
                                      model_fingerprint="fp", instance="i", extra=self.extras[n]), ("10.0.0.1",),
                          "mdns") for n in sorted(self.extras) if include_self or n != self.own]
 
+    @property
+    def profile(self) -> NodeProfile:
+        return self.view(include_self=True)[[n for n in sorted(self.extras)].index(self.own)].profile
+
 
 async def test_the_coordinator_plans_itself_and_only_peers_that_proved_their_layers():
-    view = FixedView("a", {"a": {}, "b": {"holds": "0-30"}, "ghost": {"holds": "0-30"}, "mute": {}})
+    view = FixedView("a", {"a": {"holds": "0-30"}, "b": {"holds": "0-30"}, "ghost": {"holds": "0-30"},
+                           "new": {}})
 
     async def challenge_(claim: Claim) -> None:
         if claim.node_id != "b":
@@ -230,5 +235,9 @@ async def test_the_coordinator_plans_itself_and_only_peers_that_proved_their_lay
         await asyncio.wait_for(_until(lambda: proofs.failed >= 1), TIMEOUT)
         assert [m.node_id for m in coord.members()] == ["a", "b"]
         assert proofs.started == 2, "a peer that claims no layers is not challenged (nor planned)"
+        # A node that holds nothing yet plans the other newcomers too (each fetches its share of one plan),
+        # and the peers that proved their layers; never a claim that did not prove.
+        view.extras["a"] = {}
+        assert [m.node_id for m in coord.members()] == ["a", "b", "new"]
     finally:
         await proofs.stop()

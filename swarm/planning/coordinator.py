@@ -19,7 +19,10 @@ plan it serves (idle nodes announce none).
 A peer is planned only once it proved that it holds the layers it claims (`holds` in its
 profile; layer_proofs.py), so records that claim the model cost the plans nothing. This node
 plans itself without proof: a node that holds nothing yet fetches the layers its own plan
-gives it, then claims them, and its peers plan it once it proved them.
+gives it, then claims them, and its peers plan it once it proved them. Nodes that start
+together with nothing plan each other too while they hold nothing (each fetches its share of
+one plan, not a share of a plan without the others); a node that holds layers plans proven
+peers only, so a record that says it is new costs a holder's plans nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import time
 from typing import Callable
 
 from discovery import Discovery, NodeState
+from discovery.profile import NodeProfile
 from discovery.view import PeerEvent
 from partitioner import InsufficientMemoryError, ModelSpec, NodeCapacity, Plan, make_plan
 
@@ -113,10 +117,17 @@ class Coordinator:
         return [NodeCapacity(p.node_id, p.profile.memory_available, p.profile.speed)
                 for p in self.discovery.view(include_self=True)
                 if p.profile.model_fingerprint == self.fingerprint and p.profile.speed > 0
-                and p.node_id not in left_out and self._proven(p.node_id, p.profile.instance)]
+                and p.node_id not in left_out and self._plannable(p.profile)]
 
-    def _proven(self, node_id: str, instance: str) -> bool:
-        return node_id == self.node_id or self.proofs is None or self.proofs.proven(node_id, instance)
+    def _plannable(self, profile: NodeProfile) -> bool:
+        if profile.node_id == self.node_id or self.proofs is None:
+            return True
+        if self.proofs.proven(profile.node_id, profile.instance):
+            return True
+        return self._claims(self.discovery.profile) is None and self._claims(profile) is None  # newcomers both
+
+    def _claims(self, profile: NodeProfile) -> tuple[int, int] | None:
+        return parse_holds(profile.extra.get("holds"), self.spec.n_layers)
 
     def _ask_for_proofs(self) -> None:
         """Every peer that claims our model and layers of it is challenged, in time (layer_proofs.py)."""
@@ -124,7 +135,7 @@ class Coordinator:
             return
         claims = []
         for p in self.discovery.view():
-            holds = parse_holds(p.profile.extra.get("holds"), self.spec.n_layers)
+            holds = self._claims(p.profile)
             if p.profile.model_fingerprint == self.fingerprint and p.profile.speed > 0 and holds is not None:
                 claims.append(Claim(p.node_id, p.profile.instance, holds))
         self.proofs.consider(claims)
@@ -140,7 +151,7 @@ class Coordinator:
         elif layers is None:
             return
         else:
-            now = parse_holds(self.discovery.profile.extra.get("holds"), n)
+            now = self._claims(self.discovery.profile)
             if now is not None and now[0] <= layers[0] and layers[1] <= now[1]:
                 return
             meet = now is not None and layers[0] <= now[1] and now[0] <= layers[1]
