@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
+from types import SimpleNamespace
 
 import pytest
 from discovery.profile import NodeProfile
@@ -235,9 +235,10 @@ async def test_the_coordinator_plans_itself_and_only_peers_that_proved_their_lay
         await asyncio.wait_for(_until(lambda: proofs.failed >= 1), TIMEOUT)
         assert [m.node_id for m in coord.members()] == ["a", "b"]
         assert proofs.started == 2, "a peer that claims no layers is not challenged (nor planned)"
-        # A node that holds nothing yet plans the other newcomers too (each fetches its share of one plan),
-        # and the peers that proved their layers; never a claim that did not prove.
-        view.extras["a"] = {}
+        # A node that fetches its model and was in no plan that served yet plans the other newcomers too
+        # (each fetches its share of one plan), and the peers that proved their layers; never a claim that
+        # failed.
+        coord.weights = SimpleNamespace(store=SimpleNamespace(writable=True))
         assert [m.node_id for m in coord.members()] == ["a", "b", "new"]
     finally:
         await proofs.stop()

@@ -20,9 +20,11 @@ A peer is planned only once it proved that it holds the layers it claims (`holds
 profile; layer_proofs.py), so records that claim the model cost the plans nothing. This node
 plans itself without proof: a node that holds nothing yet fetches the layers its own plan
 gives it, then claims them, and its peers plan it once it proved them. Nodes that start
-together with nothing plan each other too while they hold nothing (each fetches its share of
-one plan, not a share of a plan without the others); a node that holds layers plans proven
-peers only, so a record that says it is new costs a holder's plans nothing.
+together with nothing plan each other too, until a plan with them serves (each fetches its
+share of one plan, not of a plan without the others); a peer whose claim is still to be
+checked stays in a plan it is in until a challenge fails (no plan flaps while a claim waits
+its turn); a node that serves from its own files plans proven peers only, so a record that
+says it is new costs those plans nothing.
 """
 
 from __future__ import annotations
@@ -124,7 +126,19 @@ class Coordinator:
             return True
         if self.proofs.proven(profile.node_id, profile.instance):
             return True
-        return self._claims(self.discovery.profile) is None and self._claims(profile) is None  # newcomers both
+        if self.proofs.refuted(profile.node_id, profile.instance):
+            return False
+        if self._newcomer():
+            return True
+        in_plan = self.plan is not None and profile.node_id in {s.node_id for s in self.plan.stages}
+        return in_plan and self._claims(profile) is not None  # its claim waits its turn
+
+    def _newcomer(self) -> bool:
+        """Fetching the model from peers, and in no plan that served yet."""
+        store = self.weights.store if self.weights is not None else None
+        if store is None or not store.writable:
+            return False
+        return self.before is None or self.own_layers(self.before) is None
 
     def _claims(self, profile: NodeProfile) -> tuple[int, int] | None:
         return parse_holds(profile.extra.get("holds"), self.spec.n_layers)

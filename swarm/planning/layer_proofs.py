@@ -75,6 +75,11 @@ class LayerProofs:
         record = self._records.get((node_id, instance))
         return record is not None and record.proven_until > self.clock()
 
+    def refuted(self, node_id: str, instance: str) -> bool:
+        """Its last challenge failed (and no proof of it holds now)."""
+        record = self._records.get((node_id, instance))
+        return record is not None and record.failures > 0 and record.proven_until <= self.clock()
+
     def consider(self, claims: list[Claim]) -> None:
         """The candidates in the view now, with what they claim: challenge whoever needs it, in time."""
         now, due = self.clock(), False
