@@ -118,6 +118,9 @@ def test_200_ghosts_that_answer_probes_are_never_planned_in_an_open_swarm(tmp_pa
         plans = set()
         for node in cluster.nodes:
             top = node.topology()
+            print(f"node{node.index}: {top['proofs']}")
+            assert top["proofs"]["failed"] > 0, "no ghost was challenged: the test shows nothing"
+            assert all(n["proven"] for n in top["nodes"] if n["id"] in honest and not n["self"]), top["nodes"]
             plans.add(top["plan"]["id"])
             assert {s["node_id"] for s in top["plan"]["stages"]} == honest, top["plan"]
             status, after = node.post("/v1/chat/completions", SAMPLE_QUESTION, timeout=120)

@@ -140,6 +140,14 @@ class Coordinator:
             return False
         return self.before is None or self.own_layers(self.before) is None
 
+    def claims(self, profile: NodeProfile) -> tuple[int, int] | None:
+        """The layers a node says it holds (None: it says none)."""
+        return self._claims(profile)
+
+    def proven(self, profile: NodeProfile) -> bool:
+        """Did this node prove its claim to us (all do where nobody checks: tests of planning alone)?"""
+        return self.proofs is None or self.proofs.proven(profile.node_id, profile.instance)
+
     def _claims(self, profile: NodeProfile) -> tuple[int, int] | None:
         return parse_holds(profile.extra.get("holds"), self.spec.n_layers)
 
