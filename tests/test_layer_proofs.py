@@ -230,7 +230,7 @@ async def test_the_coordinator_plans_itself_and_only_peers_that_proved_their_lay
     assert [m.node_id for m in coord.members()] == ["a"]
     proofs.start()
     try:
-        coord._ask_for_proofs()  # what replan() does first
+        coord.gate.ask_for_proofs()  # what replan() does first
         await asyncio.wait_for(_until(lambda: proofs.proven("b", "i")), TIMEOUT)
         await asyncio.wait_for(_until(lambda: proofs.failed >= 1), TIMEOUT)
         assert [m.node_id for m in coord.members()] == ["a", "b"]
@@ -238,7 +238,7 @@ async def test_the_coordinator_plans_itself_and_only_peers_that_proved_their_lay
         # A node that fetches its model and was in no plan that served yet plans the other newcomers too
         # (each fetches its share of one plan), and the peers that proved their layers; never a claim that
         # failed.
-        coord.weights = SimpleNamespace(store=SimpleNamespace(writable=True))
+        coord.gate.weights = SimpleNamespace(store=SimpleNamespace(writable=True))
         assert [m.node_id for m in coord.members()] == ["a", "b", "new"]
     finally:
         await proofs.stop()

@@ -17,14 +17,9 @@ A stage that does not serve our plan in time is left out of the next plans for a
 plan it serves (idle nodes announce none).
 
 A peer is planned only once it proved that it holds the layers it claims (`holds` in its
-profile; layer_proofs.py), so records that claim the model cost the plans nothing. This node
-plans itself without proof: a node that holds nothing yet fetches the layers its own plan
-gives it, then claims them, and its peers plan it once it proved them. Nodes that start
-together with nothing plan each other too, until a plan with them serves (each fetches its
-share of one plan, not of a plan without the others); a peer whose claim is still to be
-checked stays in a plan it is in until a challenge fails (no plan flaps while a claim waits
-its turn); a node that serves from its own files plans proven peers only, so a record that
-says it is new costs those plans nothing.
+profile; proof_gate.py, layer_proofs.py), so records that claim the model cost the plans
+nothing. This node plans itself without proof: a node that holds nothing yet fetches the layers
+its own plan gives it, then claims them, and its peers plan it once it proved them.
 """
 
 from __future__ import annotations
@@ -36,17 +31,16 @@ import time
 from typing import Callable
 
 from discovery import Discovery, NodeState
-from discovery.profile import NodeProfile
 from discovery.view import PeerEvent
 from partitioner import InsufficientMemoryError, ModelSpec, NodeCapacity, Plan, make_plan
 
 from ..events import EventBus
 from ..stage.stage_host import StageHost
 from ..weights.peer_weights import NotEnoughDisk, PeerWeights, parse_fetch
-from ..weights.layer_proof import parse_holds
 from ..weights.transfer import FetchStuck
 from .errors import NoPipeline
-from .layer_proofs import Claim, LayerProofs
+from .layer_proofs import LayerProofs
+from .proof_gate import ProofGate
 from .load_deadlines import Announced, LoadDeadlines
 
 log = logging.getLogger(__name__)
@@ -78,6 +72,7 @@ class Coordinator:
         self.weights = weights  # None: this node never fetches (tests of planning alone)
         self.deadlines = deadlines or LoadDeadlines(node_id)
         self.proofs = proofs  # None: every peer's claims are believed (tests of planning alone)
+        self.gate = ProofGate(node_id, spec.n_layers, fingerprint, discovery, proofs, weights)
         self._fetching = False  # this node fetches for its plan: the stages it waits for are not late
         self.plan: Plan | None = None
         self.before: Plan | None = None  # the last plan seen whole: used while the newest is fetched for
@@ -90,7 +85,7 @@ class Coordinator:
     async def start(self) -> None:
         if self.proofs is not None:
             self.proofs.start()
-        await self._claim_held(None)
+        await self.gate.claim_held(None)
         await self.replan()
         self._watch_task = asyncio.create_task(self._watch_loads(), name="watch-loads")
 
@@ -119,66 +114,8 @@ class Coordinator:
         return [NodeCapacity(p.node_id, p.profile.memory_available, p.profile.speed)
                 for p in self.discovery.view(include_self=True)
                 if p.profile.model_fingerprint == self.fingerprint and p.profile.speed > 0
-                and p.node_id not in left_out and self._plannable(p.profile)]
+                and p.node_id not in left_out and self.gate.plannable(p.profile, self.plan, self.before)]
 
-    def _plannable(self, profile: NodeProfile) -> bool:
-        if profile.node_id == self.node_id or self.proofs is None:
-            return True
-        if self.proofs.proven(profile.node_id, profile.instance):
-            return True
-        if self.proofs.refuted(profile.node_id, profile.instance):
-            return False
-        if self._newcomer():
-            return True
-        in_plan = self.plan is not None and profile.node_id in {s.node_id for s in self.plan.stages}
-        return in_plan and self._claims(profile) is not None  # its claim waits its turn
-
-    def _newcomer(self) -> bool:
-        """Fetching the model from peers, and in no plan that served yet."""
-        store = self.weights.store if self.weights is not None else None
-        if store is None or not store.writable:
-            return False
-        return self.before is None or self.own_layers(self.before) is None
-
-    def claims(self, profile: NodeProfile) -> tuple[int, int] | None:
-        """The layers a node says it holds (None: it says none)."""
-        return self._claims(profile)
-
-    def proven(self, profile: NodeProfile) -> bool:
-        """Did this node prove its claim to us (all do where nobody checks: tests of planning alone)?"""
-        return self.proofs is None or self.proofs.proven(profile.node_id, profile.instance)
-
-    def _claims(self, profile: NodeProfile) -> tuple[int, int] | None:
-        return parse_holds(profile.extra.get("holds"), self.spec.n_layers)
-
-    def _ask_for_proofs(self) -> None:
-        """Every peer that claims our model and layers of it is challenged, in time (layer_proofs.py)."""
-        if self.proofs is None:
-            return
-        claims = []
-        for p in self.discovery.view():
-            holds = self._claims(p.profile)
-            if p.profile.model_fingerprint == self.fingerprint and p.profile.speed > 0 and holds is not None:
-                claims.append(Claim(p.node_id, p.profile.instance, holds))
-        self.proofs.consider(claims)
-
-    async def _claim_held(self, layers: tuple[int, int] | None) -> None:
-        """Say which layers this node holds (what its peers challenge it over before they plan it): all of
-        them from the user's own model directory; else the layers just fetched, with those held before
-        where the two meet."""
-        store = self.weights.store if self.weights is not None else None
-        n = self.spec.n_layers
-        if store is not None and not store.writable:
-            holds = (0, n)
-        elif layers is None:
-            return
-        else:
-            now = self._claims(self.discovery.profile)
-            if now is not None and now[0] <= layers[0] and layers[1] <= now[1]:
-                return
-            meet = now is not None and layers[0] <= now[1] and now[0] <= layers[1]
-            holds = (min(now[0], layers[0]), max(now[1], layers[1])) if meet else layers
-        await self.discovery.update_profile(holds=f"{holds[0]}-{holds[1]}")
 
     def _describe(self, plan: Plan) -> str:
         """Each stage's layers and what it runs them on: "a[0,10) on cuda, 23.0 GiB gpu, ..."."""
@@ -191,7 +128,7 @@ class Coordinator:
         return "; ".join(parts)
 
     async def replan(self) -> None:
-        self._ask_for_proofs()
+        self.gate.ask_for_proofs()
         try:
             plan, error = make_plan(self.spec, self.members(), self.strategy), None
         except InsufficientMemoryError as e:
@@ -236,7 +173,7 @@ class Coordinator:
                 if not await self._fetch_for(plan, layers):
                     continue
                 if layers:
-                    await self._claim_held(layers)
+                    await self.gate.claim_held(layers)
                 # Fetched (or nothing to fetch): still "loading" this plan for the deadlines while the
                 # plan's other members fetch theirs.
                 await self.discovery.update_profile(ready=plan.plan_id, loading=plan.plan_id if layers else None)

@@ -100,8 +100,8 @@ class NodeStatus:
                 "layers": layers_of.get(p.node_id), "self": own, "model_id": p.model_id,
                 "stats": stats or {},
                 "fetch": self.weights.status.to_dict() if own else parse_fetch(p.extra.get("fetch")),
-                "holds": list(held) if (held := coordinator.claims(p)) else None,
-                "proven": None if own else coordinator.proven(p),
+                "holds": list(held) if (held := coordinator.gate.claims(p)) else None,
+                "proven": None if own else coordinator.gate.proven(p),
             })
         order = {s.node_id: i for i, s in enumerate(plan.stages)} if plan else {}
         nodes.sort(key=lambda n: (order.get(n["id"], len(order)), n["name"], n["id"]))
