@@ -128,3 +128,34 @@ def test_200_ghosts_that_answer_probes_are_never_planned_in_an_open_swarm(tmp_pa
         assert len(plans) == 1, f"the honest nodes serve {len(plans)} plans: {plans}"
     finally:
         cluster.close()
+
+
+def test_a_node_that_fetches_its_layers_during_a_flood_of_ghosts_is_planned_once_it_holds_them(tmp_path, tiny_models):
+    """A node with no weights joins an open swarm of 2 while 200 ghosts claim the model: it fetches its
+    layers from the honest nodes, proves them, and the three serve one plan with no ghost in it."""
+    model = ["--model", str(tiny_models["llama"])]
+    cluster = SwarmCluster(tmp_path, 3, [], per_node=[model, model, ["--join", "--cache-dir", str(tmp_path / "cache")]],
+                           start=False)
+    try:
+        for node in cluster.nodes[:2]:
+            node.start()
+        ghost_host = cluster.network.add_host()
+        top = cluster.wait_serving(stages=2, nodes=cluster.nodes[:2], timeout=180)
+        ghosts = ghost_host.spawn([sys.executable, GHOSTS, "--interface", ghost_host.ip, "--count", str(COUNT),
+                                   "--claim-model", top["model"]["fingerprint"], "--model-id", top["model"]["id"],
+                                   "--claim-holds", f"0-{top['model']['n_layers']}", "--seconds", "400"],
+                                  label="ghosts")
+        ghosts.wait_event("ready", timeout=120)
+        started = time.monotonic()
+        cluster.nodes[2].start()
+        top = cluster.wait_serving(stages=3, timeout=300)
+        print(f"\nthe fetching node was planned {time.monotonic() - started:.0f} s after it started, beside "
+              f"{len(top['nodes']) - 3} ghosts in the view")
+        joined = next(n for n in cluster.nodes[2].topology()["nodes"] if n["self"])
+        assert joined["fetch"]["state"] == "done" and joined["holds"], joined
+        status, reply = cluster.nodes[2].post("/v1/chat/completions", SAMPLE_QUESTION, timeout=120)
+        assert status == 200, reply
+        status, before = cluster.nodes[0].post("/v1/chat/completions", SAMPLE_QUESTION, timeout=120)
+        assert reply["choices"][0]["message"]["content"] == before["choices"][0]["message"]["content"]
+    finally:
+        cluster.close()

@@ -3,8 +3,8 @@
 A peer says in its profile which layers it holds (`holds`); it is planned once it proved them to
 this node (layer_proofs.py). Three cases plan a peer before its proof:
   * this node fetches its model from peers and no plan with it served yet (a newcomer): it plans
-    the other newcomers too, so that each fetches its share of one plan and not of a plan without
-    the others; a peer whose claim failed is out all the same;
+    the other newcomers (peers that claim no layers yet) too, so that each fetches its share of
+    one plan and not of a plan without the others; a peer that claims layers proves them first;
   * a peer in our plan whose new claim waits its turn stays until a challenge fails (no plan flaps
     while a claim is checked);
   * without proofs (tests of planning alone) every claim is believed.
@@ -37,10 +37,10 @@ class ProofGate:
             return True
         if self.proofs.refuted(profile.node_id, profile.instance):
             return False
-        if self._newcomer(before):
-            return True
-        in_plan = plan is not None and profile.node_id in {s.node_id for s in plan.stages}
-        return in_plan and self.claims(profile) is not None  # its claim waits its turn
+        claim = self.claims(profile)
+        if claim is None:
+            return self._newcomer(before)  # a fellow newcomer
+        return plan is not None and profile.node_id in {s.node_id for s in plan.stages}  # its claim waits its turn
 
     def _newcomer(self, before: Plan | None) -> bool:
         """Fetching the model from peers, and in no plan that served yet."""
