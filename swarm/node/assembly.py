@@ -104,9 +104,8 @@ def build_peer_side(cfg: NodeConfig, profile: NodeProfile, worker: MlxWorker, li
         return dial_stream(discovery.endpoint_of(peer), auth, WEIGHTS_PURPOSE, expected_peer=peer,
                            max_payload=WEIGHTS_MAX_PAYLOAD)
 
-    def holders_of(fingerprint: str) -> list[str]:  # not peers whose claim of layers failed (planning sets it)
-        return [p.node_id for p in discovery.view() if p.profile.model_fingerprint == fingerprint
-                and not weights.refuted(p.profile)]
+    def holders_of(fingerprint: str) -> list[str]:
+        return [p.node_id for p in discovery.view() if p.profile.model_fingerprint == fingerprint]
 
     weights = PeerWeights(worker, open_weights_link, holders_of,
                           lambda st: discovery.update_profile(fetch=st.profile_field()), store=store)
@@ -166,7 +165,6 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
         await coordinator.replan()
 
     proofs = LayerProofs(peers.prove, proofs_changed)
-    peers.weights.refuted = lambda profile: proofs.refuted(profile.node_id, profile.instance)
     coordinator = Coordinator(node_id, spec, model.fingerprint, discovery, host, events, strategy=cfg.strategy,
                               recovery_timeout=cfg.recovery_timeout, weights=peers.weights, proofs=proofs)
 

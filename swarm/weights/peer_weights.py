@@ -21,8 +21,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Awaitable, Callable
 
-from discovery.profile import NodeProfile
-
 from ..engine.worker import MlxWorker
 from .fetch_queue import FetchProgress
 from ..models.manifest import Chunk
@@ -82,8 +80,6 @@ class PeerWeights:
         self.publish = publish
         self.store = store
         self.status = FetchStatus()
-        # Peers whose claim of layers failed (planning/layer_proofs.py): not asked for chunks.
-        self.refuted: Callable[[NodeProfile], bool] = lambda profile: False
         self._received_before = 0
         self._chunks_of: dict[tuple[int, int], list[Chunk]] = {}
 
