@@ -116,7 +116,6 @@ class Coordinator:
                 if p.profile.model_fingerprint == self.fingerprint and p.profile.speed > 0
                 and p.node_id not in left_out and self.gate.plannable(p.profile, self.plan, self.before)]
 
-
     def _describe(self, plan: Plan) -> str:
         """Each stage's layers and what it runs them on: "a[0,10) on cuda, 23.0 GiB gpu, ..."."""
         profiles = {p.node_id: p.profile for p in self.discovery.view(include_self=True)}
