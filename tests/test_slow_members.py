@@ -8,7 +8,7 @@ import asyncio
 from types import SimpleNamespace
 
 import pytest
-from test_coordinator_take_back import SPEC, FixedView
+from fixed_view import SPEC, FixedView
 
 from partitioner import NodeCapacity, make_plan
 
