@@ -9,10 +9,15 @@ time: the last stage answers each chunk it has read, and the next one leaves the
 never holds a long prompt's backlog ahead of other requests' work (a release stops it at the
 chunk under way), and the token timeout bounds the wait for one chunk, not for the whole prompt:
 a prompt that is being read is alive however long it is.
+
+A stage may take our frames and return nothing (it reads none of them): a sampled step
+whose token is overdue (StepWatch) has its plan's stages checked, and one that
+takes no data is left out, which moves the plan and replays the request around it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
 from typing import Awaitable, Callable, Protocol
@@ -32,6 +37,16 @@ from .run_ahead import RunAhead
 PROMPT_CHUNKS_OUT = 2  # one being read while the next travels: no stage waits for the entry
 
 
+class StepWatch(Protocol):
+    """When a step is overdue, and whom to tell (planning/coordinator.py)."""
+
+    def overdue_after(self, plan: Plan, positions: int) -> float:
+        """Seconds after which a sampled step of `plan` computing `positions` positions is overdue."""
+
+    def step_overdue(self, plan: Plan, why: str) -> None:
+        """A step of `plan` is overdue: its stages may take no data."""
+
+
 class Outbox(Protocol):
     """How the event loop hands messages to the MLX thread (entry_inbox.py)."""
 
@@ -44,12 +59,15 @@ class Outbox(Protocol):
 
 class SwarmPipeline:
     def __init__(self, plan: Plan, node_id: str, outbox: Outbox, pending: PendingTokens, token_timeout: float,
-                 timing: HopTiming, run_ahead: RunAhead, own: OwnRequests, prompts: PromptIndex | None = None):
+                 timing: HopTiming, run_ahead: RunAhead, own: OwnRequests, prompts: PromptIndex | None = None,
+                 watch: StepWatch | None = None):
         self.plan, self.entry, self.outbox, self.pending = plan, node_id, outbox, pending
         self.token_timeout, self.timing, self.run_ahead, self.own = token_timeout, timing, run_ahead, own
         self.prompts, self.route = prompts, route_of(plan)  # None: the stages keep no prompts for us
-        self._chunks_out: dict[str, deque] = {}  # rid -> futures of its prompt chunks not yet answered
+        self._chunks_out: dict[str, deque] = {}  # rid -> (future, positions) of its prompt chunks not yet answered
         self._attempts: dict[str, int] = {}  # rid -> the attempt its latest forward was of
+        self.watch = watch
+        self._unanswered: dict[str, int] = {}  # positions sent per request since its last sampled token
 
     @property
     def path(self) -> list[str]:
@@ -69,19 +87,21 @@ class SwarmPipeline:
         fut = self.pending.expect(request_id, plan_id, at, attempt)  # before sending: errors too
         started = self.run_ahead.started(request_id, plan_id, start_pos, tokens)
         t0 = started or time.perf_counter()
+        positions = self._unanswered.pop(request_id, 0) + len(tokens)
         with_ids = rules is not None
         if started is None:
             starts = start_pos == 0 or prefix is not None
             self.outbox.post(first, Forward.of_tokens(request_id, plan_id, start_pos, self.entry, sampling, tokens,
                                                       rules if starts else None, with_ids, prefix, attempt))
         if sampling is None:
-            await self._prompt_chunk_out(request_id, fut)
+            self._unanswered[request_id] = positions
+            await self._prompt_chunk_out(request_id, fut, len(tokens))
             return None
         self._chunks_out.pop(request_id, None)  # (this step's token comes after every chunk's answer)
         if continue_unless is not None:
             self.pending.expect(request_id, plan_id, at + 1, attempt)  # that step's token may beat our next call
             self.run_ahead.arm(request_id, plan_id, at, sampling, continue_unless, first, with_ids, attempt)
-        arrival = await self.pending.wait(request_id, fut, self.token_timeout)
+        arrival = await self._wait_watched(request_id, fut, positions)
         if len(tokens) == 1:
             # A step ends when the next one can start: when the token reached our MLX thread if that
             # thread started the next step (run_ahead.py), when it reached us here if not.
@@ -90,12 +110,24 @@ class SwarmPipeline:
         token = arrival.token
         return token.token if token.logprobs is None else SampledToken(token.token, token.logprobs)
 
-    async def _prompt_chunk_out(self, request_id: str, answered) -> None:
+    async def _prompt_chunk_out(self, request_id: str, answered, positions: int) -> None:
         """A prompt chunk left: wait until at most PROMPT_CHUNKS_OUT of the request's are unanswered."""
         out = self._chunks_out.setdefault(request_id, deque())
-        out.append(answered)
+        out.append((answered, positions))
         while len(out) > PROMPT_CHUNKS_OUT - 1:
-            await self.pending.wait(request_id, out.popleft(), self.token_timeout, "prompt chunk read")
+            fut, _ = out.popleft()
+            # (not watched: a stage may hold a chunk back while others decode: stage/chunk_hold.py)
+            await self.pending.wait(request_id, fut, self.token_timeout, "prompt chunk read")
+
+    async def _wait_watched(self, request_id: str, fut, positions: int, what: str = "token"):
+        """The answer's arrival (pending.wait); when it is overdue, the watch is told, and we wait on."""
+        overdue_s = self.watch.overdue_after(self.plan, positions) if self.watch is not None else None
+        if overdue_s is None or overdue_s >= self.token_timeout:
+            return await self.pending.wait(request_id, fut, self.token_timeout, what)
+        done, _ = await asyncio.wait({fut}, timeout=overdue_s)  # (does not cancel it)
+        if not done:
+            self.watch.step_overdue(self.plan, f"no {what} of request {request_id} after {overdue_s:.1f} s")
+        return await self.pending.wait(request_id, fut, self.token_timeout - overdue_s, what)
 
     @property
     def hops(self) -> int:
@@ -106,6 +138,7 @@ class SwarmPipeline:
 
     async def release(self, request_id: str, keep: list[int] | None = None) -> None:
         self.own.end(request_id)
+        self._unanswered.pop(request_id, None)
         self.run_ahead.forget(request_id)
         self.pending.forget(request_id)
         self._chunks_out.pop(request_id, None)
@@ -131,13 +164,14 @@ class SwarmPipelines:
 
     def __init__(self, agreed_plan: Callable[[Plan | None], Awaitable[Plan]], node_id: str, outbox: Outbox,
                  pending: PendingTokens, token_timeout: float, timing: HopTiming, run_ahead: RunAhead,
-                 own: OwnRequests, prompts: PromptIndex | None = None):
+                 own: OwnRequests, prompts: PromptIndex | None = None, watch: StepWatch | None = None):
         self.agreed_plan, self.node_id, self.outbox, self.pending = agreed_plan, node_id, outbox, pending
         self.token_timeout, self.timing, self.run_ahead, self.own = token_timeout, timing, run_ahead, own
         self.prompts = prompts  # what this entry left in the stages' prompt caches (None: --prompt-cache 0)
+        self.watch = watch
 
     async def __call__(self, broken: SwarmPipeline | None = None) -> SwarmPipeline:
         """Waits for agreement (planning/coordinator.py); NoPipeline when none comes in time."""
         plan = await self.agreed_plan(broken.plan if broken is not None else None)
         return SwarmPipeline(plan, self.node_id, self.outbox, self.pending, self.token_timeout, self.timing,
-                             self.run_ahead, self.own, self.prompts)
+                             self.run_ahead, self.own, self.prompts, self.watch)
