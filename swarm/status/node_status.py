@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 from discovery import Discovery, NodeState
+from discovery.profile_keys import FETCH_KEY, MEM_USED_KEY, PLAN_KEY
 
 from ..backend import Backend
 from ..engine.blas import blas_in_use
@@ -95,11 +96,11 @@ class NodeStatus:
                 "id": p.node_id, "name": p.name, "addresses": list(peer.addresses), "api_port": p.api_port,
                 "peer_port": p.peer_port, "backend": p.backend, "memory_total": p.memory_total,
                 "memory_available": p.memory_available, "memory_kind": p.memory_kind,
-                "memory_used": self.host.weight_bytes if own else int(p.extra.get("mem_used") or 0),
-                "speed": p.speed, "state": (p.state or NodeState.JOINING).value, "plan_id": p.extra.get("plan") or None,
+                "memory_used": self.host.weight_bytes if own else int(p.extra.get(MEM_USED_KEY) or 0),
+                "speed": p.speed, "state": (p.state or NodeState.JOINING).value, "plan_id": p.extra.get(PLAN_KEY) or None,
                 "layers": layers_of.get(p.node_id), "self": own, "model_id": p.model_id,
                 "stats": stats or {},
-                "fetch": self.weights.status.to_dict() if own else parse_fetch(p.extra.get("fetch")),
+                "fetch": self.weights.status.to_dict() if own else parse_fetch(p.extra.get(FETCH_KEY)),
             })
         order = {s.node_id: i for i, s in enumerate(plan.stages)} if plan else {}
         nodes.sort(key=lambda n: (order.get(n["id"], len(order)), n["name"], n["id"]))
