@@ -20,7 +20,7 @@ import pytest
 from helpers import openai_client, streamed_answer
 from netns import netns_unavailable_reason
 from netns_client import in_netns
-from swarm_cluster import SwarmCluster
+from swarm_cluster import serving_swarm
 
 pytestmark = pytest.mark.skipif(netns_unavailable_reason() is not None, reason=str(netns_unavailable_reason()))
 
@@ -80,12 +80,8 @@ def generated(node) -> int:
 
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory, default_model):
-    cluster = SwarmCluster(tmp_path_factory.mktemp("features"), 3, ["--recovery-timeout", "60"])
-    try:
-        cluster.wait_serving(stages=3)
+    with serving_swarm(tmp_path_factory.mktemp("features"), 3, ["--recovery-timeout", "60"], stages=3) as cluster:
         yield cluster
-    finally:
-        cluster.close()
 
 
 def check_valid(kind: str, answer: dict) -> None:

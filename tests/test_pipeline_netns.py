@@ -11,7 +11,7 @@ from helpers import chat_body, streamed_text
 from netns import netns_unavailable_reason
 from netns_client import in_netns
 from reference import reference_chat
-from swarm_cluster import PEER_PORT, SwarmCluster
+from swarm_cluster import PEER_PORT, SwarmCluster, serving_swarm
 
 pytestmark = pytest.mark.skipif(netns_unavailable_reason() is not None, reason=str(netns_unavailable_reason()))
 
@@ -20,12 +20,8 @@ QUESTIONS = ["What is the capital of France?", "Name a colour.", "Count to five.
 
 @pytest.fixture(scope="module")
 def default_swarm(tmp_path_factory, default_model):
-    cluster = SwarmCluster(tmp_path_factory.mktemp("swarm3"), 3, [])
-    try:
-        cluster.wait_serving(stages=3)
+    with serving_swarm(tmp_path_factory.mktemp("swarm3"), 3, [], stages=3) as cluster:
         yield cluster
-    finally:
-        cluster.close()
 
 
 def test_default_model_split_over_three_nodes(default_swarm):

@@ -22,7 +22,7 @@ import pytest
 from helpers import http_json
 from netns import netns_unavailable_reason
 from netns_client import in_netns
-from swarm_cluster import SwarmCluster
+from swarm_cluster import serving_swarm
 
 pytestmark = pytest.mark.skipif(netns_unavailable_reason() is not None, reason=str(netns_unavailable_reason()))
 
@@ -44,17 +44,13 @@ PLACE = {"type": "object", "additionalProperties": False, "required": ["city", "
 def swarm(request, tmp_path_factory, default_model, random_model):
     root = tmp_path_factory.mktemp(request.param.replace("+", "-"))
     if request.param == "open":
-        cluster = SwarmCluster(root, 3, [])
-        cluster.model = DEFAULT
+        name, common, options = DEFAULT, [], {}
     else:
-        model = random_model("qwen2", seed=3, tools_template=True)
-        cluster = SwarmCluster(root, 3, ["--model", str(model)], secret="faces-netns-secret", api_key=KEY)
-        cluster.model = "qwen2"
-    try:
-        cluster.wait_serving(stages=3)
+        name, common = "qwen2", ["--model", str(random_model("qwen2", seed=3, tools_template=True))]
+        options = {"secret": "faces-netns-secret", "api_key": KEY}
+    with serving_swarm(root, 3, common, stages=3, **options) as cluster:
+        cluster.model = name
         yield cluster
-    finally:
-        cluster.close()
 
 
 def with_openai(swarm, fn):
