@@ -118,6 +118,14 @@ class SwarmCluster:
         raise TimeoutError(f"swarm not serving with {stages} stages after {timeout}s: "
                            f"{[(t or {}).get('status') for t in last or []]}\n{self.network.logs()}")
 
+    def restore(self, timeout: float = 180) -> dict:
+        """Start again every node whose process has ended, then wait until all serve (a shared swarm,
+        as the test before it may have left it)."""
+        for node in self.nodes:
+            if node.proc is None or node.proc.popen.poll() is not None:
+                node.start()
+        return self.wait_serving(stages=len(self.nodes), timeout=timeout)
+
     def close(self) -> None:
         self.network.close()
 

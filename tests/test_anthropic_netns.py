@@ -27,8 +27,11 @@ WEATHER = {"name": "get_weather", "description": "The current weather in a city"
 
 
 @pytest.fixture(scope="module", params=["open", "secret+key"])
-def swarm(request, tmp_path_factory, default_model):
+def swarm(request, tmp_path_factory, default_swarm):
     secured = request.param == "secret+key"
+    if not secured:
+        yield default_swarm
+        return
     with serving_swarm(tmp_path_factory.mktemp(request.param.replace("+", "-")), 3, [], stages=3,
                        secret="anthropic-netns-secret" if secured else None,
                        api_key=KEY if secured else None) as cluster:

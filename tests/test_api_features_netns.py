@@ -20,7 +20,6 @@ import pytest
 from helpers import openai_client, streamed_answer
 from netns import netns_unavailable_reason
 from netns_client import in_netns
-from swarm_cluster import serving_swarm
 
 pytestmark = pytest.mark.skipif(netns_unavailable_reason() is not None, reason=str(netns_unavailable_reason()))
 
@@ -79,9 +78,8 @@ def generated(node) -> int:
 
 
 @pytest.fixture(scope="module")
-def swarm(tmp_path_factory, default_model):
-    with serving_swarm(tmp_path_factory.mktemp("features"), 3, ["--recovery-timeout", "60"], stages=3) as cluster:
-        yield cluster
+def swarm(default_swarm):
+    return default_swarm
 
 
 def check_valid(kind: str, answer: dict) -> None:

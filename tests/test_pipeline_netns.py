@@ -11,17 +11,11 @@ from helpers import chat_body, streamed_text
 from netns import netns_unavailable_reason
 from netns_client import in_netns
 from reference import reference_chat
-from swarm_cluster import PEER_PORT, SwarmCluster, serving_swarm
+from swarm_cluster import PEER_PORT, SwarmCluster
 
 pytestmark = pytest.mark.skipif(netns_unavailable_reason() is not None, reason=str(netns_unavailable_reason()))
 
 QUESTIONS = ["What is the capital of France?", "Name a colour.", "Count to five.", "Say hello in Spanish."]
-
-
-@pytest.fixture(scope="module")
-def default_swarm(tmp_path_factory, default_model):
-    with serving_swarm(tmp_path_factory.mktemp("swarm3"), 3, [], stages=3) as cluster:
-        yield cluster
 
 
 def test_default_model_split_over_three_nodes(default_swarm):

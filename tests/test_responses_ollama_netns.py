@@ -41,15 +41,15 @@ PLACE = {"type": "object", "additionalProperties": False, "required": ["city", "
 
 
 @pytest.fixture(scope="module", params=["open", "secret+key"])
-def swarm(request, tmp_path_factory, default_model, random_model):
-    root = tmp_path_factory.mktemp(request.param.replace("+", "-"))
+def swarm(request, tmp_path_factory, default_swarm, random_model):
     if request.param == "open":
-        name, common, options = DEFAULT, [], {}
-    else:
-        name, common = "qwen2", ["--model", str(random_model("qwen2", seed=3, tools_template=True))]
-        options = {"secret": "faces-netns-secret", "api_key": KEY}
-    with serving_swarm(root, 3, common, stages=3, **options) as cluster:
-        cluster.model = name
+        default_swarm.model = DEFAULT
+        yield default_swarm
+        return
+    model = random_model("qwen2", seed=3, tools_template=True)
+    with serving_swarm(tmp_path_factory.mktemp("secret-key"), 3, ["--model", str(model)], stages=3,
+                       secret="faces-netns-secret", api_key=KEY) as cluster:
+        cluster.model = "qwen2"
         yield cluster
 
 
