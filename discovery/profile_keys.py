@@ -13,4 +13,5 @@ LOADING_KEY = "loading"  # the plan it fetches or loads layers for (what load de
 FETCH_KEY = "fetch"  # its weight fetch's progress, as the swarm encodes it
 LAYERS_KEY = "layers"  # the layers it serves, "start-end"
 MEM_USED_KEY = "mem_used"  # bytes its weights take
+HOLDS_KEY = "holds"  # the layers it says it holds, "start-end" (what peers challenge it over before planning it)
 HINT_KEY = "hint"  # "1": an mDNS record that only names an endpoint (NodeProfile.as_hint)

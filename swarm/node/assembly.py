@@ -42,6 +42,7 @@ from ..events import EventBus
 from ..models.generation_defaults import GenerationDefaults
 from ..models.resolve import LocalModel
 from ..planning.coordinator import Coordinator
+from ..planning.layer_proofs import Claim, LayerProofs
 from ..stage.stage_host import StageHost
 from ..stage.stage_service import StageService
 from ..status.node_status import NodeStatus
@@ -52,6 +53,7 @@ from ..transport.link_handshake import LinkAuth
 from ..transport.links import PeerLinks
 from ..transport.listener import PeerListener
 from ..transport.peer_profiles import ProfileFetcher
+from ..weights.layer_proof import PROVE_MAX_PAYLOAD, PROVE_PURPOSE, challenge, serve_proofs
 from ..weights.peer_weights import PeerWeights
 from ..weights.store import ChunkStore
 from ..weights.transfer import WEIGHTS_MAX_PAYLOAD, WEIGHTS_PURPOSE
@@ -71,6 +73,11 @@ class PeerSide:
     lane: DataLane
     listener: PeerListener
     weights: PeerWeights
+    prove: Callable  # (Claim) -> awaitable: the peer proves it holds those layers, or it raises
+
+
+# A candidate answers a challenge within this (a few KiB read from its disk; generous for a loaded machine).
+PROVE_TIMEOUT_S = 5.0
 
 
 def build_peer_side(cfg: NodeConfig, profile: NodeProfile, worker: MlxWorker, link_key: bytes | None,
@@ -104,7 +111,23 @@ def build_peer_side(cfg: NodeConfig, profile: NodeProfile, worker: MlxWorker, li
     weights = PeerWeights(worker, open_weights_link, holders_of,
                           lambda st: discovery.update_profile(extra={FETCH_KEY: st.profile_field()}), store=store)
     listener.serve_purpose(WEIGHTS_PURPOSE, weights.serve)
-    return PeerSide(profile, discovery, peer_events, links, lane, listener, weights)
+
+    # Proofs of layers: answered from what this node holds; asked of a peer before it is planned.
+    listener.serve_purpose(PROVE_PURPOSE, serve_proofs(lambda: weights.store))
+
+    async def prove(claim: Claim) -> None:
+        endpoint = discovery.endpoint_of(claim.node_id)
+        if endpoint is None or weights.store is None:
+            raise LookupError("not in the view, or no model here to check with")
+        chunks = await weights.stage_chunks(*claim.holds)
+        link = await dial_stream(endpoint, auth, PROVE_PURPOSE, expected_peer=claim.node_id,
+                                 max_payload=PROVE_MAX_PAYLOAD, timeout=PROVE_TIMEOUT_S)
+        try:
+            await challenge(link, weights.store, chunks, PROVE_TIMEOUT_S)
+        finally:
+            await link.close()
+
+    return PeerSide(profile, discovery, peer_events, links, lane, listener, weights, prove)
 
 
 @dataclass
@@ -138,8 +161,13 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
 
     # Planning: the plan from the view, our layers loaded, agreement.
     events = EventBus()
+
+    async def proofs_changed() -> None:
+        await coordinator.replan()
+
+    proofs = LayerProofs(peers.prove, proofs_changed)
     coordinator = Coordinator(node_id, spec, model.fingerprint, discovery, host, events, strategy=cfg.strategy,
-                              recovery_timeout=cfg.recovery_timeout, weights=peers.weights)
+                              recovery_timeout=cfg.recovery_timeout, weights=peers.weights, proofs=proofs)
 
     # The entry: its requests' pending tokens (broken when planning says a plan lost a stage), the
     # run-ahead, and its inbox for the tokens and errors that come back.

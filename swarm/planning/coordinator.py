@@ -15,6 +15,11 @@ layers travel; entries keep using it until the new one is agreed.
 A stage that does not serve our plan in time is left out of the next plans for a while
 (load_deadlines.py), so one bad record cannot stop the swarm; and a node announces only a
 plan it serves (idle nodes announce none).
+
+A peer is planned only once it proved that it holds the layers it claims (`holds` in its
+profile; proof_gate.py, layer_proofs.py), so records that claim the model cost the plans
+nothing. This node plans itself without proof: a node that holds nothing yet fetches the layers
+its own plan gives it, then claims them, and its peers plan it once it proved them.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ from ..stage.stage_host import StageHost
 from ..weights.peer_weights import NotEnoughDisk, PeerWeights, parse_fetch
 from ..weights.transfer import FetchStuck
 from .errors import NoPipeline
+from .layer_proofs import LayerProofs
+from .proof_gate import ProofGate
 from .load_deadlines import Announced, LoadDeadlines
 
 log = logging.getLogger(__name__)
@@ -57,7 +64,7 @@ class Coordinator:
     def __init__(self, node_id: str, spec: ModelSpec, fingerprint: str, discovery: Discovery, host: StageHost,
                  events: EventBus, *, strategy: str = "balanced",
                  recovery_timeout: float = 30.0, weights: PeerWeights | None = None,
-                 deadlines: LoadDeadlines | None = None):
+                 deadlines: LoadDeadlines | None = None, proofs: LayerProofs | None = None):
         self.node_id, self.spec, self.fingerprint, self.discovery = node_id, spec, fingerprint, discovery
         self.host, self.events = host, events
         # Told when requests on a plan may have lost a stage (reason, plan ids still whole): the entry's
@@ -66,6 +73,9 @@ class Coordinator:
         self.strategy, self.recovery_timeout = strategy, recovery_timeout
         self.weights = weights  # None: this node never fetches (tests of planning alone)
         self.deadlines = deadlines or LoadDeadlines(node_id)
+        self.proofs = proofs  # None: every peer's claims are believed (tests of planning alone)
+        self.gate = ProofGate(node_id, spec.n_layers, fingerprint, discovery, proofs, weights)
+        self._fetching = False  # this node fetches for its plan: the stages it waits for are not late
         self.plan: Plan | None = None
         self.before: Plan | None = None  # the last plan seen whole: used while the newest is fetched for
         self.plan_error: str | None = None
@@ -75,10 +85,15 @@ class Coordinator:
         self._membership_changed = time.monotonic()
 
     async def start(self) -> None:
+        if self.proofs is not None:
+            self.proofs.start()
+        await self.gate.claim_held(None)
         await self.replan()
         self._watch_task = asyncio.create_task(self._watch_loads(), name="watch-loads")
 
     async def stop(self) -> None:
+        if self.proofs is not None:
+            await self.proofs.stop()
         for task in (self._watch_task, self._apply_task):
             if task is not None and not task.done():
                 task.cancel()
@@ -101,7 +116,7 @@ class Coordinator:
         return [NodeCapacity(p.node_id, p.profile.memory_available, p.profile.speed)
                 for p in self.discovery.view(include_self=True)
                 if p.profile.model_fingerprint == self.fingerprint and p.profile.speed > 0
-                and p.node_id not in left_out]
+                and p.node_id not in left_out and self.gate.plannable(p.profile, self.plan, self.before)]
 
     def _describe(self, plan: Plan) -> str:
         """Each stage's layers and what it runs them on: "a[0,10) on cuda, 23.0 GiB gpu, ..."."""
@@ -114,6 +129,7 @@ class Coordinator:
         return "; ".join(parts)
 
     async def replan(self) -> None:
+        self.gate.ask_for_proofs()
         try:
             plan, error = make_plan(self.spec, self.members(), self.strategy), None
         except InsufficientMemoryError as e:
@@ -157,6 +173,8 @@ class Coordinator:
                 layers = self.own_layers(plan)
                 if not await self._fetch_for(plan, layers):
                     continue
+                if layers:
+                    await self.gate.claim_held(layers)
                 # Fetched (or nothing to fetch): still "loading" this plan for the deadlines while the
                 # plan's other members fetch theirs.
                 await self.discovery.update_profile(extra={READY_KEY: plan.plan_id,
@@ -202,7 +220,7 @@ class Coordinator:
             await asyncio.sleep(max(SETTLE_S - quiet, 0.25))
             if plan is not self.plan:
                 return False
-        fetch = asyncio.create_task(self.weights.ensure_stage(*layers), name="fetch-weights")
+        fetch = asyncio.create_task(self._fetch_stage(layers), name="fetch-weights")
         fetch.add_done_callback(lambda _: asyncio.ensure_future(self._notify()))  # wakes the wait below
         try:
             await self.discovery.update_profile(extra={STATE_KEY: NodeState.FETCHING, LOADING_KEY: plan.plan_id})
@@ -226,6 +244,14 @@ class Coordinator:
                 except asyncio.TimeoutError:
                     pass
             return False
+
+    async def _fetch_stage(self, layers: tuple[int, int]) -> None:
+        self._fetching = True
+        try:
+            await self.weights.ensure_stage(*layers)
+        finally:
+            self._fetching = False
+            self.deadlines.restart_clocks()
 
     def _prospects(self) -> list[str]:
         """Peers learning the model this node serves (or whatever the swarm serves) from the swarm."""
@@ -291,6 +317,8 @@ class Coordinator:
     async def _watch_loads(self) -> None:
         """Leave out stages that miss their deadline, and take them back when their time out ends."""
         while True:
+            if self._fetching:  # our peers plan us once we hold our layers: until then they are not late
+                self.deadlines.restart_clocks()
             late = self.deadlines.overdue(self._announced())
             if late:
                 self.deadlines.leave_out(late)
