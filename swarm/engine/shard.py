@@ -30,7 +30,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
-from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
+from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 from mlx_lm.utils import load_model
 
 from ..models.errors import ModelFormatError, UnsplittableModel
@@ -85,6 +85,7 @@ class _Edge(LayerHook):
     def __init__(self, inject: bool, stop: bool, last_position: bool):
         self.inject, self.stop, self.last_position = inject, stop, last_position
         self.pending: mx.array | None = None  # hidden states to inject at the next call
+        self.rows_end: mx.array | None = None  # each row's last real position (a right-padded pass), else the last
 
     def call(self, layer, call, args, kwargs):
         if self.inject:
@@ -95,8 +96,9 @@ class _Edge(LayerHook):
         out = call(*args, **kwargs)
         if self.stop:
             raise StopAfterLayer(out)
-        if self.last_position and out.shape[1] > 1:
-            out = out[:, -1:, :]  # the head runs on the position whose logits are wanted
+        if self.last_position and out.shape[1] > 1:  # the head runs on the position whose logits are wanted
+            ends = self.rows_end
+            out = out[:, -1:, :] if ends is None else mx.take_along_axis(out, ends[:, None, None], axis=1)
         return out
 
 
@@ -257,28 +259,72 @@ class Shard(nn.Module):
         caches, one BatchKVCache per owned layer: kept as they are for the rows' next decode steps
         (kept_batches.py), or split into each row's own (`rows_of`).
         """
-        groups = row_streams.row_groups(len(left_padding))
+        def caches(start: int, end: int) -> list[BatchKVCache]:
+            return [BatchKVCache(left_padding[start:end]) for _ in self._cache_slots]
+        return self._padded_pass(x, caches)
+
+    def prefill_batch_after(self, x: mx.array, lengths: list[int],
+                            kept: list[list[KVCache]]) -> tuple[mx.array, list[BatchKVCache]]:
+        """The next positions of B prompts, each after the positions its own caches already hold (a kept
+        prefix, of any length, 0 included), as one pass (only when takes_padded_batches), as mlx-lm's
+        BatchGenerator prompts rows with history: the rows' caches merged left-padded
+        (`BatchKVCache.merge`, each row's held positions ending together), x right-padded (row b's
+        positions first, lengths[b] of them), the padding then rolled to the left (`finalize`).
+
+        kept: each row's own caches, one per owned layer (in layer order). Returns the hidden states
+        (B, L, D), row b's first lengths[b] positions its own (the last shard: each row's last position's
+        logits), and the batch's caches as prefill_batch does.
+        """
+        right_padding = [x.shape[1] - n for n in lengths]
+
+        def caches(start: int, end: int) -> list[BatchKVCache]:
+            merged = [BatchKVCache.merge([row[i] for row in kept[start:end]]) for i in range(len(self._cache_slots))]
+            for c in merged:
+                c.prepare(right_padding=right_padding[start:end])
+            return merged
+        return self._padded_pass(x, caches, finish=lambda batch: [c.finalize() for c in batch],
+                                 ends=[n - 1 for n in lengths])
+
+    def _padded_pass(self, x: mx.array, caches, finish=None,
+                     ends: list[int] | None = None) -> tuple[mx.array, list[BatchKVCache]]:
+        """One pass over a padded batch: `caches(start, end)` the BatchKVCaches of rows [start, end),
+        `finish` what the caches need once the pass ran, `ends` each row's last real position (None:
+        the last); cut by row groups where that pays."""
+        groups = row_streams.row_groups(x.shape[0])
         if groups:
-            out, batch = self._prefill_by_row_groups(x, left_padding, groups)
+            out, batch = self._prefill_by_row_groups(x, caches, groups, finish, ends)
         else:
-            batch = [BatchKVCache(left_padding) for _ in self._cache_slots]
-            out = self._forward(x, self._batch_slots(batch))
+            batch = caches(0, x.shape[0])
+            out = self._forward_rows(x, batch, ends)
+            if finish is not None:
+                finish(batch)
         return (out[:, -1] if self.range.is_last else out), batch
 
-    def _prefill_by_row_groups(self, x: mx.array, left_padding: list[int],
-                               groups: list[tuple[int, int]]) -> tuple[mx.array, list[BatchKVCache]]:
-        """prefill_batch's pass, each group of rows on a CPU stream of its own (row_streams.py), its
-        caches then joined into one batch (the rows share the batch's width, so that is a concatenation)."""
+    def _forward_rows(self, x: mx.array, batch: list[BatchKVCache], ends: list[int] | None) -> mx.array:
+        self._last_edge.rows_end = None if ends is None else mx.array(ends)
+        try:
+            return self._forward(x, self._batch_slots(batch))
+        finally:
+            self._last_edge.rows_end = None
+
+    def _prefill_by_row_groups(self, x: mx.array, caches, groups: list[tuple[int, int]], finish,
+                               ends: list[int] | None) -> tuple[mx.array, list[BatchKVCache]]:
+        """_padded_pass's pass, each group of rows on a CPU stream of its own (row_streams.py), its
+        caches then joined into one batch (`BatchKVCache.extend`: a concatenation where the groups
+        hold as many positions, left padding where they do not)."""
         parts = []
         for (start, end), stream in zip(groups, row_streams.streams(len(groups))):
-            caches = [BatchKVCache(left_padding[start:end]) for _ in self._cache_slots]
             with mx.stream(stream):
-                parts.append((self._forward(x[start:end], self._batch_slots(caches)), caches))
-        row_streams.evaluate_in_lockstep([list(layer) for layer in zip(*(caches for _, caches in parts))],
+                group = caches(start, end)
+                parts.append((self._forward_rows(x[start:end], group, ends and ends[start:end]), group))
+        row_streams.evaluate_in_lockstep([list(layer) for layer in zip(*(group for _, group in parts))],
                                          [out for out, _ in parts])
+        if finish is not None:
+            for _, group in parts:
+                finish(group)
         batch = parts[0][1]
-        for _, caches in parts[1:]:
-            for joined, more in zip(batch, caches):
+        for _, group in parts[1:]:
+            for joined, more in zip(batch, group):
                 joined.extend(more)
         return mx.concatenate([out for out, _ in parts]), batch
 

@@ -382,50 +382,62 @@ class ShardRunner:
         return results
 
     def prefill_batch(self, items: list[PromptStart], entries: list[str]) -> list:
-        """The first chunk of several new requests' prompts as one padded pass (Shard.prefill_batch).
+        """The first chunk of several new requests' prompts as one padded pass: from position 0
+        (Shard.prefill_batch), or, when any starts from a kept prefix, each after its own prefix
+        (Shard.prefill_batch_after: prefixes of any lengths, 0 included, in one pass).
 
         Returns per item what forward would (the hidden states, on the last stage the last
-        position's logits), or the CacheMismatch (CacheFull) that request hit.
+        position's logits), or the CacheMismatch (CacheFull, PromptCacheMiss) that request hit.
         """
         items = [PromptStart(*item) for item in items]
         results: list = [None] * len(items)
         rows, keys = [], []
-        for i, (rid, x) in enumerate(items):
+        for i, (rid, x, prefix) in enumerate(items):
             key = (entries[i], rid)
-            if x.shape[1] > self.context:
-                results[i] = CacheMismatch(f"request {rid}: positions [0, {x.shape[1]}) run past the context "
-                                           f"of {self.context}")
+            held = len(prefix or ())
+            if held + x.shape[1] > self.context:
+                results[i] = CacheMismatch(f"request {rid}: positions [{held}, {held + x.shape[1]}) run past the "
+                                           f"context of {self.context}")
                 continue
             if key in self._requests:
                 self._drop(key)
             self._missed.pop(key, None)
             try:
-                self._start(key, x.shape[1])
-            except CacheFull as e:
+                self._start(key, x.shape[1], prefix)
+            except (CacheFull, PromptCacheMiss) as e:
                 results[i] = e
                 continue
             rows.append(i)
             keys.append(key)
         if not rows:
             return results
+        states = [self._requests[key] for key in keys]
         lengths = [items[i].x.shape[1] for i in rows]
-        width = max(lengths)
-        pads = [width - n for n in lengths]
-        x = mx.concatenate([mx.pad(items[i].x, [(0, 0), (p, 0)] + [(0, 0)] * (items[i].x.ndim - 2))
+        width, after = max(lengths), any(st.offset for st in states)
+        pads = [width - n for n in lengths]  # each row's padding in the pass: left, or right after prefixes
+        ends = [st.offset + n for st, n in zip(states, lengths)]  # positions each row holds after it
+        held_pads = [max(st.offset for st in states) + width - n for n in ends]  # and its left padding in the batch
+        x = mx.concatenate([mx.pad(items[i].x, [(0, 0), (0, p) if after else (p, 0)] + [(0, 0)] * (items[i].x.ndim - 2))
                             for i, p in zip(rows, pads)], axis=0)
         try:
-            out, batch = self.shard.prefill_batch(x, pads)
-            keep = self.keep_batches and len(keys) > 1 and self._padding_fits(zip(keys, pads))
+            if after:
+                out, batch = self.shard.prefill_batch_after(x, lengths, [st.caches.owned for st in states])
+            else:
+                out, batch = self.shard.prefill_batch(x, pads)
+            keep = self.keep_batches and len(keys) > 1 and self._padding_fits(zip(keys, held_pads))
             own = None if keep else self.shard.rows_of(batch, len(keys))
-            mx.eval(out, [(c.keys, c.values, c.offset) for c in batch] if keep else [c.arrays() for c in own])
+            mx.eval(out, [(c.keys, c.values, c.offset, c.left_padding) for c in batch] if keep
+                    else [c.arrays() for c in own])
         except Exception:
             for key in keys:
                 self._drop(key)
             raise
-        for j, (i, key) in enumerate(zip(rows, keys)):
-            state = self._requests[key]
-            state.caches, state.offset = (None if keep else own[j]), lengths[j]
-            results[i] = out[j] if self.range.is_last else out[j:j + 1, pads[j]:]
+        for j, (i, st) in enumerate(zip(rows, states)):
+            st.caches, st.offset = (None if keep else own[j]), ends[j]
+            if self.range.is_last:
+                results[i] = out[j]
+            else:
+                results[i] = out[j:j + 1, :lengths[j]] if after else out[j:j + 1, pads[j]:]
         if keep:  # their decode steps come back together: the batch they were prefilled in serves them
             self._count_padding(self.batches.adopt(keys, batch))
         return results
