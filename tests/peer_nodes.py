@@ -23,7 +23,8 @@ from swarm.transport.frames import MAGIC, encode_frame
 from swarm.transport.lane import DataLane
 from swarm.transport.links import PeerLinks
 from swarm.transport.listener import PeerListener
-from swarm.transport.messages import Hello, Message, Token
+from swarm.transport.handshake_messages import Hello
+from swarm.transport.messages import Message, Token
 
 HOST = "127.0.0.1"
 SWARM = "test-swarm"

@@ -12,7 +12,8 @@ from swarm.engine.token_logprobs import TokenLogprobs
 from swarm.transport.arrays import encode_array
 from swarm.transport.errors import ProtocolError
 from swarm.transport.frames import Frame, FrameParser, encode_frame
-from swarm.transport.messages import MAX_KEEP_IDS, Error, Forward, Hello, Rejection, Release, Token, decode
+from swarm.transport.handshake_messages import Hello, Rejection
+from swarm.transport.messages import MAX_KEEP_IDS, Error, Forward, Release, Token, decode
 
 SAMPLING = SamplingParams(temperature=0.7, top_p=0.9, top_k=40, seed=2**64 - 1)
 

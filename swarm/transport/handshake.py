@@ -33,7 +33,7 @@ from .errors import ConnectionClosed, HandshakeRejected, ProtocolError
 from .frames import Frame, FrameParser, read_frame
 from .link_handshake import AnswererHandshake, DialerHandshake, LinkAuth, LinkCipher, Refused, frame_bytes
 from .log_limit import LogLimiter
-from .messages import Admitted, Rejection
+from .handshake_messages import Admitted, Rejection
 from .sealed_frames import SealedFrameParser, read_sealed_frame, seal_frame
 from .stream_link import StreamFrameLink
 

@@ -69,7 +69,8 @@ from .frames import DEFAULT_MAX_PAYLOAD_BYTES
 from .handshake import dial
 from .link_handshake import LinkAuth
 from .links import PeerLinks
-from .messages import HANDSHAKE_MESSAGES, Forward, Message, Rejection, Token, decode
+from .handshake_messages import HANDSHAKE_MESSAGES, Rejection
+from .messages import Forward, Message, Token, decode
 
 log = logging.getLogger("swarm.transport")
 _TRACING = hop_trace.enabled()  # read once: off, the hop pays one global lookup for it

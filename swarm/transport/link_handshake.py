@@ -30,7 +30,7 @@ from .frames import MAGIC, Frame, encode_frame
 from .log_limit import LogLimiter
 from .link_crypto import (FrameOpener, FrameSealer, LinkAuthError, Transcript, check_proof, link_keys, new_nonce,
                           proof)
-from .messages import Admitted, Hello, Proof, Rejection
+from .handshake_messages import Admitted, Hello, Proof, Rejection
 
 # Said to the other side and logged by both, so each names the roles, never the secret.
 ANSWERER_HAS_SECRET = ("the answering node has a swarm secret and the dialing node has none (give it the same "

@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 
 from .connection import PeerConnection
-from .messages import Rejection
+from .handshake_messages import Rejection
 
 
 class PeerLinks:

@@ -45,7 +45,7 @@ from .lane import DEFAULT_IDLE_TIMEOUT, DataLane
 from .link_handshake import LinkAuth
 from .links import PeerLinks
 from .log_limit import LogLimiter
-from .messages import Rejection
+from .handshake_messages import Rejection
 from .peer_profiles import PROFILE_PURPOSE, serve_profile
 from .stream_link import StreamFrameLink
 

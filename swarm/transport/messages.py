@@ -6,7 +6,9 @@ header once, where frames come in (the data lane), and raises ProtocolError for
 anything that is not a well-formed message of its type, naming the field. It checks
 what the message itself can know (types, ranges, that a payload fits its dtype and
 shape); whether the sender may send it, or whether a plan's stage can serve it, is
-decided by whoever receives it (node/inbox.py, stage/stage_service.py).
+decided by whoever receives it (node/inbox.py, stage/stage_service.py). The handshake's
+messages are in handshake_messages.py, the field checks both use in wire_fields.py;
+`decode` knows them all.
 
 NamedTuples, not frozen dataclasses, and each check once, in the order a problem is
 named, nothing built before they all pass: a forward is decoded and re-encoded on every
@@ -36,9 +38,9 @@ from ..engine.token_logprobs import TokenLogprobs
 from .arrays import WIRE_DTYPES, decode_array
 from .errors import ProtocolError
 from .frames import Frame
+from .handshake_messages import HANDSHAKE_MESSAGES, Admitted, Hello, Proof, Rejection
+from .wire_fields import MAX_TEXT_CHARS, brief, int_error, is_id, text_error, text_field
 
-MAX_ID_CHARS = 128  # request, plan and node ids
-MAX_TEXT_CHARS = 4096  # error messages
 MAX_TOKEN_ID = 2**31 - 1  # token ids travel as int32
 MAX_POSITION = 2**31 - 1
 MAX_COMPUTE_US = 2**62
@@ -48,55 +50,21 @@ _U64 = 2**64
 _HIDDEN_DTYPES = frozenset(WIRE_DTYPES) - {"int32"}
 
 
-# -- field checks: the slow path, run to name what is wrong ---------------------------------
-def _text(h: dict, key: str, max_chars: int = MAX_ID_CHARS, empty: bool = False) -> str:
-    value = h.get(key)
-    if not isinstance(value, str) or (not value and not empty) or len(value) > max_chars:
-        raise _text_error(h, key, max_chars)
-    return value
-
-
-def _text_error(h: dict, key: str, max_chars: int = MAX_ID_CHARS) -> ProtocolError:
-    return ProtocolError(f"{h.get('t')!r} message: {key!r} must be a string of 1-{max_chars} characters, "
-                         f"got {_brief(h.get(key))}")
-
-
-def _int(h: dict, key: str, lo: int, hi: int) -> int:
-    value = h.get(key)
-    if type(value) is not int or not lo <= value <= hi:
-        raise _int_error(h, key, lo, hi)
-    return value
-
-
-def _int_error(h: dict, key: str, lo: int, hi: int) -> ProtocolError:
-    return ProtocolError(f"{h.get('t')!r} message: {key!r} must be an integer in [{lo}, {hi}], "
-                         f"got {_brief(h.get(key))}")
-
-
-def _id(value: Any) -> bool:
-    return type(value) is str and 0 < len(value) <= MAX_ID_CHARS
-
-
-def _brief(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def sampling_from_wire(value: Any) -> SamplingParams | None:
     """The sampling parameters a forward carries (None: do not sample); ProtocolError if malformed."""
     if value is None:
         return None
     if type(value) is not dict:
-        raise ProtocolError(f"'sampling' must be a map or nil, got {_brief(value)}")
+        raise ProtocolError(f"'sampling' must be a map or nil, got {brief(value)}")
     t, p, k, seed = value.get("temperature"), value.get("top_p"), value.get("top_k"), value.get("seed")
     if not (type(t) in (float, int) and 0 <= t < math.inf):  # (nan fails every comparison)
-        raise ProtocolError(f"sampling temperature must be a finite number >= 0, got {_brief(t)}")
+        raise ProtocolError(f"sampling temperature must be a finite number >= 0, got {brief(t)}")
     if not (type(p) in (float, int) and 0 < p <= 1):
-        raise ProtocolError(f"sampling top_p must be in (0, 1], got {_brief(p)}")
+        raise ProtocolError(f"sampling top_p must be in (0, 1], got {brief(p)}")
     if type(k) is not int or k < 0:
-        raise ProtocolError(f"sampling top_k must be an integer >= 0, got {_brief(k)}")
+        raise ProtocolError(f"sampling top_k must be an integer >= 0, got {brief(k)}")
     if type(seed) is not int or not 0 <= seed < _U64:
-        raise ProtocolError(f"sampling seed must be an integer in [0, 2^64), got {_brief(seed)}")
+        raise ProtocolError(f"sampling seed must be an integer in [0, 2^64), got {brief(seed)}")
     return SamplingParams(float(t), float(p), k, seed)
 
 
@@ -209,43 +177,43 @@ class Forward(NamedTuple):
         # Each condition once, in the order a problem is named; a frame that passes them all costs one
         # comparison each (a forward is checked on every hop).
         if type(start) is not int or not 0 <= start <= MAX_POSITION:
-            raise _int_error(h, "start", 0, MAX_POSITION)
+            raise int_error(h, "start", 0, MAX_POSITION)
         first = start == 0
         if not (type(shape) is list and len(shape) == (2 if first else 3) and type(shape[0]) is int and shape[0] == 1
                 and type(shape[1]) is int and shape[1] >= 1 and (first or (type(shape[2]) is int and shape[2] >= 1))):
             raise ProtocolError(f"'fwd' message: shape must be [1, length{'' if first else ', hidden'}] "
-                                f"into layer {start}, got {_brief(shape)}")
+                                f"into layer {start}, got {brief(shape)}")
         if first and dtype != "int32":
-            raise ProtocolError(f"'fwd' message: token ids into layer 0 must be int32, got {_brief(dtype)}")
+            raise ProtocolError(f"'fwd' message: token ids into layer 0 must be int32, got {brief(dtype)}")
         if not first and dtype not in _HIDDEN_DTYPES:
             raise ProtocolError(f"'fwd' message: hidden states must be one of {sorted(_HIDDEN_DTYPES)}, "
-                                f"got {_brief(dtype)}")
+                                f"got {brief(dtype)}")
         expected = shape[1] * (1 if first else shape[2]) * WIRE_DTYPES[dtype]
         if len(payload) != expected:
             raise ProtocolError(f"'fwd' message: {dtype}{shape} needs {expected} bytes, got {len(payload)}")
         if type(pos) is not int or not 0 <= pos <= MAX_POSITION - shape[1]:
-            raise _int_error(h, "pos", 0, MAX_POSITION - shape[1])
-        if not _id(rid):
-            raise _text_error(h, "rid")
-        if not _id(plan):
-            raise _text_error(h, "plan")
-        if not _id(entry):
-            raise _text_error(h, "entry")
+            raise int_error(h, "pos", 0, MAX_POSITION - shape[1])
+        if not is_id(rid):
+            raise text_error(h, "rid")
+        if not is_id(plan):
+            raise text_error(h, "plan")
+        if not is_id(entry):
+            raise text_error(h, "entry")
         if type(cu) is not int or not 0 <= cu <= MAX_COMPUTE_US:
-            raise _int_error(h, "cu", 0, MAX_COMPUTE_US)
+            raise int_error(h, "cu", 0, MAX_COMPUTE_US)
         forward = cls(rid, plan, pos, start, entry, sampling_from_wire(h.get("sampling")), dtype, tuple(shape),
                       payload, cu)
         together = h.get("tg")
         if together is not None:
             if type(together) is not int or not 2 <= together <= MAX_TOGETHER:
                 raise ProtocolError(f"'fwd' message: 'tg' must be a whole number from 2 to {MAX_TOGETHER}, "
-                                    f"got {_brief(together)}")
+                                    f"got {brief(together)}")
             forward = forward._replace(together=together)
         prefix = h.get("pre")
         if prefix is not None:
             if type(prefix) is not bytes or len(prefix) != 4 * pos or not pos:
                 raise ProtocolError(f"'fwd' message: 'pre' must be the {pos} int32 token ids before position "
-                                    f"{pos}, got {_brief(prefix)}")
+                                    f"{pos}, got {brief(prefix)}")
             forward = forward._replace(prefix=prefix)
         if h.get("ids") is None and h.get("rules") is None:
             return forward  # a plain request (the hot path)
@@ -254,7 +222,7 @@ class Forward(NamedTuple):
     def _with_rules(self, h: dict) -> Forward:
         ids, rules = h.get("ids"), h.get("rules")
         if type(ids) is not bytes or len(ids) != 4 * self.length:
-            raise ProtocolError(f"'fwd' message: 'ids' must be {self.length} int32 token ids, got {_brief(ids)}")
+            raise ProtocolError(f"'fwd' message: 'ids' must be {self.length} int32 token ids, got {brief(ids)}")
         if rules is not None and self.pos != 0 and self.prefix is None:
             raise ProtocolError(f"'fwd' message: 'rules' travel only with a request's first forward (position 0 "
                                 f"or a kept prefix), got position {self.pos}")
@@ -288,16 +256,16 @@ class Token(NamedTuple):
     def from_frame(cls, frame: Frame) -> Token:
         h = frame.header
         rid, plan, at, token, cu = h.get("rid"), h.get("plan"), h.get("at"), h.get("token"), h.get("cu")
-        if not _id(rid):
-            raise _text_error(h, "rid")
-        if not _id(plan):
-            raise _text_error(h, "plan")
+        if not is_id(rid):
+            raise text_error(h, "rid")
+        if not is_id(plan):
+            raise text_error(h, "plan")
         if type(at) is not int or not 1 <= at <= MAX_POSITION:
-            raise _int_error(h, "at", 1, MAX_POSITION)
+            raise int_error(h, "at", 1, MAX_POSITION)
         if type(token) is not int or not 0 <= token <= MAX_TOKEN_ID:
-            raise _int_error(h, "token", 0, MAX_TOKEN_ID)
+            raise int_error(h, "token", 0, MAX_TOKEN_ID)
         if type(cu) is not int or not 0 <= cu <= MAX_COMPUTE_US:
-            raise _int_error(h, "cu", 0, MAX_COMPUTE_US)
+            raise int_error(h, "cu", 0, MAX_COMPUTE_US)
         token_msg = cls(rid, plan, at, token, cu)
         shape = h.get("lp")
         if shape is None:
@@ -306,7 +274,7 @@ class Token(NamedTuple):
                 and 1 <= shape[0] <= MAX_LOGPROB_ROWS and 1 <= shape[1] <= MAX_LOGPROB_COLS
                 and len(frame.payload) == shape[0] * shape[1] * 8):
             raise ProtocolError(f"'tok' message: 'lp' must be [rows, 1-{MAX_LOGPROB_COLS} columns] matching "
-                                f"a payload of 8 bytes per cell, got {_brief(shape)} and {len(frame.payload)} bytes")
+                                f"a payload of 8 bytes per cell, got {brief(shape)} and {len(frame.payload)} bytes")
         return token_msg._replace(logprobs=TokenLogprobs.from_bytes(frame.payload, *shape))
 
 
@@ -333,8 +301,8 @@ class Error(NamedTuple):
         h = frame.header
         kind = h.get("kind")
         if kind not in cls.KINDS:
-            raise ProtocolError(f"'err' message: kind must be one of {sorted(cls.KINDS)}, got {_brief(kind)}")
-        return cls(_text(h, "rid"), _text(h, "plan"), kind, _text(h, "message", MAX_TEXT_CHARS, empty=True))
+            raise ProtocolError(f"'err' message: kind must be one of {sorted(cls.KINDS)}, got {brief(kind)}")
+        return cls(text_field(h, "rid"), text_field(h, "plan"), kind, text_field(h, "message", MAX_TEXT_CHARS, empty=True))
 
 
 class Release(NamedTuple):
@@ -360,7 +328,7 @@ class Release(NamedTuple):
 
     @classmethod
     def from_frame(cls, frame: Frame) -> Release:
-        rid, keep = _text(frame.header, "rid"), frame.payload
+        rid, keep = text_field(frame.header, "rid"), frame.payload
         if not keep:
             return cls(rid)
         if len(keep) % 4 or len(keep) > 4 * MAX_KEEP_IDS:
@@ -369,109 +337,6 @@ class Release(NamedTuple):
         return cls(rid, bytes(keep))
 
 
-# -- the handshake (handshake.py, link_handshake.py) ---------------------------------------------
-PURPOSE_CHARS = 32
-NONCE_BYTES = PROOF_BYTES = 32
-
-
-def _blob(h: dict, key: str, size: int) -> bytes:
-    """An optional field of exactly `size` bytes (b"" when absent)."""
-    value = h.get(key, b"")
-    if type(value) is not bytes or len(value) not in (0, size):
-        raise ProtocolError(f"{h.get('t')!r} message: {key!r} must be {size} bytes, got {_brief(value)}")
-    return value
-
-
-class Hello(NamedTuple):
-    """Opens every frame connection, in both directions: who we are, what we speak, what the link is for.
-
-    With a swarm secret each side adds a fresh nonce, and the answering side its proof
-    of the secret (transport/link_crypto.py); without one both are empty."""
-
-    T = "hello"
-    version: int
-    node_id: str
-    swarm: str
-    purpose: str = "data"  # "data" (the lane), or a purpose served on the event loop (listener.py)
-    nonce: bytes = b""
-    proof: bytes = b""
-
-    def to_frame(self) -> tuple[dict, bytes]:
-        header = {"t": "hello", "v": self.version, "node_id": self.node_id, "swarm": self.swarm,
-                  "purpose": self.purpose}
-        if self.nonce:
-            header["nonce"] = self.nonce
-        if self.proof:
-            header["proof"] = self.proof
-        return header, b""
-
-    @classmethod
-    def from_frame(cls, frame: Frame) -> Hello:
-        h = frame.header
-        version = h.get("v")
-        if type(version) is not int:
-            raise ProtocolError(f"'hello' message: 'v' must be an integer, got {_brief(version)}")
-        swarm = h.get("swarm")
-        if not isinstance(swarm, str) or len(swarm) > 255:
-            raise ProtocolError(f"'hello' message: 'swarm' must be a string, got {_brief(swarm)}")
-        purpose = h.get("purpose", "data")
-        if not isinstance(purpose, str) or not purpose.isidentifier() or len(purpose) > PURPOSE_CHARS:
-            raise ProtocolError(f"'hello' message: 'purpose' must be a short name, got {_brief(purpose)}")
-        return cls(version, _text(h, "node_id"), swarm, purpose, _blob(h, "nonce", NONCE_BYTES),
-                   _blob(h, "proof", PROOF_BYTES))
-
-
-class Proof(NamedTuple):
-    """The dialing side's proof of the swarm secret, after the answering side's hello proved it."""
-
-    T = "proof"
-    proof: bytes
-
-    def to_frame(self) -> tuple[dict, bytes]:
-        return {"t": "proof", "proof": self.proof}, b""
-
-    @classmethod
-    def from_frame(cls, frame: Frame) -> Proof:
-        proof = _blob(frame.header, "proof", PROOF_BYTES)
-        if not proof:
-            raise ProtocolError("'proof' message without a proof")
-        return cls(proof)
-
-
-class Admitted(NamedTuple):
-    """The answering side checked the dialer's proof and keeps the link: the first sealed frame."""
-
-    T = "admit"
-
-    def to_frame(self) -> tuple[dict, bytes]:
-        return {"t": "admit"}, b""
-
-    @classmethod
-    def from_frame(cls, frame: Frame) -> Admitted:
-        return cls()
-
-
-class Rejection(NamedTuple):
-    """Why a hello was refused; the last frame on that connection."""
-
-    T = "error"  # reserved for the handshake since version 1
-    KINDS = frozenset({"version", "swarm", "protocol", "node", "duplicate", "auth", "purpose"})
-    kind: str
-    message: str
-
-    def to_frame(self) -> tuple[dict, bytes]:
-        return {"t": "error", "kind": self.kind, "message": self.message[:MAX_TEXT_CHARS]}, b""
-
-    @classmethod
-    def from_frame(cls, frame: Frame) -> Rejection:
-        h = frame.header
-        kind, message = h.get("kind"), h.get("message")
-        # A newer peer may refuse for a reason we do not know: still a refusal, named as it came.
-        return cls(kind if isinstance(kind, str) else "protocol",
-                   message[:MAX_TEXT_CHARS] if isinstance(message, str) else "")
-
-
-HANDSHAKE_MESSAGES = (Hello, Proof, Admitted, Rejection)
 Message = Union[Forward, Token, Error, Release, Hello, Proof, Admitted, Rejection]
 _TYPES: dict[str, type] = {m.T: m for m in (Forward, Token, Error, Release, *HANDSHAKE_MESSAGES)}
 
@@ -480,5 +345,5 @@ def decode(frame: Frame) -> Message:
     """The typed message a frame carries; ProtocolError for an unknown type or a malformed one."""
     kind = _TYPES.get(frame.header["t"])
     if kind is None:
-        raise ProtocolError(f"unknown message type {_brief(frame.header['t'])} (known: {sorted(_TYPES)})")
+        raise ProtocolError(f"unknown message type {brief(frame.header['t'])} (known: {sorted(_TYPES)})")
     return kind.from_frame(frame)
