@@ -5,7 +5,9 @@
 On 3 network-namespace hosts (tests/netns.py; root) serving the default model, the official openai client
 streams a conversation whose every turn sends the whole history (~150 new user tokens a turn, greedy
 answers), then one ~1,725-token prompt twice. The same runs on a cold node (one node, `--prompt-cache 0`)
-give the reference texts and the cold figures. Prints one row per turn and the issue's two targets:
+give the reference texts and the cold figures. Prints one row per turn (its prompt's tokens; per run the
+positions the stages started from, from the entry node's /health, the positions prefilled and the time to
+first token) and the issue's two targets:
 turn 10's time to first token at most 1.3x turn 1's, and the long prompt's repeat at most 15% of its first
 run; and whether every text equals the cold node's.
 """
@@ -55,10 +57,11 @@ def main() -> None:
             runs["3 hosts, secret"] = swarm(root / "secret", 3, [], "prompt cache bench secret", args.turns,
                                             args.max_tokens)
     names = list(runs)
-    print(f"{'turn':>6} {'prompt':>7} " + " ".join(f"{n + ' ttft s':>22}" for n in names))
+    print(f"{'turn':>6} {'prompt':>7} " + " ".join(f"{n + ' reused/prefilled/ttft s':>34}" for n in names))
     cold_turns, cold_long = runs[names[0]]
     for k in range(args.turns):
-        print(f"{k + 1:>6} {cold_turns[k].prompt_tokens:>7} " + " ".join(f"{runs[n][0][k].ttft_s:>22.2f}" for n in names))
+        print(f"{k + 1:>6} {cold_turns[k].prompt_tokens:>7} " + " ".join(
+            f"{f'{t.reused} / {t.prefilled} / {t.ttft_s:.2f}':>34}" for t in (runs[n][0][k] for n in names)))
     for k in range(2):
         print(f"{'long' + str(k + 1):>6} {cold_long[k].prompt_tokens:>7} "
               + " ".join(f"{runs[n][1][k].ttft_s:>22.2f}" for n in names))
