@@ -21,9 +21,9 @@ from .node_state import STATE_KEY, NodeState
 log = logging.getLogger(__name__)
 
 SERVICE_TYPE = "_swarm._tcp.local."
-PROTOCOL_VERSION = 3  # 3: sealed frames of one AEAD call each when small (sealed_frames.py)
+PROTOCOL_VERSION = 4  # 4: a peer is planned only once it proves the layers it claims (weights/layer_proof.py)
 # Versions this build can work with; a peer outside this set is never admitted.
-COMPATIBLE_PROTOCOL_VERSIONS = frozenset({3})
+COMPATIBLE_PROTOCOL_VERSIONS = frozenset({4})
 BACKENDS = frozenset({"metal", "cpu", "cuda"})
 # What memory_total/memory_available count: the host's RAM, a GPU's own memory, Metal's working set.
 MEMORY_KINDS = frozenset({"ram", "gpu", "working_set"})

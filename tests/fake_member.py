@@ -1,14 +1,16 @@
 """A fake swarm member: an mDNS record and a profile responder, nothing else. It never serves.
 
     python tests/fake_member.py --interface 10.77.1.5 --swarm default --fingerprint FP \
-        [--node-id ID] [--started-at UNIX_TIME] [--speed 0.00001] [--memory 1T]
+        [--node-id ID] [--started-at UNIX_TIME] [--speed 0.00001] [--memory 1T] [--model-dir DIR]
 
 What issue 19's stranger ran: a record of a fast node with a lot of memory and the swarm's
 model fingerprint (both in every honest node's TXT record), so every plan gives it layers it
 will never load (a "black hole"); with --node-id an honest node's id and an earlier
 --started-at, it also claims that node's id. Its peer port is a real PeerListener, so it
 answers profile requests and liveness probes as any node of an open swarm does (whatever form
-they take), and stays in every view; it has no data lane. Prints {"event": "ready", ...} as a
+they take), and stays in every view; it has no data lane. With --model-dir it holds the model's
+files and proves it (weights/layer_proof.py), as an honest holder does: planners that plan only
+proven peers plan it, and it still never serves. Prints {"event": "ready", ...} as a
 JSON line, then runs until SIGTERM. For tests in network namespaces only: mDNS on the given
 interface.
 """
@@ -31,6 +33,9 @@ from discovery.node_id import mint_node_id, new_instance_nonce  # noqa: E402
 from discovery.profile import NodeProfile  # noqa: E402
 from swarm.transport.links import PeerLinks  # noqa: E402
 from swarm.transport.listener import PeerListener  # noqa: E402
+from swarm.models.manifest import build_manifest  # noqa: E402
+from swarm.weights.layer_proof import PROVE_PURPOSE, serve_proofs  # noqa: E402
+from swarm.weights.store import ChunkStore  # noqa: E402
 
 
 class _NoLane:
@@ -48,9 +53,16 @@ async def run(args: argparse.Namespace) -> None:
         model_id=args.model_id, model_fingerprint=args.fingerprint, instance=new_instance_nonce(),
         started_at=args.started_at if args.started_at is not None else time.time(),
         extra={"state": "serving", "plan": "never-this-one"})
+    store = None
+    if args.model_dir:
+        store = ChunkStore.complete(Path(args.model_dir), build_manifest(Path(args.model_dir)))
+        n_layers = json.loads((Path(args.model_dir) / "config.json").read_text())["num_hidden_layers"]
+        profile = profile.replace(holds=f"0-{n_layers}")
     discovery = Discovery(profile, interfaces=[args.interface], mdns=True, state_dir=None)
     listener = PeerListener(profile.node_id, args.swarm, args.interface, args.peer_port, PeerLinks(profile.node_id),
                             _NoLane(), lambda: discovery.profile)  # type: ignore[arg-type]
+    if store is not None:
+        listener.serve_purpose(PROVE_PURPOSE, serve_proofs(lambda: store))
     await listener.start()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -77,6 +89,7 @@ def main() -> None:
     p.add_argument("--memory", default="1T")
     p.add_argument("--peer-port", type=int, default=8801)
     p.add_argument("--api-port", type=int, default=8800)
+    p.add_argument("--model-dir", default=None, help="hold this model's files and prove it")
     asyncio.run(run(p.parse_args()))
 
 

@@ -62,3 +62,100 @@ def test_200_ghost_records_get_a_bounded_rate_of_handshakes_and_the_swarm_serves
             assert after["choices"][0]["message"]["content"] == before["choices"][0]["message"]["content"]
     finally:
         cluster.close()
+
+
+OPEN_NODES = 3
+SAMPLE_S = 60.0
+SERVED_AT_LEAST = 0.95
+SAMPLE_QUESTION = {"messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 4, "temperature": 0}
+
+
+def test_200_ghosts_that_answer_probes_are_never_planned_in_an_open_swarm(tmp_path, tiny_models):
+    """An open swarm: anyone may join, but a member is planned only once it proved it holds the layers
+    it would serve. 200 ghosts whose records claim the model (much memory, a fast speed) and whose
+    endpoints answer every profile probe, holding no weights, stay out of every plan; the honest
+    nodes keep one plan and answer with the text they gave before."""
+    cluster = SwarmCluster(tmp_path, OPEN_NODES, ["--model", str(tiny_models["llama"])])
+    try:
+        ghost_host = cluster.network.add_host()
+        top = cluster.wait_serving(stages=OPEN_NODES, timeout=180)
+        honest = {n["id"] for n in top["nodes"]}
+        assert len(honest) == OPEN_NODES, top
+        status, before = cluster.nodes[0].post("/v1/chat/completions", SAMPLE_QUESTION, timeout=120)
+        assert status == 200, before
+        expected = before["choices"][0]["message"]["content"]
+        ghosts = ghost_host.spawn([sys.executable, GHOSTS, "--interface", ghost_host.ip, "--count", str(COUNT),
+                                   "--claim-model", top["model"]["fingerprint"], "--model-id", top["model"]["id"],
+                                   "--claim-holds", f"0-{top['model']['n_layers']}",
+                                   "--seconds", str(SAMPLE_S + 120)], label="ghosts")
+        ghosts.wait_event("ready", timeout=120)
+        seen_ghosts = served = samples = 0
+        planned_ghosts: set[str] = set()
+        missed: list[str] = []
+        end = time.monotonic() + SAMPLE_S
+        while time.monotonic() < end:
+            started = time.monotonic()
+            node = cluster.nodes[samples % OPEN_NODES]
+            samples += 1
+            top = node.topology() or {}
+            seen_ghosts = max(seen_ghosts, len(top.get("nodes", [])) - OPEN_NODES)
+            planned_ghosts |= {s["node_id"] for s in (top.get("plan") or {}).get("stages", [])} - honest
+            try:
+                status, reply = node.post("/v1/chat/completions", SAMPLE_QUESTION, timeout=10)
+            except OSError as e:
+                status, reply = 0, {"error": repr(e)}
+            if status == 200 and reply["choices"][0]["message"]["content"] == expected:
+                served += 1
+            else:
+                missed.append(f"node{node.index} at {started - end + SAMPLE_S:.0f} s: {status} {str(reply)[:200]}")
+            time.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
+        print(f"\n{COUNT} ghosts answering probes against an open swarm: up to {seen_ghosts} in a node's view, "
+              f"{len(planned_ghosts)} planned, {served}/{samples} samples served ({served / samples:.0%})", *missed,
+              sep="\n")
+        assert seen_ghosts > 0, "no ghost reached any node's view: the test shows nothing"
+        assert not planned_ghosts, f"{len(planned_ghosts)} ghosts were planned"
+        assert served / samples > SERVED_AT_LEAST, f"served {served} of {samples} samples"
+        plans = set()
+        for node in cluster.nodes:
+            top = node.topology()
+            print(f"node{node.index}: {top['proofs']}")
+            assert top["proofs"]["failed"] > 0, "no ghost was challenged: the test shows nothing"
+            assert all(n["proven"] for n in top["nodes"] if n["id"] in honest and not n["self"]), top["nodes"]
+            plans.add(top["plan"]["id"])
+            assert {s["node_id"] for s in top["plan"]["stages"]} == honest, top["plan"]
+            status, after = node.post("/v1/chat/completions", SAMPLE_QUESTION, timeout=120)
+            assert status == 200 and after["choices"][0]["message"]["content"] == expected, after
+        assert len(plans) == 1, f"the honest nodes serve {len(plans)} plans: {plans}"
+    finally:
+        cluster.close()
+
+
+def test_a_node_that_fetches_its_layers_during_a_flood_of_ghosts_is_planned_once_it_holds_them(tmp_path, tiny_models):
+    """A node with no weights joins an open swarm of 2 while 200 ghosts claim the model: it fetches its
+    layers from the honest nodes, proves them, and the three serve one plan with no ghost in it."""
+    model = ["--model", str(tiny_models["llama"])]
+    cluster = SwarmCluster(tmp_path, 3, [], per_node=[model, model, ["--join", "--cache-dir", str(tmp_path / "cache")]],
+                           start=False)
+    try:
+        for node in cluster.nodes[:2]:
+            node.start()
+        ghost_host = cluster.network.add_host()
+        top = cluster.wait_serving(stages=2, nodes=cluster.nodes[:2], timeout=180)
+        ghosts = ghost_host.spawn([sys.executable, GHOSTS, "--interface", ghost_host.ip, "--count", str(COUNT),
+                                   "--claim-model", top["model"]["fingerprint"], "--model-id", top["model"]["id"],
+                                   "--claim-holds", f"0-{top['model']['n_layers']}", "--seconds", "400"],
+                                  label="ghosts")
+        ghosts.wait_event("ready", timeout=120)
+        started = time.monotonic()
+        cluster.nodes[2].start()
+        top = cluster.wait_serving(stages=3, timeout=300)
+        print(f"\nthe fetching node was planned {time.monotonic() - started:.0f} s after it started, beside "
+              f"{len(top['nodes']) - 3} ghosts in the view")
+        joined = next(n for n in cluster.nodes[2].topology()["nodes"] if n["self"])
+        assert joined["fetch"]["state"] == "done" and joined["holds"], joined
+        status, reply = cluster.nodes[2].post("/v1/chat/completions", SAMPLE_QUESTION, timeout=120)
+        assert status == 200, reply
+        status, before = cluster.nodes[0].post("/v1/chat/completions", SAMPLE_QUESTION, timeout=120)
+        assert reply["choices"][0]["message"]["content"] == before["choices"][0]["message"]["content"]
+    finally:
+        cluster.close()

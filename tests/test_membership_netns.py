@@ -4,7 +4,8 @@ cloned node with the same id, and a node given another's id by --node-id. Each t
 serves again (how soon is printed), with the text of one machine.
 
 The fakes are tests/fake_member.py: an mDNS record and a profile responder with the swarm's
-model fingerprint, a fast speed and a lot of memory, as issue 19's stranger ran them.
+model fingerprint, a fast speed and a lot of memory, as issue 19's stranger ran them, holding
+the model's files so that they prove their layers (only proven peers are planned).
 """
 
 from __future__ import annotations
@@ -88,10 +89,11 @@ def announces_only_what_it_serves(swarm) -> None:
         assert announcing <= stages, (announcing, stages)
 
 
-def spawn_fake(cluster: SwarmCluster, *extra: str):
+def spawn_fake(cluster: SwarmCluster, model: Path, *extra: str):
     host = cluster.network.add_host()
     fingerprint = cluster.nodes[0].topology()["model"]["fingerprint"]
-    fake = host.spawn([sys.executable, FAKE, "--interface", host.ip, "--fingerprint", fingerprint, *extra],
+    fake = host.spawn([sys.executable, FAKE, "--interface", host.ip, "--fingerprint", fingerprint,
+                       "--model-dir", str(model), *extra],
                       label=f"fake-{host.index}")
     return fake, fake.wait_event("ready", 60)["node_id"]
 
@@ -100,8 +102,8 @@ def node_log(node) -> str:
     return node.proc.stderr_log.read_text(errors="replace")
 
 
-def test_a_member_that_never_serves_is_left_out(swarm, expected):
-    fake, fake_id = spawn_fake(swarm)
+def test_a_member_that_never_serves_is_left_out(swarm, expected, llama):
+    fake, fake_id = spawn_fake(swarm, llama)
     appeared = time.monotonic()
     try:
         # Fastest and biggest: the plan gives it layers, which it never loads.
@@ -119,11 +121,11 @@ def test_a_member_that_never_serves_is_left_out(swarm, expected):
     swarm.wait_serving(stages=3)
 
 
-def test_a_strangers_record_with_an_honest_nodes_id_wedges_nothing(swarm, expected):
+def test_a_strangers_record_with_an_honest_nodes_id_wedges_nothing(swarm, expected, llama):
     victim = swarm.nodes[2]
     victim_id = victim.node_id
     # The fake is both at once: a record with an honest node's id, and a black hole (fast, never serves).
-    fake, _ = spawn_fake(swarm, "--node-id", victim_id, "--started-at", str(time.time() - 3600))
+    fake, _ = spawn_fake(swarm, llama, "--node-id", victim_id, "--started-at", str(time.time() - 3600))
     appeared = time.monotonic()
     fake2 = None
     try:
@@ -142,7 +144,7 @@ def test_a_strangers_record_with_an_honest_nodes_id_wedges_nothing(swarm, expect
         assert health["node_id"] == new_id and health["layers"], health
         announces_only_what_it_serves(swarm)
         # The stranger follows it to its new id: it does not move again, and nothing wedges.
-        fake2, _ = spawn_fake(swarm, "--node-id", new_id, "--started-at", str(time.time() - 3600))
+        fake2, _ = spawn_fake(swarm, llama, "--node-id", new_id, "--started-at", str(time.time() - 3600))
         wait_until(lambda: "not re-minting again" in node_log(victim), what="the node refusing to flap")
         assert victim.topology()["node_id"] == new_id
         for node in swarm.nodes:

@@ -41,6 +41,7 @@ from ..events import EventBus
 from ..models.generation_defaults import GenerationDefaults
 from ..models.resolve import LocalModel
 from ..planning.coordinator import Coordinator
+from ..planning.layer_proofs import Claim, LayerProofs
 from ..stage.stage_host import StageHost
 from ..stage.stage_service import StageService
 from ..status.node_status import NodeStatus
@@ -51,12 +52,14 @@ from ..transport.link_handshake import LinkAuth
 from ..transport.links import PeerLinks
 from ..transport.listener import PeerListener
 from ..transport.peer_profiles import ProfileFetcher
+from ..weights.layer_proof import PROVE_MAX_PAYLOAD, PROVE_PURPOSE, challenge, serve_proofs
 from ..weights.peer_weights import PeerWeights
 from ..weights.store import ChunkStore
 from ..weights.transfer import WEIGHTS_MAX_PAYLOAD, WEIGHTS_PURPOSE
 from . import peer_security
 from .config import AUTO_PROMPT_CACHE, NodeConfig
 from .inbox import NodeInbox
+from .lane_probe import LaneProbe
 from .secrets import API_KEY_FROM_SECRET, Secret
 from .sender_rules import SenderRules
 
@@ -70,6 +73,11 @@ class PeerSide:
     lane: DataLane
     listener: PeerListener
     weights: PeerWeights
+    prove: Callable  # (Claim) -> awaitable: the peer proves it holds those layers, or it raises
+
+
+# A candidate answers a challenge within this (a few KiB read from its disk; generous for a loaded machine).
+PROVE_TIMEOUT_S = 5.0
 
 
 def build_peer_side(cfg: NodeConfig, profile: NodeProfile, worker: MlxWorker, link_key: bytes | None,
@@ -87,7 +95,7 @@ def build_peer_side(cfg: NodeConfig, profile: NodeProfile, worker: MlxWorker, li
     # goes to the node's inbox (Serving), and so does a link that breaks.
     links = PeerLinks(node_id)
     lane = DataLane(node_id, cfg.swarm, links, worker.watch, worker.post, discovery.endpoint_of, key=link_key,
-                    auth=auth)
+                    auth=auth, writes=worker)
     listener = PeerListener(node_id, cfg.swarm, cfg.peer_host, cfg.peer_port, links, lane,
                             lambda: discovery.profile, key=link_key, auth=auth, is_member=discovery.is_peer_address)
 
@@ -103,7 +111,23 @@ def build_peer_side(cfg: NodeConfig, profile: NodeProfile, worker: MlxWorker, li
     weights = PeerWeights(worker, open_weights_link, holders_of,
                           lambda st: discovery.update_profile(fetch=st.profile_field()), store=store)
     listener.serve_purpose(WEIGHTS_PURPOSE, weights.serve)
-    return PeerSide(profile, discovery, peer_events, links, lane, listener, weights)
+
+    # Proofs of layers: answered from what this node holds; asked of a peer before it is planned.
+    listener.serve_purpose(PROVE_PURPOSE, serve_proofs(lambda: weights.store))
+
+    async def prove(claim: Claim) -> None:
+        endpoint = discovery.endpoint_of(claim.node_id)
+        if endpoint is None or weights.store is None:
+            raise LookupError("not in the view, or no model here to check with")
+        chunks = await weights.stage_chunks(*claim.holds)
+        link = await dial_stream(endpoint, auth, PROVE_PURPOSE, expected_peer=claim.node_id,
+                                 max_payload=PROVE_MAX_PAYLOAD, timeout=PROVE_TIMEOUT_S)
+        try:
+            await challenge(link, weights.store, chunks, PROVE_TIMEOUT_S)
+        finally:
+            await link.close()
+
+    return PeerSide(profile, discovery, peer_events, links, lane, listener, weights, prove)
 
 
 @dataclass
@@ -137,8 +161,15 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
 
     # Planning: the plan from the view, our layers loaded, agreement.
     events = EventBus()
+    probes = LaneProbe(lane, worker, loop)  # does a peer read its data lane? (planning leaves out one that does not)
+
+    async def proofs_changed() -> None:
+        await coordinator.replan()
+
+    proofs = LayerProofs(peers.prove, proofs_changed)
     coordinator = Coordinator(node_id, spec, model.fingerprint, discovery, host, events, strategy=cfg.strategy,
-                              recovery_timeout=cfg.recovery_timeout, weights=peers.weights)
+                              recovery_timeout=cfg.recovery_timeout, weights=peers.weights, proofs=proofs,
+                              probe=probes.probe)
 
     # The entry: its requests' pending tokens (broken when planning says a plan lost a stage), the
     # run-ahead, and its inbox for the tokens and errors that come back.
@@ -151,12 +182,14 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
     # to the stage or to the entry.
     sender_rules = SenderRules(node_id, host.known_plan, lambda peer: discovery.endpoint_of(peer) is not None, own,
                                vocab)
-    inbox = NodeInbox(lane, worker, sender_rules, stage_service, entry_inbox)
+    inbox = NodeInbox(lane, worker, sender_rules, stage_service, entry_inbox, probes,
+                      lambda peer, problem: loop.call_soon_threadsafe(coordinator.peer_stalled, peer, problem))
 
     # Requests through pipelines on agreed plans.
     stats = RequestStats(events.emit, entry=node_id)
     pipelines = SwarmPipelines(coordinator.agreed_plan, node_id, entry_inbox, pending, cfg.token_timeout,
-                               hop_timing, run_ahead, own, PromptIndex() if cfg.prompt_cache != 0 else None)
+                               hop_timing, run_ahead, own, PromptIndex() if cfg.prompt_cache != 0 else None,
+                               watch=coordinator)
     service = InferenceService(tokenizer, model.context_length, pipelines, stats, cfg.default_max_tokens,
                                cfg.recovery_timeout, grammar_vocab)
 

@@ -74,6 +74,14 @@ class LoadDeadlines:
         self._waiting_since = {s.node_id: now for s in plan.stages} if plan else {}
         self._received = {}
 
+    def restart_clocks(self) -> None:
+        """Every stage of our plan that does not serve it has its full deadline from now (this node
+        fetches its own layers: its peers plan it only once it holds them)."""
+        now = self.clock()
+        self._waiting_since = {node: now for node in self._waiting_since}
+        if self._plan is not None:
+            self._waiting_since.update({s.node_id: now for s in self._plan.stages})
+
     def overdue(self, announced: Mapping[str, Announced]) -> list[str]:
         """Stages of our plan past their deadline (and clears the record of those that serve it)."""
         plan, now = self._plan, self.clock()

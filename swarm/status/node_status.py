@@ -100,6 +100,8 @@ class NodeStatus:
                 "layers": layers_of.get(p.node_id), "self": own, "model_id": p.model_id,
                 "stats": stats or {},
                 "fetch": self.weights.status.to_dict() if own else parse_fetch(p.extra.get("fetch")),
+                "holds": list(held) if (held := coordinator.gate.claims(p)) else None,
+                "proven": None if own else coordinator.gate.proven(p),
             })
         order = {s.node_id: i for i, s in enumerate(plan.stages)} if plan else {}
         nodes.sort(key=lambda n: (order.get(n["id"], len(order)), n["name"], n["id"]))
@@ -112,4 +114,5 @@ class NodeStatus:
                       "n_layers": model.n_layers} if plan else None),
             "nodes": nodes,
             "links": [{"from": a.node_id, "to": b.node_id} for a, b in zip(stages, stages[1:])],
+            "proofs": coordinator.proofs.status() if coordinator.proofs is not None else None,
         }

@@ -114,6 +114,10 @@ class PeerWeights:
         self.status.needed_bytes = sum(c.length for c in chunks)
         await self.fetch(chunks, f"layers [{start}, {end})")
 
+    async def stage_chunks(self, start: int, end: int) -> list[Chunk]:
+        """The chunks layers [start, end) need (their stage's tensors and the support files)."""
+        return await self._stage_chunks(start, end)
+
     async def _stage_chunks(self, start: int, end: int) -> list[Chunk]:
         key = (start, end)
         if key not in self._chunks_of:
