@@ -89,7 +89,7 @@ async def run_echo(secret: bool) -> None:
     worker = MlxWorker()
     links = PeerLinks("echo")
     lane = DataLane("echo", SWARM, links, worker.watch, worker.post, lambda node_id: ("0.0.0.0", 0),
-                    max_payload=MAX_PAYLOAD, key=key)
+                    max_payload=MAX_PAYLOAD, key=key, writes=worker)
 
     def echo(sender: str, message) -> None:
         a = message.array()
@@ -112,7 +112,7 @@ class Client:
         self.replies: queue.Queue = queue.Queue()
         self.lane = DataLane("bench", SWARM, PeerLinks("bench"), self.worker.watch, self.worker.post,
                              {"echo": (HOST, port)}.get, max_payload=MAX_PAYLOAD,
-                             key=stretch_secret(SECRET) if secret else None)
+                             key=stretch_secret(SECRET) if secret else None, writes=self.worker)
         self.lane.serve(lambda sender, message: self.replies.put(message))
 
     def exchange(self, message: Forward) -> float:

@@ -54,7 +54,7 @@ async def run_echo() -> None:
     worker = MlxWorker()
     links = PeerLinks("echo")
     lane = DataLane("echo", SWARM, links, worker.watch, worker.post, lambda node_id: ("0.0.0.0", 0),
-                    max_payload=MAX_PAYLOAD)
+                    max_payload=MAX_PAYLOAD, writes=worker)
 
     def echo(sender: str, message) -> None:  # on the MLX thread, as a stage would
         a = message.array()
@@ -78,7 +78,7 @@ async def run_bench(small: int, large: int, idle_ms: list[float]) -> None:
         echo_port = int(child.stdout.readline())
         replies: queue.Queue = queue.Queue()
         lane = DataLane("bench", SWARM, PeerLinks("bench"), worker.watch, worker.post,
-                        {"echo": (HOST, echo_port)}.get, max_payload=MAX_PAYLOAD)
+                        {"echo": (HOST, echo_port)}.get, max_payload=MAX_PAYLOAD, writes=worker)
         lane.serve(lambda sender, message: replies.put(message))
 
         def exchange(a: mx.array) -> float:

@@ -50,7 +50,8 @@ def _holder(model_dir: str, port_out, secret: bool) -> None:
         store = ChunkStore.complete(Path(model_dir), build_manifest(Path(model_dir)))
         key = stretch_secret(SECRET) if secret else None
         worker, links = MlxWorker(), PeerLinks("holder")
-        lane = DataLane("holder", SWARM, links, worker.watch, worker.post, lambda peer: None, key=key)
+        lane = DataLane("holder", SWARM, links, worker.watch, worker.post, lambda peer: None, key=key,
+                        writes=worker)
         listener = PeerListener("holder", SWARM, "127.0.0.1", 0, links, lane, None, key=key)
         listener.serve_purpose(WEIGHTS_PURPOSE, lambda link: serve_weights(link, store))
         await listener.start()

@@ -40,7 +40,7 @@ class PeerNode:
         self.links = PeerLinks(node_id)
         sizes = {"max_payload": max_payload} if max_payload else {}
         self.lane = DataLane(node_id, swarm, self.links, self.worker.watch, self.worker.post, addresses.get,
-                             key=key, **sizes, **lane_kwargs)
+                             key=key, writes=self.worker, **sizes, **lane_kwargs)
         self.listener = PeerListener(node_id, swarm, HOST, port, self.links, self.lane,
                                      (lambda: profile) if profile is not None else None, key=key, **sizes,
                                      **(listener_kwargs or {}))

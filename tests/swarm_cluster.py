@@ -31,16 +31,17 @@ class SwarmNode:
         self.url = f"http://{host.ip}:{API_PORT}"
         self.proc: Proc | None = None
 
-    def start(self) -> None:
+    def start(self, program: list[str] | None = None, env: dict[str, str] | None = None) -> None:
+        """`program`: what runs instead of `-m swarm.cli` (a script taking its arguments, e.g. slow_member.py)."""
         # Equal stated speeds: N nodes give N equal stages, however loaded the machine is
         # (measured speeds of hosts sharing 2 cores are noise). A test may state its own.
         speed = [] if "--speed" in self.cluster.common + self.extra else ["--speed", TEST_SPEED]
-        argv = [sys.executable, "-m", "swarm.cli", "--interface", self.host.ip, "--name", f"node{self.index}",
+        argv = [sys.executable, *(program or ["-m", "swarm.cli"]), "--interface", self.host.ip, "--name", f"node{self.index}",
                 "--state-dir", str(self.cluster.root / f"state{self.index}"), "--api-port", str(API_PORT),
                 "--peer-port", str(PEER_PORT), *speed, *self.cluster.common, *self.extra]
         # All test hosts share this machine's cores: one BLAS thread per node, or their
         # thread pools spin against each other (measured with swarm-bench --blas-threads).
-        self.proc = self.host.spawn(argv, env={"OPENBLAS_NUM_THREADS": "1"},
+        self.proc = self.host.spawn(argv, env={"OPENBLAS_NUM_THREADS": "1", **(env or {})},
                                     label=f"node{self.index}-{time.monotonic_ns()}")
 
     def get(self, path: str, timeout: float = 30) -> tuple[int, dict]:

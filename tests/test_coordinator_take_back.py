@@ -5,25 +5,10 @@ is about which plan ids the view yields; the real-time behaviour is shown agains
 
 from __future__ import annotations
 
-from discovery.profile import NodeProfile
-from discovery.view import PeerInfo
-from partitioner import ModelSpec
+from fixed_view import SPEC, FixedView
 
 from swarm.planning.coordinator import Coordinator
 from swarm.planning.load_deadlines import LoadDeadlines
-
-SPEC = ModelSpec(30, 10 << 20)
-
-
-class FixedView:
-    def __init__(self, own: str, extras: dict[str, dict]):
-        self.own, self.extras = own, extras
-
-    def view(self, include_self: bool = False) -> list[PeerInfo]:
-        ids = sorted(self.extras)
-        return [PeerInfo(NodeProfile(n, n, "default", 8800, 8801, memory_available=8 << 30, speed=0.002,
-                                     model_fingerprint="fp", extra=self.extras[n]), ("10.0.0.1",), "mdns")
-                for n in ids if include_self or n != self.own]
 
 
 def coordinator(view: FixedView) -> Coordinator:

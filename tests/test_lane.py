@@ -124,7 +124,7 @@ async def test_a_peer_that_stops_reading_fails_the_send_in_time() -> None:
         return conn
 
     accepted = asyncio.get_running_loop().run_in_executor(None, silent_peer)
-    a = await PeerNode("node-a", {"node-s": (HOST, port)}, send_timeout=0.5).start()
+    a = await PeerNode("node-a", {"node-s": (HOST, port)}, stall_timeout=0.5).start()
     try:
         start = time.monotonic()
         with pytest.raises(PeerUnreachable, match="node-s"):

@@ -36,7 +36,7 @@ class MlxWorker:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        self._selector.register(self._wake_r, selectors.EVENT_READ, self._run_jobs)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, (self._run_jobs, None))
         self._jobs: deque[tuple[Callable, tuple, Future | None]] = deque()
         self._after_events: list[Callable[[], None]] = []
         self._closing = False
@@ -79,11 +79,31 @@ class MlxWorker:
 
     # -- on the MLX thread ------------------------------------------------
     def watch(self, sock: socket.socket, on_readable: Callable[[], None] | None) -> None:
-        """Call on_readable() whenever sock has data (None: stop watching it)."""
+        """Call on_readable() whenever sock has data (None: stop watching it, for writing too)."""
         if on_readable is None:
             self._selector.unregister(sock)
         else:
-            self._selector.register(sock, selectors.EVENT_READ, on_readable)
+            self._set(sock, 0, on_readable)
+
+    def watch_writable(self, sock: socket.socket, on_writable: Callable[[], None] | None) -> None:
+        """Call on_writable() whenever sock has room for more (None: stop; reading is watched on)."""
+        self._set(sock, 1, on_writable)
+
+    def _set(self, sock: socket.socket, which: int, callback: Callable[[], None] | None) -> None:
+        try:
+            key = self._selector.get_key(sock)
+        except KeyError:
+            key = None
+        handlers = list(key.data) if key is not None else [None, None]
+        handlers[which] = callback
+        events = (selectors.EVENT_READ if handlers[0] else 0) | (selectors.EVENT_WRITE if handlers[1] else 0)
+        if key is None:
+            if events:
+                self._selector.register(sock, events, tuple(handlers))
+        elif events:
+            self._selector.modify(sock, events, tuple(handlers))
+        else:
+            self._selector.unregister(sock)
 
     def mlx_take_in(self) -> None:
         """Between two passes of a run of work: handle what arrived meanwhile (frames, posted jobs)
@@ -91,8 +111,8 @@ class MlxWorker:
         a node that is its own next stage a request's steps follow each other on this thread, and new
         requests' prompts, posted by the event loop, waited for the stream to end (one node, 8 streams:
         the other seven waited out the first one's 64 tokens in about one run of three)."""
-        for key, _ in self._selector.select(0):
-            self._call(key.data)
+        for key, mask in self._selector.select(0):
+            self._fire(key, mask)
 
     def after_events(self, fn: Callable[[], None]) -> None:
         """Call fn() after each round of socket events and jobs (to act on what they queued)."""
@@ -126,8 +146,8 @@ class MlxWorker:
                     self._untidy = False
                     _merge_freed_blocks()
                 continue
-            for key, _ in events:
-                self._call(key.data)
+            for key, mask in events:
+                self._fire(key, mask)
             self._recheck_at = None  # a callback that still waits asks again
             for fn in self._after_events:
                 self._call(fn)
@@ -162,6 +182,17 @@ class MlxWorker:
                     done.set_result(fn(*args))
                 except BaseException as e:  # delivered to the waiter
                     done.set_exception(e)
+
+    def _fire(self, key: selectors.SelectorKey, mask: int) -> None:
+        on_readable, on_writable = key.data
+        if mask & selectors.EVENT_WRITE and on_writable is not None:
+            self._call(on_writable)
+            try:
+                on_readable = self._selector.get_key(key.fileobj).data[0]  # (the write may have closed it)
+            except (KeyError, ValueError):
+                return
+        if mask & selectors.EVENT_READ and on_readable is not None:
+            self._call(on_readable)
 
     @staticmethod
     def _call(fn: Callable, *args) -> None:

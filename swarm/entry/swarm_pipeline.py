@@ -3,10 +3,15 @@
 Every message leaves through the outbox: the entry's inbox posts it to the MLX
 thread, whose data lane sends it (or queues it for our own stage 0). A send that
 fails comes back as an Error message for the request, like any stage's failure.
+
+A stage may take our frames and return nothing (it reads none of them): a sampled step
+whose token is overdue (StepWatch) has its plan's stages checked, and one that takes no
+data is left out, which moves the plan and replays the request around it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Awaitable, Callable, Protocol
 
@@ -19,8 +24,18 @@ from ..transport.messages import Forward
 from .hop_timing import HopTiming
 from .own_requests import OwnRequests
 from .pending_tokens import PendingTokens
-from .prompt_index import PromptIndex, Reuse, route_of
+from .prompt_index import PromptIndex, RoutePrompts, route_of
 from .run_ahead import RunAhead
+
+
+class StepWatch(Protocol):
+    """When a step is overdue, and whom to tell (planning/coordinator.py)."""
+
+    def overdue_after(self, plan: Plan, positions: int) -> float:
+        """Seconds after which a sampled step of `plan` computing `positions` positions is overdue."""
+
+    def step_overdue(self, plan: Plan, why: str) -> None:
+        """A step of `plan` is overdue: its stages may take no data."""
 
 
 class Outbox(Protocol):
@@ -35,10 +50,13 @@ class Outbox(Protocol):
 
 class SwarmPipeline:
     def __init__(self, plan: Plan, node_id: str, outbox: Outbox, pending: PendingTokens, token_timeout: float,
-                 timing: HopTiming, run_ahead: RunAhead, own: OwnRequests, prompts: PromptIndex | None = None):
+                 timing: HopTiming, run_ahead: RunAhead, own: OwnRequests, prompts: PromptIndex | None = None,
+                 watch: StepWatch | None = None):
         self.plan, self.entry, self.outbox, self.pending = plan, node_id, outbox, pending
         self.token_timeout, self.timing, self.run_ahead, self.own = token_timeout, timing, run_ahead, own
-        self.prompts, self.route = prompts, route_of(plan)  # None: the stages keep no prompts for us
+        self.prompts = RoutePrompts(prompts, route_of(plan))
+        self.watch = watch
+        self._unanswered: dict[str, int] = {}  # positions sent per request since its last sampled token
 
     @property
     def path(self) -> list[str]:
@@ -55,17 +73,19 @@ class SwarmPipeline:
         fut = self.pending.expect(request_id, plan_id, at) if sampling else None  # before sending: errors too
         started = self.run_ahead.started(request_id, plan_id, start_pos, tokens)
         t0 = started or time.perf_counter()
+        positions = self._unanswered.pop(request_id, 0) + len(tokens)
         with_ids = rules is not None
         if started is None:
             starts = start_pos == 0 or prefix is not None
             self.outbox.post(first, Forward.of_tokens(request_id, plan_id, start_pos, self.entry, sampling, tokens,
                                                       rules if starts else None, with_ids, prefix))
         if fut is None:
+            self._unanswered[request_id] = positions
             return None  # prefill: nothing comes back; errors arrive with the next sampled step
         if continue_unless is not None:
             self.pending.expect(request_id, plan_id, at + 1)  # that step's token may beat our next call
             self.run_ahead.arm(request_id, plan_id, at, sampling, continue_unless, first, with_ids)
-        arrival = await self.pending.wait(request_id, fut, self.token_timeout)
+        arrival = await self._wait_watched(request_id, fut, positions)
         if len(tokens) == 1:
             # A step ends when the next one can start: when the token reached our MLX thread if that
             # thread started the next step (run_ahead.py), when it reached us here if not.
@@ -73,6 +93,16 @@ class SwarmPipeline:
             self.timing.record(ended - t0, arrival.token.compute_us, self.hops)
         token = arrival.token
         return token.token if token.logprobs is None else SampledToken(token.token, token.logprobs)
+
+    async def _wait_watched(self, request_id: str, fut, positions: int):
+        """The token's arrival (pending.wait); when it is overdue, the watch is told, and we wait on."""
+        overdue_s = self.watch.overdue_after(self.plan, positions) if self.watch is not None else None
+        if overdue_s is None or overdue_s >= self.token_timeout:
+            return await self.pending.wait(request_id, fut, self.token_timeout)
+        done, _ = await asyncio.wait({fut}, timeout=overdue_s)  # (does not cancel it)
+        if not done:
+            self.watch.step_overdue(self.plan, f"no token of request {request_id} after {overdue_s:.1f} s")
+        return await self.pending.wait(request_id, fut, self.token_timeout - overdue_s)
 
     @property
     def hops(self) -> int:
@@ -83,23 +113,10 @@ class SwarmPipeline:
 
     async def release(self, request_id: str, keep: list[int] | None = None) -> None:
         self.own.end(request_id)
+        self._unanswered.pop(request_id, None)
         self.run_ahead.forget(request_id)
         self.pending.forget(request_id)
-        keep = keep if self.prompts is not None else None
-        self.outbox.post_release(request_id, self.path, keep)
-        if keep:
-            self.prompts.add(self.route, keep)
-
-    def reusable(self, history: list[int]) -> Reuse | None:
-        return self.prompts.reuse(self.route, history) if self.prompts is not None else None
-
-    def prefix_hit(self) -> None:
-        if self.prompts is not None:
-            self.prompts.hit(self.route)
-
-    def prefix_missed(self, history: list[int], reuse: Reuse) -> None:
-        if self.prompts is not None:
-            self.prompts.missed(self.route, history, reuse)
+        self.outbox.post_release(request_id, self.path, self.prompts.keeping(keep))
 
 
 class SwarmPipelines:
@@ -107,13 +124,14 @@ class SwarmPipelines:
 
     def __init__(self, agreed_plan: Callable[[Plan | None], Awaitable[Plan]], node_id: str, outbox: Outbox,
                  pending: PendingTokens, token_timeout: float, timing: HopTiming, run_ahead: RunAhead,
-                 own: OwnRequests, prompts: PromptIndex | None = None):
+                 own: OwnRequests, prompts: PromptIndex | None = None, watch: StepWatch | None = None):
         self.agreed_plan, self.node_id, self.outbox, self.pending = agreed_plan, node_id, outbox, pending
         self.token_timeout, self.timing, self.run_ahead, self.own = token_timeout, timing, run_ahead, own
         self.prompts = prompts  # what this entry left in the stages' prompt caches (None: --prompt-cache 0)
+        self.watch = watch
 
     async def __call__(self, broken: SwarmPipeline | None = None) -> SwarmPipeline:
         """Waits for agreement (planning/coordinator.py); NoPipeline when none comes in time."""
         plan = await self.agreed_plan(broken.plan if broken is not None else None)
         return SwarmPipeline(plan, self.node_id, self.outbox, self.pending, self.token_timeout, self.timing,
-                             self.run_ahead, self.own, self.prompts)
+                             self.run_ahead, self.own, self.prompts, self.watch)

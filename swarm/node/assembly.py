@@ -60,6 +60,7 @@ from ..weights.transfer import WEIGHTS_MAX_PAYLOAD, WEIGHTS_PURPOSE
 from . import peer_security
 from .config import AUTO_PROMPT_CACHE, NodeConfig
 from .inbox import NodeInbox
+from .lane_probe import LaneProbe
 from .secrets import API_KEY_FROM_SECRET, Secret
 from .sender_rules import SenderRules
 
@@ -95,7 +96,7 @@ def build_peer_side(cfg: NodeConfig, profile: NodeProfile, worker: MlxWorker, li
     # goes to the node's inbox (Serving), and so does a link that breaks.
     links = PeerLinks(node_id)
     lane = DataLane(node_id, cfg.swarm, links, worker.watch, worker.post, discovery.endpoint_of, key=link_key,
-                    auth=auth)
+                    auth=auth, writes=worker)
     listener = PeerListener(node_id, cfg.swarm, cfg.peer_host, cfg.peer_port, links, lane,
                             lambda: discovery.profile, key=link_key, auth=auth, is_member=discovery.is_peer_address)
 
@@ -161,13 +162,15 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
 
     # Planning: the plan from the view, our layers loaded, agreement.
     events = EventBus()
+    probes = LaneProbe(lane, worker, loop)  # does a peer read its data lane? (planning leaves out one that does not)
 
     async def proofs_changed() -> None:
         await coordinator.replan()
 
     proofs = LayerProofs(peers.prove, proofs_changed)
     coordinator = Coordinator(node_id, spec, model.fingerprint, discovery, host, events, strategy=cfg.strategy,
-                              recovery_timeout=cfg.recovery_timeout, weights=peers.weights, proofs=proofs)
+                              recovery_timeout=cfg.recovery_timeout, weights=peers.weights, proofs=proofs,
+                              probe=probes.probe)
 
     # The entry: its requests' pending tokens (broken when planning says a plan lost a stage), the
     # run-ahead, and its inbox for the tokens and errors that come back.
@@ -180,12 +183,14 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
     # to the stage or to the entry.
     sender_rules = SenderRules(node_id, host.known_plan, lambda peer: discovery.endpoint_of(peer) is not None, own,
                                vocab)
-    inbox = NodeInbox(lane, worker, sender_rules, stage_service, entry_inbox)
+    inbox = NodeInbox(lane, worker, sender_rules, stage_service, entry_inbox, probes,
+                      lambda peer, problem: loop.call_soon_threadsafe(coordinator.peer_stalled, peer, problem))
 
     # Requests through pipelines on agreed plans.
     stats = RequestStats(events.emit, entry=node_id)
     pipelines = SwarmPipelines(coordinator.agreed_plan, node_id, entry_inbox, pending, cfg.token_timeout,
-                               hop_timing, run_ahead, own, PromptIndex() if cfg.prompt_cache != 0 else None)
+                               hop_timing, run_ahead, own, PromptIndex() if cfg.prompt_cache != 0 else None,
+                               watch=coordinator)
     service = InferenceService(tokenizer, model.context_length, pipelines, stats, cfg.default_max_tokens,
                                cfg.recovery_timeout, grammar_vocab)
 

@@ -6,6 +6,8 @@ calls `mlx_on_message(sender, message)`, as it does for the messages this node s
 
   Forward, Release -> the stage (stage/stage_service.py): queued, batched, computed, sent on
   Token, Error     -> the entry (entry/entry_inbox.py): a request this node is the entry of
+  Probe            -> answered with Probed at once, to anyone (it asks only: do you read?)
+  Probed           -> the probe that waits for it (lane_probe.py)
 
 Who may send what is decided first, for every message (sender_rules.py): a frame from anyone
 else is dropped with one log line at a bounded rate (transport/log_limit.py), and nobody else
@@ -18,13 +20,17 @@ it, and the entry replays its own (`mlx_link_broken`).
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 from ..engine.worker import MlxWorker
 from ..entry.entry_inbox import EntryInbox
 from ..stage.stage_service import LOG_EVERY_S, StageService
 from ..transport.lane import DataLane
 from ..transport.log_limit import LogLimiter
+from ..transport.errors import PeerUnreachable
 from ..transport.messages import Error, Forward, Message, Release, Token
+from ..transport.probe_messages import Probe, Probed
+from .lane_probe import LaneProbe
 from .sender_rules import LATE, SenderRules, describe
 
 log = logging.getLogger(__name__)
@@ -32,14 +38,17 @@ log = logging.getLogger(__name__)
 
 class NodeInbox:
     def __init__(self, lane: DataLane, worker: MlxWorker, sender_rules: SenderRules, stage: StageService,
-                 entry: EntryInbox):
+                 entry: EntryInbox, probes: LaneProbe | None = None,
+                 on_stalled: Callable[[str, str], None] | None = None):
+        """`on_stalled(peer, problem)`: a link took no data (MLX thread): planning leaves that peer out."""
         self.lane, self.worker, self.sender_rules, self.stage, self.entry = lane, worker, sender_rules, stage, entry
+        self.probes, self.on_stalled = probes, on_stalled
         self.refusals = stage.refusals  # one count per node: the stage refuses releases of others' requests
         self.failures = LogLimiter(log, logging.INFO)  # tokens a last stage got wrong (outside the vocabulary)
 
     def start(self) -> None:
         """Take every message for this node from now on (the lane's handlers, the stage's queue)."""
-        self.lane.serve(self.mlx_on_message, self.mlx_link_broken)
+        self.lane.serve(self.mlx_on_message, self.mlx_link_broken, self.on_stalled)
         self.stage.start()
 
     async def stop(self) -> None:
@@ -67,6 +76,14 @@ class NodeInbox:
             if why is not LATE:
                 self._mlx_refuse(sender, describe(message), why)
             self.entry.mlx_late()
+        elif isinstance(message, Probe):
+            try:
+                self.lane.mlx_send(sender, Probed(message.nonce))
+            except PeerUnreachable:
+                pass  # it asked and went: nobody waits for the answer
+        elif isinstance(message, Probed):
+            if self.probes is not None:
+                self.probes.mlx_answered(sender, message.nonce)
         else:  # the lane passes nothing else: a bug if it did
             log.error("no handler for a %s from %s", type(message).__name__, sender)
 

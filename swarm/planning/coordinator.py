@@ -14,7 +14,8 @@ layers travel; entries keep using it until the new one is agreed.
 
 A stage that does not serve our plan in time is left out of the next plans for a while
 (load_deadlines.py), so one bad record cannot stop the swarm; and a node announces only a
-plan it serves (idle nodes announce none).
+plan it serves (idle nodes announce none). A member that takes no data on the data lane is left
+out until it reads again, whatever it announces (slow_members.py).
 
 A peer is planned only once it proved that it holds the layers it claims (`holds` in its
 profile; proof_gate.py, layer_proofs.py), so records that claim the model cost the plans
@@ -44,6 +45,8 @@ from .errors import NoPipeline
 from .layer_proofs import LayerProofs
 from .proof_gate import ProofGate
 from .load_deadlines import Announced, LoadDeadlines
+from .slow_members import PROFILE_FIELD, ProbeFn, SlowMembers
+from .step_costs import longest_pass, overdue_after
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +61,21 @@ SETTLE_S = 3.0
 # be members within seconds: a fetch waits for them, this long at most (one looking for ever must not
 # hold the swarm back).
 PROSPECTS_WAIT_S = 30.0
+SUSPICION_RECHECK_S = 0.25  # how often a request waiting out a probe of its broken plan's stage looks again
+
+
+async def _always_answers(_node: str, _timeout: float) -> bool:
+    return True
 
 
 class Coordinator:
     def __init__(self, node_id: str, spec: ModelSpec, fingerprint: str, discovery: Discovery, host: StageHost,
                  events: EventBus, *, strategy: str = "balanced",
                  recovery_timeout: float = 30.0, weights: PeerWeights | None = None,
-                 deadlines: LoadDeadlines | None = None, proofs: LayerProofs | None = None):
+                 deadlines: LoadDeadlines | None = None, proofs: LayerProofs | None = None,
+                 probe: ProbeFn | None = None):
+        """`probe`: asks a peer over the data lane whether it reads (node/lane_probe.py); None: every
+        peer does (tests of planning alone)."""
         self.node_id, self.spec, self.fingerprint, self.discovery = node_id, spec, fingerprint, discovery
         self.host, self.events = host, events
         # Told when requests on a plan may have lost a stage (reason, plan ids still whole): the entry's
@@ -73,6 +84,7 @@ class Coordinator:
         self.strategy, self.recovery_timeout = strategy, recovery_timeout
         self.weights = weights  # None: this node never fetches (tests of planning alone)
         self.deadlines = deadlines or LoadDeadlines(node_id)
+        self.slow = SlowMembers(node_id, probe or _always_answers, self._slow_changed, busy_for=self.longest_pass)
         self.proofs = proofs  # None: every peer's claims are believed (tests of planning alone)
         self.gate = ProofGate(node_id, spec.n_layers, fingerprint, discovery, proofs, weights)
         self._fetching = False  # this node fetches for its plan: the stages it waits for are not late
@@ -92,6 +104,7 @@ class Coordinator:
         self._watch_task = asyncio.create_task(self._watch_loads(), name="watch-loads")
 
     async def stop(self) -> None:
+        await self.slow.stop()
         if self.proofs is not None:
             await self.proofs.stop()
         for task in (self._watch_task, self._apply_task):
@@ -108,11 +121,16 @@ class Coordinator:
             self.events.emit(event.kind, {"node_id": event.node_id, "name": event.profile.name})
         if event.kind == "leave" and self.plan and event.node_id in {s.node_id for s in self.plan.stages}:
             self._plans_broken(f"node {event.node_id} left")
+        if event.kind == "leave":
+            self.slow.forget(event.node_id)
+        elif event.kind in ("join", "update"):
+            self.slow.heard(event.node_id, event.profile.extra.get(PROFILE_FIELD),
+                            {p.node_id for p in self.discovery.view()})
         await self.replan()
         await self._notify()  # an update may be a peer announcing the plan it now serves
 
     def members(self, left_out: set[str] | None = None) -> list[NodeCapacity]:
-        left_out = self.deadlines.left_out() if left_out is None else left_out
+        left_out = (self.deadlines.left_out() if left_out is None else left_out) | self.slow.left_out()
         return [NodeCapacity(p.node_id, p.profile.memory_available, p.profile.speed)
                 for p in self.discovery.view(include_self=True)
                 if p.profile.model_fingerprint == self.fingerprint and p.profile.speed > 0
@@ -150,6 +168,30 @@ class Coordinator:
         await self._notify()
         if self._apply_task is None or self._apply_task.done():
             self._apply_task = asyncio.create_task(self._apply(), name="apply-plan")
+
+    async def _slow_changed(self) -> None:
+        """A member was left out for taking no data, or taken back: say so (peers check it too), replan."""
+        await self.discovery.update_profile(**{PROFILE_FIELD: self.slow.profile_field() or None})
+        await self.replan()
+        await self._notify()
+
+    def overdue_after(self, plan: Plan, positions: int) -> float:
+        """Seconds after which a sampled step of `plan` that computes `positions` positions is overdue."""
+        return overdue_after(plan, {p.node_id: p.profile.speed for p in self.discovery.view(include_self=True)},
+                             positions)
+
+    def longest_pass(self, node: str) -> float:
+        """The longest pass `node` may be computing for our plan (a probe of it waits that much longer)."""
+        return longest_pass(self.plan, node, next((p.profile.speed for p in self.discovery.view()
+                                                   if p.node_id == node), 0.0))
+
+    def peer_stalled(self, node: str, problem: str) -> None:
+        """Our data link to `node` took no data (transport/lane.py): it is left out."""
+        self.slow.stalled(node, f"our link to it: {problem}")
+
+    def step_overdue(self, plan: Plan, why: str) -> None:
+        """A step through `plan` is overdue: its stages may take no data (probed: slow_members.py)."""
+        self.slow.suspect([s.node_id for s in plan.stages], why)
 
     def _plans_broken(self, reason: str, whole: frozenset[str] = frozenset()) -> None:
         for listener in self.on_plans_broken:
@@ -361,9 +403,11 @@ class Coordinator:
                         and not self.waiting_for(self.before):
                     plan = self.before  # the newest is still being fetched for; the one before serves
                 if plan is not None and not self.waiting_for(plan):
-                    if broken is None or broken.plan_id != plan.plan_id or waited > NEW_PLAN_GRACE_S:
+                    if broken is None or broken.plan_id != plan.plan_id or \
+                            (waited > NEW_PLAN_GRACE_S and not self._under_suspicion(plan)):
                         return plan
-                    wake_by = NEW_PLAN_GRACE_S - waited  # the same plan is good enough then
+                    # the same plan is good enough then, unless a stage of it is being probed: look again soon
+                    wake_by = max(NEW_PLAN_GRACE_S - waited, SUSPICION_RECHECK_S)
                 else:
                     wake_by = self.recovery_timeout - waited
                 if waited > self.recovery_timeout:
@@ -372,6 +416,10 @@ class Coordinator:
                     await asyncio.wait_for(self._changed.wait(), max(0.001, min(wake_by, self.recovery_timeout - waited)))
                 except asyncio.TimeoutError:
                     pass
+
+    def _under_suspicion(self, plan: Plan) -> bool:
+        """A stage of `plan` is being probed, or left out for taking no data: the plan will change."""
+        return bool({s.node_id for s in plan.stages} & (self.slow.checking() | self.slow.left_out()))
 
     def _note_agreement(self) -> None:
         if self.plan is not None and not self.waiting_for(self.plan):

@@ -65,8 +65,8 @@ class NodeStatus:
                                     "batched_rows": service.batched_rows, "prompt_passes": service.prompt_passes,
                                     "prompt_rows": service.prompt_rows,
                                     "kept_passes": stage.batches.reused if stage else 0,
-                                    "ahead_taken": stage.ahead_taken if stage else 0,
-                                    "ahead_undone": stage.ahead_undone if stage else 0},
+                                    "ahead_taken": stage.ahead.taken if stage else 0,
+                                    "ahead_undone": stage.ahead.undone if stage else 0},
                 "peer_connections": self.links.snapshot(), "fetch": self.weights.status.to_dict()}
 
     def _device(self) -> dict:

@@ -7,10 +7,13 @@ from `peer`. With a swarm secret the handshake hands over the link's sealer and 
 sealed parser (sealed_frames.py): `write_frame` seals and `read_frames` opens, here
 and nowhere else; a frame that does not open is a ProtocolError like any garbage.
 
-The socket is non-blocking: reads take what has arrived, a write waits for room at
-most `send_timeout` (a peer that stops reading must not hold our thread for longer).
-Only the MLX thread reads and writes once a connection is in use (lane.py);
-`peer_gone` may be asked from any thread.
+The socket is non-blocking, both ways: reads take what has arrived, and a write never
+waits. What the socket does not take at once waits in the connection's queue, in order,
+bounded in bytes (`queue_limit`), and leaves with `flush` when the socket has room
+(lane.py watches for it): a peer that reads slowly or not at all must never hold the
+thread that computes for everyone else. `stalled_for` says how long bytes have waited
+without the socket taking any. Only the MLX thread reads and writes once a connection
+is in use (lane.py); `peer_gone` may be asked from any thread.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import select
 import socket
 import struct
 import time
+from collections import deque
 from typing import Callable
 
 from .errors import ProtocolError
@@ -27,13 +31,20 @@ from .link_crypto import FrameSealer
 from .sealed_frames import SealedFrameParser, seal_frame
 
 RECV_BYTES = 256 * 1024
+DEFAULT_QUEUE_LIMIT = 128 * 1024 * 1024  # bytes waiting for a peer before its link counts as broken
+_IOV_MAX = 512  # buffers handed to one sendmsg (the kernel takes up to 1024)
+
+
+class QueueFull(OSError):
+    """More is waiting for the peer than the connection may hold: it does not keep up."""
 
 
 class PeerConnection:
     def __init__(self, sock: socket.socket, peer: str, where: str, dialed: bool,
                  max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES, *, pending: bytes = b"",
                  parser: FrameParser | SealedFrameParser | None = None, ready: list[Frame] | None = None,
-                 sealer: FrameSealer | None = None, on_close: Callable[[], None] | None = None) -> None:
+                 sealer: FrameSealer | None = None, on_close: Callable[[], None] | None = None,
+                 queue_limit: int = DEFAULT_QUEUE_LIMIT) -> None:
         """`pending`, `parser` and `ready`: what the handshake read past the hello (bytes not parsed
         yet, the parser holding a partial frame, whole frames) comes first. A sealed link has a
         `sealer` and a SealedFrameParser. `on_close` runs once when the connection is closed."""
@@ -50,6 +61,10 @@ class PeerConnection:
         self._recv_buf: bytearray | None = None
         self._on_close = on_close
         self.last_active = time.monotonic()  # a frame read or written (lane.py retires idle links)
+        self.queue_limit = queue_limit
+        self._queue: deque[memoryview] = deque()  # bytes the socket has not taken yet, in order
+        self._queued = 0
+        self._moved_at = 0.0  # when the socket last took bytes of the queue (or the queue began)
         self.retired_at: float | None = None
         self._readable = select.poll()  # asked before every write: has the peer hung up?
         self._readable.register(sock, select.POLLIN)
@@ -86,25 +101,54 @@ class PeerConnection:
         return bool(self._pending or self._ready)
 
     # -- the frame writer -------------------------------------------------------------------
-    def write_frame(self, header: dict, payload: bytes | memoryview, timeout: float) -> None:
-        """Write one whole frame; OSError (TimeoutError included) if it cannot within `timeout`.
-
-        A frame is written whole or the connection is unusable after it: close it then."""
+    def write_frame(self, header: dict, payload: bytes | memoryview) -> bool:
+        """Write one whole frame, or queue what the socket does not take now; never waits. True when
+        nothing waits; False: `flush` when the socket is writable. QueueFull when the queue holds
+        `queue_limit` bytes already, OSError when the socket broke: the connection is unusable, close it."""
         self.last_active = time.monotonic()
         # a bad header is the caller's bug: ValueError
         pieces = (encode_frame(header, payload) if self._sealer is None
                   else seal_frame(self._sealer, header, payload, reuse=True))  # sent (or copied) below
         total = sum(memoryview(p).nbytes for p in pieces)
+        if self._queue:  # behind what waits, in order
+            if self._queued + total > self.queue_limit:
+                raise QueueFull(f"{self._queued} bytes wait for the peer already: it does not keep up")
+            self._queue.append(memoryview(b"".join(pieces)))  # a copy: the payload and the sealer's buffer are reused
+            self._queued += total
+            return self.flush()
         sent = _send(self.sock, pieces)  # one sendmsg, the payload not copied: nearly always all of it
         if sent == total:
-            return
+            return True
         rest = memoryview(b"".join(pieces))[sent:]
-        deadline = time.monotonic() + timeout
-        while rest:
-            left = deadline - time.monotonic()
-            if left <= 0 or not _wait_writable(self.sock, left):
-                raise TimeoutError(f"the peer took no data for {timeout:.0f} s")
-            rest = rest[_send(self.sock, [rest]):]
+        self._queue.append(rest)
+        self._queued, self._moved_at = len(rest), time.monotonic()
+        return False
+
+    def flush(self) -> bool:
+        """Send as much of the queue as the socket takes now; True when nothing waits any more."""
+        while self._queue:
+            sent = _send(self.sock, list(self._queue)[:_IOV_MAX] if len(self._queue) > 1 else [self._queue[0]])
+            if not sent:
+                return False
+            self._moved_at = time.monotonic()
+            self._queued -= sent
+            while sent:
+                head = self._queue[0]
+                if len(head) > sent:
+                    self._queue[0] = head[sent:]
+                    break
+                sent -= len(head)
+                self._queue.popleft()
+        return True
+
+    @property
+    def queued(self) -> int:
+        """Bytes waiting for the socket to take them."""
+        return self._queued
+
+    def stalled_for(self, now: float) -> float:
+        """How long bytes have waited without the socket taking any (0: nothing waits)."""
+        return now - self._moved_at if self._queue else 0.0
 
     def cork(self, on: bool) -> None:
         """Hold small writes back to send them as one segment (TCP_CORK); uncorking sends them now."""
@@ -166,8 +210,3 @@ def _send(sock: socket.socket, pieces: list) -> int:
     except (BlockingIOError, InterruptedError):
         return 0
 
-
-def _wait_writable(sock: socket.socket, timeout: float) -> bool:
-    poller = select.poll()
-    poller.register(sock, select.POLLOUT)
-    return bool(poller.poll(timeout * 1000))

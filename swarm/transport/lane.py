@@ -18,8 +18,11 @@ without waking another thread (benchmarks/lean_pipeline.py measures the floor).
 - Every frame that comes in is decoded into a typed message here (messages.py),
   once, with the sender's node id known from the hello; a malformed one closes its
   connection with one log line, and nobody else notices.
-- A frame is written whole, so frames to one peer leave in order; a peer that stops
-  reading fails the send after `send_timeout` (PeerUnreachable).
+- A send never waits on a slow peer: what its socket does not take at once waits in that
+  link's own bounded queue (connection.py) and leaves when the socket has room (the MLX
+  thread's selector says so: `writes`), in order. A link whose queue took no bytes for
+  `stall_timeout`, or outgrows its bound, is broken like a dead one, and `on_stalled` is
+  told too: planning leaves that peer out (planning/slow_members.py).
 - With a swarm secret every link was proved in its hello and every frame on it is
   sealed (connection.py); a frame that does not open is garbage like any other.
 - A link that breaks (garbage, a frame that does not open, a reset, a failed write) is
@@ -58,12 +61,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import select
 import socket
 import time
-from typing import Callable
+from typing import Callable, Protocol
 
 from . import hop_trace
-from .connection import PeerConnection
+from .connection import DEFAULT_QUEUE_LIMIT, PeerConnection, QueueFull
 from .errors import HandshakeRejected, PeerUnreachable, ProtocolError
 from .frames import DEFAULT_MAX_PAYLOAD_BYTES
 from .handshake import dial
@@ -80,7 +84,17 @@ Watch = Callable[[socket.socket, Callable[[], None] | None], None]  # register (
 Post = Callable[..., None]  # run a function on the MLX thread (MlxWorker.post)
 OnBroken = Callable[[str, str], None]  # (peer node id, what broke), on the MLX thread
 DEFAULT_CONNECT_TIMEOUT = 2.0
-DEFAULT_SEND_TIMEOUT = 10.0
+DEFAULT_STALL_TIMEOUT = 4.0  # a link whose waiting bytes the peer takes none of for this long is broken
+
+
+class WriteWatch(Protocol):
+    """The MLX thread's selector for writes (engine/worker.py's MlxWorker)."""
+
+    def watch_writable(self, sock: socket.socket, on_writable: Callable[[], None] | None) -> None: ...
+
+    def mlx_recheck_at(self, deadline: float) -> None: ...
+
+    def after_events(self, fn: Callable[[], None]) -> None: ...
 DEFAULT_IDLE_TIMEOUT = 60.0
 RETIRED_GRACE_S = 10.0  # a retired link whose peer never closes its end is closed after this
 
@@ -89,27 +103,38 @@ class DataLane:
     def __init__(self, node_id: str, swarm: str, links: PeerLinks, watch: Watch, post: Post,
                  address_of: Callable[[str], tuple[str, int] | None], *,
                  max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-                 send_timeout: float = DEFAULT_SEND_TIMEOUT, key: bytes | None = None,
-                 on_broken: OnBroken | None = None, auth: LinkAuth | None = None) -> None:
+                 stall_timeout: float = DEFAULT_STALL_TIMEOUT, key: bytes | None = None,
+                 on_broken: OnBroken | None = None, auth: LinkAuth | None = None,
+                 writes: WriteWatch | None = None, queue_limit: int = DEFAULT_QUEUE_LIMIT) -> None:
         """`key`: the stretched swarm secret (link_crypto.stretch_secret); None: an open swarm. `auth`: the
-        node's (one for all its handshakes), else one of the lane's own from `key`."""
+        node's (one for all its handshakes), else one of the lane's own from `key`. `writes`: the MLX
+        thread's selector, for sends the socket could not take at once; None: such a send waits for room
+        (at most `stall_timeout`) on the spot (tools that send from one loop of their own)."""
         self.node_id, self.swarm, self.links = node_id, swarm, links
         self.auth = auth or LinkAuth(node_id, swarm, key)
         self._on_broken = on_broken
         self._watch, self._post, self._address_of = watch, post, address_of
         self.max_payload = max_payload
-        self.connect_timeout, self.send_timeout = connect_timeout, send_timeout
+        self.connect_timeout, self.stall_timeout, self.queue_limit = connect_timeout, stall_timeout, queue_limit
+        self._writes = writes
+        self._backlogged: set[PeerConnection] = set()  # links with bytes waiting for their socket
+        if writes is not None:
+            writes.after_events(self._mlx_check_stalls)
         self._on_message: OnMessage | None = None
+        self._on_stalled: OnBroken | None = None
         self._watched: set[PeerConnection] = set()
         self._corked: list[PeerConnection] | None = None  # links written inside mlx_sending_together
         self._closed = False
 
-    def serve(self, on_message: OnMessage, on_broken: OnBroken | None = None) -> None:
-        """From now on, every message for this node goes to `on_message`, and every link that breaks is
-        reported to `on_broken` (set once, at start)."""
+    def serve(self, on_message: OnMessage, on_broken: OnBroken | None = None,
+              on_stalled: OnBroken | None = None) -> None:
+        """From now on, every message for this node goes to `on_message`, every link that breaks is
+        reported to `on_broken`, and a peer that took no data for `stall_timeout` to `on_stalled` as well
+        (set once, at start)."""
         self._on_message = on_message
         if on_broken is not None:
             self._on_broken = on_broken
+        self._on_stalled = on_stalled
 
     # -- any thread -------------------------------------------------------------------------
     def take_over(self, conn: PeerConnection, replaced: PeerConnection | None) -> None:
@@ -132,13 +157,62 @@ class DataLane:
             conn.cork(True)
             self._corked.append(conn)
         try:
-            conn.write_frame(header, payload, self.send_timeout)
-        except OSError as exc:  # incl. the send timeout: a half-written frame leaves the link unusable
+            if not conn.write_frame(header, payload) and conn not in self._backlogged:
+                self._wait_for_room(conn)
+        except QueueFull as exc:
+            problem = f"it does not keep up: {exc}"
+            self._stalled(conn, problem)
+            raise PeerUnreachable(node_id, problem) from exc
+        except OSError as exc:  # a half-written frame leaves the link unusable
             problem = f"connection broke: {type(exc).__name__}: {exc}"
             self._close(conn, problem)
             raise PeerUnreachable(node_id, problem) from exc
         if _TRACING:
             hop_trace.mark(hop_trace.STEP_START if self._starts_a_step(message) else "sent", header)
+
+    def _wait_for_room(self, conn: PeerConnection) -> None:
+        """Bytes wait in `conn`'s queue: they leave when its socket has room (or it stalls: broken)."""
+        if self._writes is None:  # no selector of ours: wait here, as long as the peer takes bytes
+            while not conn.flush():
+                if conn.stalled_for(time.monotonic()) >= self.stall_timeout or \
+                        not _wait_writable(conn.sock, self.stall_timeout):
+                    raise TimeoutError(f"the peer took no data for {self.stall_timeout:g} s")
+            return
+        self._backlogged.add(conn)
+        self._writes.watch_writable(conn.sock, functools.partial(self._mlx_writable, conn))
+        self._writes.mlx_recheck_at(time.monotonic() + self.stall_timeout)
+
+    def _mlx_writable(self, conn: PeerConnection) -> None:
+        try:
+            done = conn.flush()
+        except OSError as exc:
+            self._close(conn, f"connection broke: {type(exc).__name__}: {exc}")
+            return
+        if done:
+            self._backlogged.discard(conn)
+            self._writes.watch_writable(conn.sock, None)
+
+    def _mlx_check_stalls(self) -> None:
+        """After each round of the MLX thread's events: a link whose queue took no bytes for too long is broken."""
+        if not self._backlogged:
+            return
+        now = time.monotonic()
+        for conn in list(self._backlogged):
+            waited = conn.stalled_for(now)
+            if waited >= self.stall_timeout:
+                self._stalled(conn, f"it took no data for {waited:.1f} s ({conn.queued} bytes waiting)")
+            else:
+                self._writes.mlx_recheck_at(now + self.stall_timeout - waited)
+
+    def _stalled(self, conn: PeerConnection, problem: str) -> None:
+        """`conn`'s peer takes no data: the link is broken, and planning hears of it."""
+        was_link = self.links.link(conn.peer) is conn
+        self._close(conn, problem)
+        if was_link and self._on_stalled is not None:
+            try:
+                self._on_stalled(conn.peer, problem)
+            except Exception:
+                log.exception("on_stalled(%s)", conn.peer)
 
     @contextlib.contextmanager
     def mlx_sending_together(self):
@@ -155,6 +229,12 @@ class DataLane:
             corked, self._corked = self._corked, None
             for conn in corked:
                 conn.cork(False)  # (sends what the kernel held back)
+
+    def mlx_break(self, node_id: str, problem: str) -> None:
+        """Our link to `node_id` is of no use (what waits on it may never be read): closed as broken."""
+        conn = self.links.link(node_id)
+        if conn is not None:
+            self._close(conn, problem)
 
     def mlx_drop(self, node_id: str) -> None:
         """The peer left: close our connection to it."""
@@ -218,6 +298,7 @@ class DataLane:
             self._retire(replaced)
 
     def _read(self, conn: PeerConnection) -> None:
+        conn.queue_limit = self.queue_limit
         self._watched.add(conn)
         self._watch(conn.sock, functools.partial(self._readable, conn))
         if conn.has_pending:  # bytes that came with the hello: no readiness event will announce them
@@ -286,6 +367,7 @@ class DataLane:
                         conn.peer, problem)
         was_link = self.links.link(conn.peer) is conn
         self.links.remove(conn)
+        self._backlogged.discard(conn)
         if conn in self._watched:
             self._watched.discard(conn)
             try:
@@ -299,3 +381,9 @@ class DataLane:
             except Exception:
                 log.exception("on_broken(%s)", conn.peer)
 
+
+
+def _wait_writable(sock: socket.socket, timeout: float) -> bool:
+    poller = select.poll()
+    poller.register(sock, select.POLLOUT)
+    return bool(poller.poll(timeout * 1000))

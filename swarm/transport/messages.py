@@ -39,6 +39,7 @@ from .arrays import WIRE_DTYPES, decode_array
 from .errors import ProtocolError
 from .frames import Frame
 from .handshake_messages import HANDSHAKE_MESSAGES, Admitted, Hello, Proof, Rejection
+from .probe_messages import Probe, Probed
 from .wire_fields import MAX_TEXT_CHARS, brief, int_error, is_id, text_error, text_field
 
 MAX_TOKEN_ID = 2**31 - 1  # token ids travel as int32
@@ -337,8 +338,8 @@ class Release(NamedTuple):
         return cls(rid, bytes(keep))
 
 
-Message = Union[Forward, Token, Error, Release, Hello, Proof, Admitted, Rejection]
-_TYPES: dict[str, type] = {m.T: m for m in (Forward, Token, Error, Release, *HANDSHAKE_MESSAGES)}
+Message = Union[Forward, Token, Error, Release, Probe, Probed, Hello, Proof, Admitted, Rejection]
+_TYPES: dict[str, type] = {m.T: m for m in (Forward, Token, Error, Release, Probe, Probed, *HANDSHAKE_MESSAGES)}
 
 
 def decode(frame: Frame) -> Message:
