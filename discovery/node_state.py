@@ -1,4 +1,4 @@
-"""What a node is doing, as its profile tells the swarm (the `state` extra field).
+"""What a node is doing, as its profile tells the swarm (the `state` extra field, profile_keys.py).
 
 One closed set: a node writes only these, a peer's profile with any other state is taken
 without it (NodeProfile.from_dict logs it), and a typo in our own code fails where it is made.
@@ -7,8 +7,6 @@ without it (NodeProfile.from_dict logs it), and a typo in our own code fails whe
 from __future__ import annotations
 
 from enum import StrEnum
-
-STATE_KEY = "state"
 
 
 class NodeState(StrEnum):

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from .node_state import STATE_KEY, NodeState
+from .node_state import NodeState
+from .profile_keys import HINT_KEY, STATE_KEY
 
 log = logging.getLogger(__name__)
 
@@ -27,9 +28,6 @@ COMPATIBLE_PROTOCOL_VERSIONS = frozenset({4})
 BACKENDS = frozenset({"metal", "cpu", "cuda"})
 # What memory_total/memory_available count: the host's RAM, a GPU's own memory, Metal's working set.
 MEMORY_KINDS = frozenset({"ram", "gpu", "working_set"})
-
-# An mDNS record that only names an endpoint (NodeProfile.as_hint) says so in this extra field.
-HINT_KEY = "hint"
 
 # A DNS TXT string carries at most 255 bytes, "key=value" included.
 MAX_TXT_ENTRY = 254

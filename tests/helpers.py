@@ -17,6 +17,8 @@ from typing import Any, Callable, Iterable
 
 import openai
 
+from discovery import Discovery, NodeProfile, serve_liveness_port
+
 # The families of the session's tiny random-weight models (conftest's `tiny_models`).
 TINY_FAMILIES = ("llama", "qwen2", "qwen3")
 TINY_SHAPE = {"n_layers": 6, "seed": 1}
@@ -124,3 +126,25 @@ def assert_gone_mid_stream_frees(node, path: str, body: dict, marker: bytes) -> 
         health = node.health()[1]
         return health["active_requests"] == 0 and health["cached_requests"] == 0
     wait_until(freed, 30, "the request freed on every stage")
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` loopback ports free a moment ago (all held at once while picked, so they differ)."""
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+async def start_static_discovery(profile: NodeProfile, peers: list[int], on_event=None) -> tuple[Discovery,
+                                                                                                 asyncio.Server]:
+    """A Discovery of static peers on loopback (no zeroconf) at `profile.peer_port`, its liveness port
+    served, started; the caller stops both."""
+    discovery = Discovery(profile, mdns=False, interfaces=["127.0.0.1"],
+                          static_peers=[("127.0.0.1", p) for p in peers], on_event=on_event)
+    server = await serve_liveness_port("127.0.0.1", profile.peer_port, lambda: discovery.profile)
+    await discovery.start()
+    return discovery, server

@@ -8,7 +8,7 @@ from swarm.engine.prompt_cache import PromptCacheMiss
 from swarm.engine.shard_runner import ShardRunner
 from swarm.engine.worker import MlxWorker
 from swarm.entry.pipeline import PrefixMissed
-from swarm.entry.prompt_index import PromptIndex, Reuse
+from swarm.entry.prompt_index import PromptIndex, RoutePrompts
 
 class LocalPipeline:
     """All stages in this process, chained on the MLX worker thread. With `prompts` (an entry's index),
@@ -17,7 +17,11 @@ class LocalPipeline:
     def __init__(self, stages: list[ShardRunner], worker: MlxWorker, prompts: PromptIndex | None = None):
         self.stages = stages
         self.worker = worker
-        self.prompts = prompts
+        self.index = prompts
+
+    @property
+    def prompts(self) -> RoutePrompts:
+        return RoutePrompts(self.index, self.route)  # (a test may change the stages, or the route)
 
     @property
     def route(self) -> tuple:
@@ -40,22 +44,9 @@ class LocalPipeline:
             raise PrefixMissed(str(e)) from None
 
     async def release(self, request_id: str, keep: list[int] | None = None) -> None:
-        keep = keep if self.prompts is not None else None
+        keep = self.prompts.keeping(keep)
 
         def _release():
             for stage in self.stages:
                 stage.release(request_id, keep=keep)
         await self.worker.run(_release)
-        if keep:
-            self.prompts.add(self.route, keep)
-
-    def reusable(self, history: list[int]) -> Reuse | None:
-        return self.prompts.reuse(self.route, history) if self.prompts is not None else None
-
-    def prefix_hit(self) -> None:
-        if self.prompts is not None:
-            self.prompts.hit(self.route)
-
-    def prefix_missed(self, history: list[int], reuse: Reuse) -> None:
-        if self.prompts is not None:
-            self.prompts.missed(self.route, history, reuse)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -45,16 +46,23 @@ class NodeProcess:
                 self.proc.wait()
 
 
-def start_node(tmp_path: Path, *extra: str, env: dict | None = None) -> NodeProcess:
-    """A node started, not waited for (see running_node); the caller stops it."""
+def start_node(tmp_path: Path, *extra: str, env: dict | None = None,
+               descriptors: tuple[int, int] | None = None) -> NodeProcess:
+    """A node started, not waited for (see running_node); the caller stops it. `descriptors`: the (soft,
+    hard) limit of open files it starts under, as a shell's `ulimit -n` sets it."""
     api_port, peer_port = free_port(), free_port()
     log = tmp_path / f"node-{api_port}.log"
     # A lone node on loopback: no mDNS, which would multicast on the machine's real interfaces.
     argv = [sys.executable, "-m", "swarm.cli", "--api-host", "127.0.0.1", "--api-port", str(api_port),
             "--peer-host", "127.0.0.1", "--peer-port", str(peer_port), "--no-mdns",
             "--state-dir", str(tmp_path / f"state-{api_port}"), *extra]
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, descriptors)
+
     with open(log, "w") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                                preexec_fn=limit if descriptors else None)
     return NodeProcess(proc, api_port, peer_port, log)
 
 

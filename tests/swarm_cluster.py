@@ -4,13 +4,17 @@
     cluster.wait_serving(stages=3)
     status, reply = cluster.nodes[0].post("/v1/chat/completions", {...})
     cluster.close()
+
+or, for a fixture, `with serving_swarm(tmp_path, 3, [...], stages=3) as cluster: yield cluster`.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from helpers import http_json
 from netns import Host, Network, Proc
@@ -115,5 +119,30 @@ class SwarmCluster:
         raise TimeoutError(f"swarm not serving with {stages} stages after {timeout}s: "
                            f"{[(t or {}).get('status') for t in last or []]}\n{self.network.logs()}")
 
+    def restore(self, timeout: float = 180) -> dict:
+        """Start again every node whose process has ended, then wait until all serve (a shared swarm,
+        as the test before it may have left it)."""
+        for node in self.nodes:
+            if node.proc is None or node.proc.popen.poll() is not None:
+                node.start()
+        return self.wait_serving(stages=len(self.nodes), timeout=timeout)
+
     def close(self) -> None:
         self.network.close()
+
+    def __enter__(self) -> SwarmCluster:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@contextmanager
+def serving_swarm(root: Path, n: int, common: list[str], *, stages: int | None = None, timeout: float = 180,
+                  strangers: int = 0, **options) -> Iterator[SwarmCluster]:
+    """`n` nodes serving one plan (of `stages` stages), and `strangers` hosts of the same network beside
+    them with no node (`cluster.strangers`: clients, attackers); all closed after. `options`: SwarmCluster's."""
+    with SwarmCluster(root, n, common, **options) as cluster:
+        cluster.strangers = [cluster.network.add_host() for _ in range(strangers)]
+        cluster.wait_serving(stages=stages, timeout=timeout)
+        yield cluster

@@ -14,7 +14,7 @@ import pytest
 from helpers import http_json
 from netns import netns_unavailable_reason
 from netns_client import in_netns
-from swarm_cluster import SwarmCluster
+from swarm_cluster import serving_swarm
 
 pytestmark = pytest.mark.skipif(netns_unavailable_reason() is not None, reason=str(netns_unavailable_reason()))
 
@@ -27,15 +27,15 @@ WEATHER = {"name": "get_weather", "description": "The current weather in a city"
 
 
 @pytest.fixture(scope="module", params=["open", "secret+key"])
-def swarm(request, tmp_path_factory, default_model):
+def swarm(request, tmp_path_factory, default_swarm):
     secured = request.param == "secret+key"
-    cluster = SwarmCluster(tmp_path_factory.mktemp(request.param.replace("+", "-")), 3, [],
-                           secret="anthropic-netns-secret" if secured else None, api_key=KEY if secured else None)
-    try:
-        cluster.wait_serving(stages=3)
+    if not secured:
+        yield default_swarm
+        return
+    with serving_swarm(tmp_path_factory.mktemp(request.param.replace("+", "-")), 3, [], stages=3,
+                       secret="anthropic-netns-secret" if secured else None,
+                       api_key=KEY if secured else None) as cluster:
         yield cluster
-    finally:
-        cluster.close()
 
 
 def call(swarm, fn):

@@ -20,7 +20,6 @@ import pytest
 from helpers import openai_client, streamed_answer
 from netns import netns_unavailable_reason
 from netns_client import in_netns
-from swarm_cluster import SwarmCluster
 
 pytestmark = pytest.mark.skipif(netns_unavailable_reason() is not None, reason=str(netns_unavailable_reason()))
 
@@ -79,13 +78,8 @@ def generated(node) -> int:
 
 
 @pytest.fixture(scope="module")
-def swarm(tmp_path_factory, default_model):
-    cluster = SwarmCluster(tmp_path_factory.mktemp("features"), 3, ["--recovery-timeout", "60"])
-    try:
-        cluster.wait_serving(stages=3)
-        yield cluster
-    finally:
-        cluster.close()
+def swarm(default_swarm):
+    return default_swarm
 
 
 def check_valid(kind: str, answer: dict) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from swarm.engine import row_streams
 from swarm.engine.cache_budget import CacheLimits
+from swarm.engine.prompt_cache import PromptCacheMiss
 from swarm.engine.sampling import SamplingParams
 from swarm.engine.shard import load_shard
 from swarm.engine.shard_runner import CacheMismatch, ShardRunner
@@ -143,3 +144,70 @@ def test_a_prompt_pass_cut_by_rows_across_cpu_streams_is_the_whole_pass_bit_for_
                                                                                      c.keys_and_values()))
     assert mx.array_equal(whole_next, cut_next).item(), f"{family} {bounds}: the decode step on the joined batch"
     assert last or whole_next.shape == (4, 1, 128)
+
+
+@pytest.mark.parametrize("bounds", [(0, None), (0, 2), (2, 5), (5, None)])
+@pytest.mark.parametrize("cut", [[], [(0, 1), (1, 4)]], ids=["whole", "row-groups"])
+def test_prompts_after_kept_prefixes_of_different_lengths_share_one_pass(family_model, bounds, cut,
+                                                                         monkeypatch) -> None:
+    """Requests that start from kept prefixes (prompt_cache.py) of different lengths, and one from
+    position 0, in one pass (Shard.prefill_batch_after, as mlx-lm's BatchGenerator prompts rows with
+    history), whole or cut by rows across CPU streams (row_streams.py: the groups' caches hold other
+    prefix lengths): each row's output, logprobs and the tokens it decodes after equal its request
+    run alone from the same prefix; the rows then decode on the batch they were prefilled in."""
+    family, model = family_model
+    monkeypatch.setattr(row_streams, "row_groups", lambda rows: cut if rows == 4 else [])
+    first, last = bounds[0] == 0, bounds[1] is None
+    kept = {"long": [(5 * k) % 40 + 2 for k in range(21)], "short": [(3 * k) % 40 + 3 for k in range(9)]}
+    # (rid, its prefix, the rest of its prompt): a whole kept sequence, one cut back, none, another whole one
+    rows = [("r0", kept["long"], [4, 9, 1, 7]), ("r1", kept["long"][:13], [8, 8, 2, 6, 5, 1, 3]),
+            ("r2", None, [7, 3, 11, 2, 9, 6, 1, 1, 4, 12, 3]), ("r3", kept["short"], [2, 5])]
+
+    def given(name: str, ids: list[int], at: int) -> mx.array:
+        if first:
+            return mx.array([ids])
+        return mx.random.normal((1, len(ids), 128), key=mx.random.key(sum(map(ord, name)) * 100 + at))
+
+    def runner() -> ShardRunner:
+        stage = ShardRunner(load_shard(model, *bounds), prompt_cache_bytes=1 << 26)
+        for name, ids in kept.items():  # the same inputs on both: the same kept caches
+            stage.forward(name, given(name, ids, 0), 0)
+            assert stage.release(name, keep=ids)
+        return stage
+
+    single, batched = runner(), runner()
+    starts = [(rid, given(rid, rest, len(prefix or ())), prefix) for rid, prefix, rest in rows]
+    alone = [single.forward(rid, x, len(prefix or ()), prefix=prefix) for rid, x, prefix in starts]
+    together = batched.prefill_batch(starts, [""] * len(starts))
+    for (rid, *_), a, t in zip(rows, alone, together):
+        assert not isinstance(t, Exception), t
+        assert a.shape == t.shape, f"{family} {bounds} {rid}"
+        assert mx.allclose(a, t, atol=1e-4, rtol=1e-4), f"{family} {bounds} {rid}"
+        if last:
+            assert int(mx.argmax(a)) == int(mx.argmax(t))
+            logprobs = [v - mx.logsumexp(v) for v in (a, t)]
+            assert mx.allclose(*logprobs, atol=1e-4), f"{family} {bounds} {rid}: logprobs"
+    assert batched.prompt_stats().hits == 3 and single.prompt_stats().hits == 3
+    keys = [("", rid) for rid, *_ in rows]
+    batch = batched.batches.batch_of(keys[0])
+    assert batch is not None and batch.members == keys, "the rows decode on the batch of their pass"
+    held = [len(prefix or ()) + len(rest) for _, prefix, rest in rows]
+    assert batch.width == len(kept["long"]) + max(len(rest) for *_, rest in rows), \
+        "prefixes end together, the rests' right padding rolled to the left"
+    tokens = [int(mx.argmax(a)) if last else 1 for a in alone]
+    for step in range(4):
+        steps = [(rid, mx.array([[t]]) if first else given(rid, [0], n + step), n + step, GREEDY if last else None)
+                 for (rid, *_), n, t in zip(rows, held, tokens)]
+        expected = [single.forward(*s) for s in steps]
+        got = batched.decode_batch(steps[::-1], [""] * len(steps))[::-1]
+        if last:
+            assert got == expected, f"{family} {bounds} step {step}"
+            tokens = expected
+        else:
+            assert all(mx.allclose(g, e, atol=1e-4, rtol=1e-4) for g, e in zip(got, expected)), family
+    assert batched.batches.reused == 4, "the pass's batch as it was, every step"
+
+    lost = batched.prefill_batch([("m", given("m", [3, 4, 5], 9), [1] * 9), ("c", given("c", [3, 4], 0), None)],
+                                 ["", ""])
+    assert isinstance(lost[0], PromptCacheMiss) and not isinstance(lost[1], Exception), \
+        "a prefix this stage does not keep misses; the row beside it goes on"

@@ -1,7 +1,10 @@
 """Churn on real hosts: nodes die, come back, join and get cut off while streams run.
 
 Every stream whose entry node survives must finish with exactly the text of an
-undisturbed run; the client sees a pause, never an error or a repeated token.
+undisturbed run; the client sees a pause, never an error or a repeated token. The ten kill
+cycles and the link cut run on the tiny llama (their point is the text through deaths, not the
+default model: a restart's reload and a stream's steps then cost a fraction); a join and an
+entry's death need a stream that outlasts a node's start, so they run on the default model.
 """
 
 from __future__ import annotations
@@ -14,53 +17,86 @@ from helpers import chat_body
 from netns import netns_unavailable_reason
 from netns_client import Stream
 from reference import reference_chat
-from swarm_cluster import SwarmCluster
+from swarm_cluster import SwarmCluster, serving_swarm
 
 pytestmark = pytest.mark.skipif(netns_unavailable_reason() is not None, reason=str(netns_unavailable_reason()))
 
 MESSAGES = [{"role": "user", "content": "Write a short story about a cat who learns to fly."}]
 TOKENS = 36
+# A step of the tiny llama costs milliseconds: a longer answer, so that a kill still lands mid-stream (the
+# tiny llama's greedy answer to this prompt, and its answer sampled with seed 2, run past 200 tokens).
+TINY_MESSAGES = [{"role": "user", "content": "Tell me a story about the sea"}]
+TINY_TOKENS = 200
+TINY_SEED = 2
 RECOVERY_TIMES: list[float] = []
 
 
-def greedy(max_tokens: int = TOKENS) -> dict:
-    return chat_body(MESSAGES, max_tokens)
+def greedy(max_tokens: int = TOKENS, messages: list[dict] = MESSAGES) -> dict:
+    return chat_body(messages, max_tokens)
 
 
-def seeded(max_tokens: int = TOKENS) -> dict:
-    return chat_body(MESSAGES, max_tokens, temperature=0.9, top_p=0.95, seed=1234)
+def seeded(max_tokens: int = TOKENS, messages: list[dict] = MESSAGES, seed: int = 1234) -> dict:
+    return chat_body(messages, max_tokens, temperature=0.9, top_p=0.95, seed=seed)
+
+
+def secured_swarm(root, model_args: list[str]):
+    # A swarm with a secret, as a user should run one: plans and deaths then travel only by the
+    # authenticated probe, not by mDNS. (SWARM_CHURN_OPEN=1: the same tests on an open swarm.)
+    secret = None if os.environ.get("SWARM_CHURN_OPEN") else "churn-test-secret-0a9f7c"
+    return serving_swarm(root, 3, [*model_args, "--recovery-timeout", "60"], stages=3, secret=secret)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def recovery_report():
+    yield
+    if RECOVERY_TIMES:
+        print(f"\nrecovery (death -> next token), {len(RECOVERY_TIMES)} deaths: "
+              f"min {min(RECOVERY_TIMES):.2f}s, median {sorted(RECOVERY_TIMES)[len(RECOVERY_TIMES) // 2]:.2f}s, "
+              f"max {max(RECOVERY_TIMES):.2f}s")
 
 
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory, default_model):
-    # A swarm with a secret, as a user should run one: plans and deaths then travel only by the
-    # authenticated probe, not by mDNS. (SWARM_CHURN_OPEN=1: the same tests on an open swarm.)
-    secret = None if os.environ.get("SWARM_CHURN_OPEN") else "churn-test-secret-0a9f7c"
-    cluster = SwarmCluster(tmp_path_factory.mktemp("churn"), 3, ["--recovery-timeout", "60"], secret=secret)
-    try:
-        cluster.wait_serving(stages=3)
+    with secured_swarm(tmp_path_factory.mktemp("churn"), []) as cluster:
         yield cluster
-    finally:
-        cluster.close()
-        if RECOVERY_TIMES:
-            print(f"\nrecovery (death -> next token), {len(RECOVERY_TIMES)} deaths: "
-                  f"min {min(RECOVERY_TIMES):.2f}s, median {sorted(RECOVERY_TIMES)[len(RECOVERY_TIMES) // 2]:.2f}s, "
-                  f"max {max(RECOVERY_TIMES):.2f}s")
+
+
+@pytest.fixture(scope="module")
+def tiny_swarm(tmp_path_factory, llama):
+    with secured_swarm(tmp_path_factory.mktemp("churn-tiny"), ["--model", str(llama)]) as cluster:
+        yield cluster
+
+
+def undisturbed_texts(swarm, model_dir, tokens: int, messages: list[dict], seed: int) -> dict:
+    """The greedy text one machine gives, and the seeded text of an undisturbed stream through `swarm`."""
+    greedy_text, greedy_tokens = reference_chat(model_dir, messages, tokens)
+    seeded_stream = Stream(swarm.nodes[0], seeded(tokens, messages, seed))
+    return {"greedy": greedy_text, "seeded": seeded_stream.finish(), "greedy_tokens": greedy_tokens,
+            "seeded_reasons": [c.get("finish_reason") for _, e in seeded_stream.events if isinstance(e, dict)
+                               for c in e.get("choices") or [] if c.get("finish_reason")]}
 
 
 @pytest.fixture(scope="module")
 def undisturbed(swarm, default_model):
-    greedy_text, _ = reference_chat(default_model.path, MESSAGES, TOKENS)
-    seeded_stream = Stream(swarm.nodes[0], seeded())
-    return {"greedy": greedy_text, "seeded": seeded_stream.finish()}
+    return undisturbed_texts(swarm, default_model.path, TOKENS, MESSAGES, 1234)
 
 
-def test_ten_kill_restart_cycles_during_streams(swarm, undisturbed):
+@pytest.fixture(scope="module")
+def tiny_undisturbed(tiny_swarm, llama):
+    texts = undisturbed_texts(tiny_swarm, llama, TINY_TOKENS, TINY_MESSAGES, TINY_SEED)
+    # Both run their whole length: a stream that ended early could end before the kill it is for.
+    assert texts["greedy_tokens"] == TINY_TOKENS and texts["seeded_reasons"] == ["length"], texts
+    return texts
+
+
+def test_ten_kill_restart_cycles_during_streams(tiny_swarm, tiny_undisturbed):
+    swarm, undisturbed = tiny_swarm, tiny_undisturbed
     entry = swarm.nodes[0]
     for cycle in range(10):
         victim = swarm.nodes[1 + cycle % 2]
         kind = "seeded" if cycle % 3 == 2 else "greedy"
-        stream = Stream(entry, seeded() if kind == "seeded" else greedy())
+        body = seeded(TINY_TOKENS, TINY_MESSAGES, TINY_SEED) if kind == "seeded" else greedy(TINY_TOKENS, TINY_MESSAGES)
+        stream = Stream(entry, body)
         stream.wait_tokens(4)
         victim.proc.kill9()
         killed_at = time.monotonic()
@@ -73,9 +109,10 @@ def test_ten_kill_restart_cycles_during_streams(swarm, undisturbed):
     assert max(RECOVERY_TIMES) < 30
 
 
-def test_link_cut_and_restored(swarm, undisturbed):
+def test_link_cut_and_restored(tiny_swarm, tiny_undisturbed):
+    swarm, undisturbed = tiny_swarm, tiny_undisturbed
     victim = swarm.nodes[2]
-    stream = Stream(swarm.nodes[0], greedy())
+    stream = Stream(swarm.nodes[0], greedy(TINY_TOKENS, TINY_MESSAGES))
     stream.wait_tokens(4)
     victim.host.link_down()
     cut_at = time.monotonic()

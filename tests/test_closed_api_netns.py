@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from netns import netns_unavailable_reason
 from netns_client import in_netns
-from swarm_cluster import API_PORT, SwarmCluster
+from swarm_cluster import API_PORT, serving_swarm
 
 pytestmark = [pytest.mark.skipif(netns_unavailable_reason() is not None, reason=str(netns_unavailable_reason())),
               pytest.mark.timeout(300)]
@@ -83,13 +83,9 @@ def printed_api_key(state_dir: Path) -> str:
 @pytest.fixture(scope="module")
 def closed_node(tmp_path_factory, tiny_models):
     root = tmp_path_factory.mktemp("closed-api")
-    cluster = SwarmCluster(root, 1, ["--model", str(tiny_models["llama"])], secret=SECRET)
-    try:
-        stranger = cluster.network.add_host()
-        cluster.wait_serving(stages=1, timeout=150)
-        yield cluster, stranger
-    finally:
-        cluster.close()
+    with serving_swarm(root, 1, ["--model", str(tiny_models["llama"])], stages=1, timeout=150, strangers=1,
+                       secret=SECRET) as cluster:
+        yield cluster, cluster.strangers[0]
 
 
 def test_a_stranger_without_the_key_gets_401_on_every_route(closed_node):

@@ -18,7 +18,7 @@ from discovery.profile import MAX_TXT_ENTRY, MalformedProfile, belongs_to_swarm
 from discovery.profile_exchange import MAGIC, ProfileExchangeError
 from discovery.static_peers import parse_peer_address
 from discovery.view import PeerTable
-from helpers import eventually
+from helpers import eventually, free_ports, start_static_discovery
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -248,12 +248,7 @@ def test_parse_peer_address():
 
 # -- Discovery with static peers only (loopback, no zeroconf) ------------
 async def start_static_node(node_id: str, peers: list[int], port: int, sink) -> tuple[Discovery, asyncio.Server]:
-    profile = make_profile(node_id, peer_port=port, started_at=time.time())
-    discovery = Discovery(profile, mdns=False, interfaces=["127.0.0.1"],
-                          static_peers=[("127.0.0.1", p) for p in peers], on_event=sink)
-    server = await serve_liveness_port("127.0.0.1", port, lambda: discovery.profile)
-    await discovery.start()
-    return discovery, server
+    return await start_static_discovery(make_profile(node_id, peer_port=port, started_at=time.time()), peers, sink)
 
 
 async def next_event(queue: asyncio.Queue, kind: str, node_id: str, timeout: float = 5.0) -> PeerEvent:
@@ -262,17 +257,6 @@ async def next_event(queue: asyncio.Queue, kind: str, node_id: str, timeout: flo
             event = await queue.get()
             if event.kind == kind and event.node_id == node_id:
                 return event
-
-
-def free_ports(n: int) -> list[int]:
-    import socket
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 async def test_static_peers_join_update_leave_and_view():

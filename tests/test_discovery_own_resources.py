@@ -15,25 +15,15 @@ import os
 import resource
 import time
 
-from discovery import Discovery, NodeProfile, PeerEvent, serve_liveness_port
+from discovery import NodeProfile, PeerEvent
 from discovery.liveness import PROBE_FAILURES, PROBE_INTERVAL
+from helpers import eventually, free_ports, start_static_discovery
 
 
 def profile(node_id: str, port: int) -> NodeProfile:
     return NodeProfile(node_id=node_id, name=node_id, swarm="default", api_port=8000, peer_port=port,
                        backend="cpu", memory_total=1 << 30, memory_available=1 << 30, speed=0.01,
                        model_id="m", model_fingerprint="fp", instance=f"inst-{node_id}", started_at=time.time())
-
-
-def free_ports(n: int) -> list[int]:
-    import socket
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 class OutOfDescriptors:
@@ -60,18 +50,10 @@ class OutOfDescriptors:
 async def test_probes_that_fail_for_want_of_our_own_descriptors_declare_nobody_gone():
     port_a, port_b = free_ports(2)
     events: asyncio.Queue[PeerEvent] = asyncio.Queue()
-    a = Discovery(profile("a", port_a), mdns=False, interfaces=["127.0.0.1"],
-                  static_peers=[("127.0.0.1", port_b)], on_event=events)
-    b = Discovery(profile("b", port_b), mdns=False, interfaces=["127.0.0.1"],
-                  static_peers=[("127.0.0.1", port_a)])
-    servers = [await serve_liveness_port("127.0.0.1", port_a, lambda: a.profile),
-               await serve_liveness_port("127.0.0.1", port_b, lambda: b.profile)]
-    await a.start()
-    await b.start()
+    a, server_a = await start_static_discovery(profile("a", port_a), [port_b], events)
+    b, server_b = await start_static_discovery(profile("b", port_b), [port_a])
     try:
-        async with asyncio.timeout(10):
-            while not any(p.node_id == "b" for p in a.view()):
-                await asyncio.sleep(0.05)
+        await eventually(lambda: any(p.node_id == "b" for p in a.view()), 10, "a sees b")
         while not events.empty():
             events.get_nowait()
         starved_s = PROBE_FAILURES * PROBE_INTERVAL * 3
@@ -86,6 +68,6 @@ async def test_probes_that_fail_for_want_of_our_own_descriptors_declare_nobody_g
     finally:
         for d in (a, b):
             await d.stop()
-        for server in servers:
+        for server in (server_a, server_b):
             server.close()
             await server.wait_closed()

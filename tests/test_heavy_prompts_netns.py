@@ -19,7 +19,7 @@ import pytest
 from helpers import http_json
 from netns import netns_unavailable_reason
 from netns_client import in_netns
-from swarm_cluster import API_PORT, SwarmCluster
+from swarm_cluster import API_PORT
 
 pytestmark = [pytest.mark.skipif(netns_unavailable_reason() is not None, reason=str(netns_unavailable_reason())),
               pytest.mark.timeout(600)]
@@ -43,14 +43,8 @@ def huge_message(chars: int = 420_000, offset: int = 0) -> dict:
 
 
 @pytest.fixture(scope="module")
-def swarm(tmp_path_factory):
-    cluster = SwarmCluster(tmp_path_factory.mktemp("heavy-prompts"), 3, ["--recovery-timeout", "60"])
-    try:
-        client = cluster.network.add_host()
-        cluster.wait_serving(stages=3, timeout=300)
-        yield cluster, client
-    finally:
-        cluster.close()
+def swarm(default_swarm):
+    return default_swarm, default_swarm.network.add_host()
 
 
 def test_four_threads_of_huge_prompts_leave_health_quick_and_the_plan_alone(swarm):

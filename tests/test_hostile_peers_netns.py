@@ -24,7 +24,7 @@ from netns import netns_unavailable_reason
 from netns_client import in_netns
 from reference import reference_chat
 from stranger import flood, frame, hello, hello_session, send_and_close
-from swarm_cluster import API_PORT, PEER_PORT, TEST_SPEED, SwarmCluster
+from swarm_cluster import API_PORT, PEER_PORT, TEST_SPEED, serving_swarm
 
 pytestmark = pytest.mark.skipif(netns_unavailable_reason() is not None, reason=str(netns_unavailable_reason()))
 
@@ -37,13 +37,9 @@ ROGUE_ID = "rogue-0000"
 def secret_swarm(tmp_path_factory, llama):
     """(cluster of 3 with the secret, the stranger host, the model)."""
     root = tmp_path_factory.mktemp("secret-swarm")
-    cluster = SwarmCluster(root, 3, ["--model", str(llama)], secret=SECRET)
-    try:
-        stranger = cluster.network.add_host()
-        cluster.wait_serving(stages=3, timeout=120)
-        yield cluster, stranger, llama
-    finally:
-        cluster.close()
+    with serving_swarm(root, 3, ["--model", str(llama)], stages=3, timeout=120, strangers=1,
+                       secret=SECRET) as cluster:
+        yield cluster, cluster.strangers[0], llama
 
 
 def plan_and_members(cluster) -> list[tuple[str, set[str], set[str]]]:

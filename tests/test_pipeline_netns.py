@@ -18,16 +18,6 @@ pytestmark = pytest.mark.skipif(netns_unavailable_reason() is not None, reason=s
 QUESTIONS = ["What is the capital of France?", "Name a colour.", "Count to five.", "Say hello in Spanish."]
 
 
-@pytest.fixture(scope="module")
-def default_swarm(tmp_path_factory, default_model):
-    cluster = SwarmCluster(tmp_path_factory.mktemp("swarm3"), 3, [])
-    try:
-        cluster.wait_serving(stages=3)
-        yield cluster
-    finally:
-        cluster.close()
-
-
 def test_default_model_split_over_three_nodes(default_swarm):
     topology = default_swarm.nodes[0].topology()
     stages = topology["plan"]["stages"]

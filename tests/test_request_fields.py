@@ -7,7 +7,11 @@ import pytest
 
 from swarm.api.anthropic_request import parse_messages_request
 from swarm.api.errors import ApiError
+from swarm.api.ollama_body import parse_chat_body, parse_generate_body
 from swarm.api.request_fields import CHAT_FIELDS, check_fields
+from swarm.api.request_parsing import parse_params
+from swarm.api.responses_body import parse_responses_body
+from swarm.models.generation_defaults import GenerationDefaults
 
 ASK = [{"role": "user", "content": "hi"}]
 
@@ -70,3 +74,49 @@ def test_a_face_adds_its_own_fields_without_effect():
     with pytest.raises(ApiError) as caught:
         check_fields({"keep_alive": [1]}, allowed, no_effect={"keep_alive": keep_alive})
     assert caught.value.param == "keep_alive" and "duration" in caught.value.message
+
+
+def test_a_face_names_its_own_refusals_limits_and_the_fields_it_applies():
+    allowed = {"model", "store", "metadata", "background"}
+    applied = frozenset({"store", "metadata"})
+    body = {"model": "m", "store": False, "metadata": {"a": "b"}, "background": False}
+    assert check_fields(body, allowed, no_effect={"background": lambda name, value: None},
+                        only={"background": ({False}, "no background")}, applied=applied) == ["background"]
+    with pytest.raises(ApiError) as caught:
+        check_fields({"background": True}, allowed, only={"background": ({False}, "no background")})
+    assert (caught.value.param, caught.value.message, caught.value.code) == \
+        ("background", "no background", "unsupported_parameter")
+    with pytest.raises(ApiError) as caught:
+        check_fields({"conversation": "c"}, allowed, why_not={"conversation": "not stored here"})
+    assert (caught.value.param, caught.value.message) == ("conversation", "not stored here")
+
+
+def test_an_empty_list_or_object_asks_for_nothing_and_is_not_named():
+    assert check_fields({"messages": ASK, "metadata": {}, "user": ""}, CHAT_FIELDS) == ["user"]
+
+
+def params_of(chat: dict):
+    return parse_params(chat, 4096, 1000, GenerationDefaults(), chat=True)
+
+
+def test_responses_and_ollama_check_their_fields_with_the_shared_list():
+    request = parse_responses_body({"input": "hi", "store": False, "metadata": {"a": "b"}, "reasoning": {},
+                                    "user": "u", "truncation": "auto", "background": False}, params_of)
+    assert request.ignored == ["user", "truncation", "background"] and request.store is False
+    for bad, field in (({"background": True}, "background"), ({"truncation": "middle"}, "truncation"),
+                       ({"max_tool_calls": True}, "max_tool_calls"), ({"conversation": "c"}, "conversation")):
+        with pytest.raises(ApiError) as caught:
+            parse_responses_body({"input": "hi", **bad}, params_of)
+        assert caught.value.param == field
+    request = parse_chat_body({"model": "m", "messages": ASK, "keep_alive": 0, "options": {"mirostat": 0.0}},
+                              params_of)
+    assert request.ignored == ["keep_alive", "options.mirostat"]
+    chat, generate = {"model": "m", "messages": ASK}, {"model": "m", "prompt": "hi"}
+    for parse, body, field in ((parse_chat_body, {**chat, "keep_alive": True}, "keep_alive"),
+                               (parse_chat_body, {**chat, "options": {"mirostat": False}}, "options.mirostat"),
+                               (parse_chat_body, {**chat, "user": "u"}, "user"),
+                               (parse_generate_body, {**generate, "suffix": "end"}, "suffix")):
+        with pytest.raises(ApiError) as caught:
+            parse(body, params_of)
+        assert caught.value.param == field
+    assert "fill-in-the-middle" in caught.value.message

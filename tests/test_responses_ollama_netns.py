@@ -22,7 +22,7 @@ import pytest
 from helpers import http_json
 from netns import netns_unavailable_reason
 from netns_client import in_netns
-from swarm_cluster import SwarmCluster
+from swarm_cluster import serving_swarm
 
 pytestmark = pytest.mark.skipif(netns_unavailable_reason() is not None, reason=str(netns_unavailable_reason()))
 
@@ -41,20 +41,16 @@ PLACE = {"type": "object", "additionalProperties": False, "required": ["city", "
 
 
 @pytest.fixture(scope="module", params=["open", "secret+key"])
-def swarm(request, tmp_path_factory, default_model, random_model):
-    root = tmp_path_factory.mktemp(request.param.replace("+", "-"))
+def swarm(request, tmp_path_factory, default_swarm, random_model):
     if request.param == "open":
-        cluster = SwarmCluster(root, 3, [])
-        cluster.model = DEFAULT
-    else:
-        model = random_model("qwen2", seed=3, tools_template=True)
-        cluster = SwarmCluster(root, 3, ["--model", str(model)], secret="faces-netns-secret", api_key=KEY)
+        default_swarm.model = DEFAULT
+        yield default_swarm
+        return
+    model = random_model("qwen2", seed=3, tools_template=True)
+    with serving_swarm(tmp_path_factory.mktemp("secret-key"), 3, ["--model", str(model)], stages=3,
+                       secret="faces-netns-secret", api_key=KEY) as cluster:
         cluster.model = "qwen2"
-    try:
-        cluster.wait_serving(stages=3)
         yield cluster
-    finally:
-        cluster.close()
 
 
 def with_openai(swarm, fn):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from .errors import ApiError
 from .request_fields import check_fields
-from .request_parsing import valid_text
+from .request_parsing import is_integer, is_number, valid_text
 from .tool_params import MAX_TOOLS, ToolRequest, check_tool_name
 
 MESSAGE_FIELDS = {"model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature", "top_p",
@@ -63,7 +63,7 @@ def parse_messages_request(body: dict, reasoning: bool, count_only: bool = False
     max_tokens = body.get("max_tokens")
     if max_tokens is None:
         raise ApiError(400, "max_tokens: Field required", param="max_tokens")
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+    if not is_integer(max_tokens) or max_tokens < 0:
         raise ApiError(400, f"max_tokens: must be a non-negative integer, got {json.dumps(max_tokens)}",
                        param="max_tokens")
     stream = body.get("stream")
@@ -74,13 +74,13 @@ def parse_messages_request(body: dict, reasoning: bool, count_only: bool = False
         value = body.get(name)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+        if not is_number(value) or not lo <= value <= hi:
             raise ApiError(400, f"{name}: must be a number from {lo:g} to {hi:g}, got {json.dumps(value)}",
                            param=name)
         sampling[name] = value
     top_k = body.get("top_k")
     if top_k is not None:
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        if not is_integer(top_k) or top_k < 0:
             raise ApiError(400, f"top_k: must be a non-negative integer, got {json.dumps(top_k)}", param="top_k")
         sampling["top_k"] = top_k
     return MessagesRequest(model, messages, tools, schema, max_tokens, _stop_sequences(body.get("stop_sequences")),

@@ -14,7 +14,8 @@ import json
 from dataclasses import dataclass, field
 
 from .errors import ApiError, renamed_params
-from .request_parsing import CompletionParams, valid_text
+from .request_fields import check_fields
+from .request_parsing import CompletionParams, is_integer, is_number, valid_text
 from .response_format import ANY_OBJECT
 from .tool_params import ToolRequest, parse_tools
 
@@ -32,6 +33,15 @@ _CHAT_FIELDS = {"model", "messages", "tools", "format", "options", "stream", "ke
 _GENERATE_FIELDS = {"model", "prompt", "suffix", "system", "template", "context", "raw", "format", "options",
                     "stream", "keep_alive", "images", "think", "logprobs", "top_logprobs"}
 _ROLES = {"system", "user", "assistant", "tool"}
+
+
+def _keep_alive(name: str, value) -> str | None:
+    ok = isinstance(value, str) or is_number(value)
+    return None if ok else f"'{name}' must be a duration (\"5m\") or a number of seconds"
+
+
+_NO_EFFECT = {"keep_alive": _keep_alive}  # the swarm's model stays loaded whatever is asked
+_FILL_IN = {"suffix": ({""}, "fill-in-the-middle ('suffix') is not supported")}
 
 
 @dataclass
@@ -53,7 +63,7 @@ class OllamaRequest:
 
 def parse_chat_body(body: dict, params_of) -> OllamaRequest:
     """`params_of(chat_body)`: the shared sampling parser (generation.Generation.params)."""
-    ignored = _check_fields(body, _CHAT_FIELDS)
+    ignored = check_fields(body, _CHAT_FIELDS, no_effect=_NO_EFFECT)
     messages = body.get("messages")
     if messages is not None and not isinstance(messages, list):
         raise ApiError(400, "'messages' must be an array of messages", param="messages")
@@ -63,15 +73,14 @@ def parse_chat_body(body: dict, params_of) -> OllamaRequest:
 
 
 def parse_generate_body(body: dict, params_of) -> OllamaRequest:
-    ignored = _check_fields(body, _GENERATE_FIELDS)
+    ignored = check_fields(body, _GENERATE_FIELDS, no_effect=_NO_EFFECT, only=_FILL_IN)
     prompt = body.get("prompt")
     if prompt is not None and not isinstance(prompt, str):
         raise ApiError(400, "'prompt' must be a string", param="prompt")
     system = body.get("system")
     if system is not None and not isinstance(system, str):
         raise ApiError(400, "'system' must be a string", param="system")
-    for name, why in (("suffix", "fill-in-the-middle ('suffix') is not supported"),
-                      ("template", "a custom prompt 'template' is not supported; the model's own chat template "
+    for name, why in (("template", "a custom prompt 'template' is not supported; the model's own chat template "
                                    "is used (or send 'raw': true with the whole prompt)"),
                       ("context", "'context' (token ids of an earlier answer) is not supported; send the "
                                   "conversation to /api/chat instead"),
@@ -113,21 +122,6 @@ def _request(body: dict, messages, raw_prompt, tools: ToolRequest, params_of, ig
     return OllamaRequest(model, messages, raw_prompt, tools, schema, params, until_full, ignored)
 
 
-def _check_fields(body: dict, allowed: set[str]) -> list[str]:
-    ignored = []
-    for name, value in body.items():
-        if value is None:
-            continue
-        if name not in allowed:
-            raise ApiError(400, f"unsupported field {name!r}: this server does not implement it (it is refused "
-                                f"rather than ignored)", param=name)
-    if body.get("keep_alive") is not None:
-        if not isinstance(body["keep_alive"], (str, int, float)) or isinstance(body["keep_alive"], bool):
-            raise ApiError(400, "'keep_alive' must be a duration (\"5m\") or a number of seconds", param="keep_alive")
-        ignored.append("keep_alive")  # the swarm's model stays loaded whatever is asked
-    return ignored
-
-
 def _options(options, ignored: list[str]) -> tuple[dict, bool]:
     """options as chat-completions fields; and whether num_predict asks for no limit (-1, -2)."""
     if options is None:
@@ -140,13 +134,13 @@ def _options(options, ignored: list[str]) -> tuple[dict, bool]:
         if value is None:
             continue
         if name in _OPTIONS:
-            if name == "num_predict" and isinstance(value, int) and not isinstance(value, bool) and value in (-1, -2):
+            if name == "num_predict" and is_integer(value) and value in (-1, -2):
                 until_full = True
                 continue
             chat[_OPTIONS[name]] = value
         elif name in _RUNTIME_OPTIONS:
             ignored.append(f"options.{name}")
-        elif name in _OFF_VALUES and value == _OFF_VALUES[name] and not isinstance(value, bool):
+        elif name in _OFF_VALUES and is_number(value) and value == _OFF_VALUES[name]:
             ignored.append(f"options.{name}")
         elif name == "repeat_last_n" and options.get("repeat_penalty") in (None, 1, 1.0):
             ignored.append(f"options.{name}")  # the window of a penalty that is off

@@ -35,24 +35,24 @@ CHAT_FIELDS = _SAMPLING | {"messages", "max_completion_tokens", "top_logprobs", 
 COMPLETION_FIELDS = _SAMPLING | {"prompt", "echo", "best_of", "suffix", "user", "return_token_ids"}
 
 
-def _string(name: str, value) -> str | None:
+def must_be_string(name: str, value) -> str | None:
     return None if isinstance(value, str) else f"'{name}' must be a string"
 
 
-def _boolean(name: str, value) -> str | None:
+def must_be_boolean(name: str, value) -> str | None:
     return None if isinstance(value, bool) else f"'{name}' must be a boolean"
 
 
-def _string_map(name: str, value) -> str | None:
+def must_be_string_map(name: str, value) -> str | None:
     ok = isinstance(value, dict) and all(isinstance(v, (str, type(None))) for v in value.values())
     return None if ok else f"'{name}' must be an object of string values"
 
 
-def _object(name: str, value) -> str | None:
+def must_be_object(name: str, value) -> str | None:
     return None if isinstance(value, dict) else f"'{name}' must be an object"
 
 
-def _one_of(*values: str) -> Callable[[str, object], str | None]:
+def must_be_one_of(*values: str) -> Callable[[str, object], str | None]:
     def check(name: str, value) -> str | None:
         return None if value in values else f"'{name}' must be one of {list(values)}, got {value!r}"
     return check
@@ -62,13 +62,13 @@ def _one_of(*values: str) -> Callable[[str, object], str | None]:
 # Service tiers, regions and speeds are about cost and latency; the reasoning efforts ask a model
 # that does not reason for nothing (a model that does refuses them: reasoning=True in check_fields).
 NO_EFFECT: dict[str, Callable[[str, object], str | None]] = {
-    "user": _string, "safety_identifier": _string, "prompt_cache_key": _string,
-    "prompt_cache_retention": _string, "metadata": _string_map, "store": _boolean,
-    "service_tier": _one_of("auto", "default", "flex", "scale", "priority", "standard_only"),
-    "reasoning_effort": _one_of("none", "minimal", "low", "medium", "high", "xhigh"),
-    "verbosity": _one_of("low", "medium", "high"),
+    "user": must_be_string, "safety_identifier": must_be_string, "prompt_cache_key": must_be_string,
+    "prompt_cache_retention": must_be_string, "metadata": must_be_string_map, "store": must_be_boolean,
+    "service_tier": must_be_one_of("auto", "default", "flex", "scale", "priority", "standard_only"),
+    "reasoning_effort": must_be_one_of("none", "minimal", "low", "medium", "high", "xhigh"),
+    "verbosity": must_be_one_of("low", "medium", "high"),
     # Anthropic's
-    "cache_control": _object, "inference_geo": _string, "speed": _one_of("standard", "fast"),
+    "cache_control": must_be_object, "inference_geo": must_be_string, "speed": must_be_one_of("standard", "fast"),
 }
 REASONING_FIELDS = frozenset({"reasoning_effort", "verbosity"})
 
@@ -85,12 +85,17 @@ _WHY_NOT = {
 
 
 def check_fields(body: dict, allowed: set[str], reasoning: bool = False,
-                 no_effect: dict[str, Callable[[str, object], str | None]] | None = None) -> list[str]:
+                 no_effect: dict[str, Callable[[str, object], str | None]] | None = None,
+                 why_not: dict[str, str] | None = None, only: dict[str, tuple[set, str]] | None = None,
+                 applied: frozenset[str] = frozenset()) -> list[str]:
     """The fields of `body` accepted without effect (for report_ignored); a 400 naming the first
     field this server would not honour. `reasoning`: the model reasons, so a reasoning effort
-    would change its answer (and cannot be honoured). `no_effect`: a face's own fields without
-    effect, with their checks, besides NO_EFFECT (they must be in `allowed` too)."""
-    checks = {**NO_EFFECT, **(no_effect or {})}
+    would change its answer (and cannot be honoured). A face adds its own: `no_effect`, fields
+    without effect with their checks, besides NO_EFFECT (they must be in `allowed` too); `why_not`,
+    why a field is refused; `only`, fields accepted at these values only, and why not at others;
+    `applied`, fields NO_EFFECT lists that this face does apply."""
+    checks = {name: check for name, check in {**NO_EFFECT, **(no_effect or {})}.items() if name not in applied}
+    reasons, limits = {**_WHY_NOT, **(why_not or {})}, {**_ONLY, **(only or {})}
     ignored = []
     for name, value in body.items():
         if value is None:
@@ -98,18 +103,19 @@ def check_fields(body: dict, allowed: set[str], reasoning: bool = False,
         if name not in allowed:
             if name == "modalities" and value == ["text"]:
                 continue
-            raise ApiError(400, _WHY_NOT.get(name, f"unsupported field {name!r}: this server does not "
-                                                   f"implement it (it is refused rather than ignored)"),
+            raise ApiError(400, reasons.get(name, f"unsupported field {name!r}: this server does not "
+                                                  f"implement it (it is refused rather than ignored)"),
                            param=name, code="unsupported_parameter")
-        if name in _ONLY and not any(type(value) is type(v) and value == v for v in _ONLY[name][0]):
-            raise ApiError(400, _ONLY[name][1], param=name, code="unsupported_parameter")
+        if name in limits and not any(type(value) is type(v) and value == v for v in limits[name][0]):
+            raise ApiError(400, limits[name][1], param=name, code="unsupported_parameter")
         if name in checks:
             if reasoning and name in REASONING_FIELDS:
                 raise ApiError(400, f"'{name}' cannot be honoured: this model reasons, and how much is not "
                                     f"something this server controls", param=name, code="unsupported_parameter")
             if (problem := checks[name](name, value)) is not None:
                 raise ApiError(400, problem, param=name)
-            ignored.append(name)
+            if value not in ([], {}):  # an empty list or object asks for nothing at all
+                ignored.append(name)
     return ignored
 
 

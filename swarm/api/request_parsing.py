@@ -259,7 +259,7 @@ def _logit_bias(body: dict, vocab_size: int) -> tuple[tuple[int, float], ...]:
         if not 0 <= token < vocab_size or str(token) != str(key).strip():
             raise ApiError(400, f"'logit_bias' key {key!r} is not a token id of this model (0-{vocab_size - 1})",
                            param="logit_bias")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+        if not is_number(value) or not -100 <= value <= 100:
             raise ApiError(400, f"'logit_bias' values must be numbers from -100 to 100, got {value!r}",
                            param="logit_bias")
         if value:
@@ -279,11 +279,21 @@ def _parse_stop(stop) -> list[str]:
     return [valid_text(s, "stop") for s in stop if s]
 
 
+def is_integer(v) -> bool:
+    """A JSON integer (true and false are not, though Python counts them as ints)."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v) -> bool:
+    """A JSON number, integer or not (never true or false)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def opt_int(body: dict, name: str, lo: int | None, hi: int | None, hi_name: str = "") -> int | None:
     v = body.get(name)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int):
+    if not is_integer(v):
         raise ApiError(400, f"'{name}' must be an integer, got {json.dumps(v)}", param=name)
     if (lo is not None and v < lo) or (hi is not None and v > hi):
         upper = f"{hi} ({hi_name})" if hi_name else hi if hi is not None else "the context size"
@@ -295,7 +305,7 @@ def opt_number(body: dict, name: str, lo: float, hi: float, default: float) -> f
     v = body.get(name)
     if v is None:
         return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    if not is_number(v):
         raise ApiError(400, f"'{name}' must be a number, got {json.dumps(v)}", param=name)
     if not lo <= v <= hi:
         raise ApiError(400, f"'{name}' must be between {lo} and {hi}, got {v}", param=name)

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .errors import ApiError, renamed_params
-from .request_parsing import CompletionParams, valid_text
+from .request_fields import check_fields, must_be_boolean, must_be_object, must_be_one_of
+from .request_parsing import CompletionParams, is_integer, valid_text
 from .response_format import parse_response_format
 from .tool_params import ToolRequest, parse_tools
 
@@ -21,11 +22,23 @@ from .tool_params import ToolRequest, parse_tools
 HONOURED = {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
             "max_output_tokens", "temperature", "top_p", "stream", "previous_response_id", "store", "metadata",
             "include", "top_logprobs"}
-# Accepted, changing nothing here: named in the x-swarm-ignored header and the log.
-NO_EFFECT = {"reasoning", "service_tier", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
-             "truncation", "stream_options", "user", "background", "max_tool_calls"}
+_APPLIED_HERE = frozenset({"store", "metadata"})  # without effect on the other faces (request_fields.NO_EFFECT)
+_BACKGROUND = "background responses are not supported; 'background' may only be false"
+
+
+def _positive_integer(name: str, value) -> str | None:
+    return None if is_integer(value) and value >= 1 else f"'{name}' must be a positive integer"
+
+
+# Accepted, changing nothing here: named in the x-swarm-ignored header and the log. Ignored fields are
+# still checked (a wrong type is a mistake the client should hear of): these with the checks here, the
+# rest with request_fields.NO_EFFECT's.
+_OWN_NO_EFFECT = {"reasoning": must_be_object, "stream_options": must_be_object,
+                  "truncation": must_be_one_of("auto", "disabled"), "background": must_be_boolean,
+                  "max_tool_calls": _positive_integer}
+NO_EFFECT = set(_OWN_NO_EFFECT) | {"service_tier", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
+                                   "user"}
 _WHY_NOT = {
-    "background": "background responses are not supported; 'background' may only be false",
     "conversation": "conversations are not stored here; use 'previous_response_id' or send the whole 'input'",
     "prompt": "stored prompt templates are not supported; send 'instructions' and 'input'",
 }
@@ -107,19 +120,8 @@ def parse_responses_body(body: dict, params_of) -> ResponsesRequest:
 
 def _check_fields(body: dict) -> list[str]:
     """400 naming the first field that would not be honoured; the accepted ones that change nothing."""
-    ignored = []
-    for name, value in body.items():
-        if value is None:
-            continue
-        if name in HONOURED:
-            continue
-        if name not in NO_EFFECT:
-            raise ApiError(400, _WHY_NOT.get(name, f"unsupported field {name!r}: this server does not implement it "
-                                                   f"(it is refused rather than ignored)"),
-                           param=name, code="unsupported_parameter")
-        _check_no_effect(name, value)
-        if value not in ([], {}):  # an empty list or object asks for nothing at all
-            ignored.append(name)
+    ignored = check_fields(body, HONOURED | NO_EFFECT, no_effect=_OWN_NO_EFFECT, why_not=_WHY_NOT,
+                           only={"background": ({False}, _BACKGROUND)}, applied=_APPLIED_HERE)
     include = body.get("include") or []
     if not isinstance(include, list) or not all(isinstance(v, str) for v in include):
         raise ApiError(400, "'include' must be an array of strings", param="include")
@@ -134,21 +136,6 @@ def _check_fields(body: dict) -> list[str]:
             raise ApiError(400, "text.verbosity must be 'low', 'medium' or 'high'", param="text.verbosity")
         ignored.append("text.verbosity")
     return ignored
-
-
-def _check_no_effect(name: str, value) -> None:
-    """Ignored fields are still checked: a wrong type is a mistake the client should hear of."""
-    if name == "background" and value is not False:
-        raise ApiError(400, _WHY_NOT["background"], param=name, code="unsupported_parameter")
-    if name in ("reasoning", "stream_options") and not isinstance(value, dict):
-        raise ApiError(400, f"'{name}' must be an object", param=name)
-    if name in ("service_tier", "safety_identifier", "prompt_cache_key", "prompt_cache_retention", "user") \
-            and not isinstance(value, str):
-        raise ApiError(400, f"'{name}' must be a string", param=name)
-    if name == "truncation" and value not in ("auto", "disabled"):
-        raise ApiError(400, "'truncation' must be 'auto' or 'disabled'", param=name)
-    if name == "max_tool_calls" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ApiError(400, "'max_tool_calls' must be a positive integer", param=name)
 
 
 def parse_input(items) -> list[dict]:

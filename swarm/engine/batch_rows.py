@@ -19,6 +19,8 @@ class DecodeStep(NamedTuple):
 
 
 class PromptStart(NamedTuple):
-    """A new request's first prompt chunk, from position 0: nothing sampled, no decoding rules."""
+    """A new request's first prompt chunk, from position 0 or from a kept prefix (prompt_cache.py):
+    nothing sampled, no decoding rules."""
     rid: str
     x: mx.array  # ids (1, L) or hidden states (1, L, D)
+    prefix: list[int] | None = None  # the token ids of the kept positions it starts after

@@ -17,13 +17,18 @@ that can drop their last position (mlx-lm's plain KVCache).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, trim_prompt_cache
 
+from .cache_budget import CacheBudget
 from .sampling import SamplingParams, sampled
 from .shard import Shard
 from .shard_caches import ShardCaches
+
+if TYPE_CHECKING:
+    from .request_state import Key, RequestState
 
 
 @dataclass
@@ -58,3 +63,54 @@ def go_ahead(shard: Shard, caches: ShardCaches, token: mx.array, pos: int, sampl
 def roll_back(caches: ShardCaches) -> None:
     """Drop the position a step ahead wrote (it was never asked for)."""
     trim_prompt_cache(caches.owned, 1)
+
+
+class StepsAhead:
+    """A runner's steps ahead: started where the caps hold one more position, taken when asked for,
+    undone when not; counted (`taken`, `undone`) for /health. The runner's request states carry them
+    (RequestState.ahead); `drop` frees a request whose step failed to start."""
+
+    def __init__(self, shard: Shard, budget: CacheBudget, context: int, enabled: bool, drop: Callable[[Key], None]):
+        self.shard, self.budget, self.context, self.enabled, self._drop = shard, budget, context, enabled, drop
+        self.taken = self.undone = 0  # steps ahead that served the Forward asked, and undone ones
+
+    def wanted(self, caches: ShardCaches) -> bool:
+        """Should a step on these caches go ahead (mx.async_eval its token, then `start`)?"""
+        return self.enabled and can_go_ahead(self.shard, caches)
+
+    def start(self, key: Key, state: RequestState, token: mx.array, pos: int, sampling: SamplingParams) -> None:
+        """Start step `pos` of `state`'s request on the lazy `token`, if the caps hold one more position."""
+        if pos + 1 > self.context or self.budget.refusal(key[0], False, 1) is not None:
+            return
+        try:
+            state.ahead = go_ahead(self.shard, state.caches, token, pos, sampling)
+        except Exception:
+            self._drop(key)
+            raise
+        self.budget.add(key[0], False, 1)
+        state.counted += 1
+        state.offset += 1
+
+    def take(self, key: Key, state: RequestState) -> int:
+        """The step under way is the one asked for: its token, the next step started first."""
+        ahead, state.ahead = state.ahead, None
+        self.taken += 1
+        self.start(key, state, ahead.token_out, ahead.pos + 1, ahead.sampling)
+        return self.read(state, ahead.token_out)
+
+    @staticmethod
+    def read(state: RequestState, token: mx.array) -> int:
+        """Read a step's `token`; the step started on it (if any) learns which token it was built on."""
+        value = token.item()
+        if state.ahead is not None:
+            state.ahead.token_in = value
+        return value
+
+    def settle(self, key: Key, state: RequestState) -> None:
+        """A step under way that nobody asked for (another position, a batch, a release): undone."""
+        state.ahead = None
+        self.undone += 1
+        roll_back(state.caches)
+        state.offset -= 1
+        state.counted -= 1
+        self.budget.add(key[0], False, -1)

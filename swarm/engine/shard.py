@@ -30,15 +30,16 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
-from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
 from ..models.errors import ModelFormatError, UnsplittableModel
-from . import families, row_streams
+from . import families
 from .input_limits import InputLimits
 from .layer_hooks import LayerHook, hidden_of, hook, strip_arrays, with_hidden
 from .model_bytes import loaded_bytes
 from .model_outline import BETWEEN, POST, PRE, Outline, outline
+from .padded_passes import PaddedPasses
 from .quantized import cast_floats, dequantize, weights_run_as
 from .shard_caches import ShardCaches
 from .unrolled_decode import UnrolledDecode
@@ -85,6 +86,7 @@ class _Edge(LayerHook):
     def __init__(self, inject: bool, stop: bool, last_position: bool):
         self.inject, self.stop, self.last_position = inject, stop, last_position
         self.pending: mx.array | None = None  # hidden states to inject at the next call
+        self.rows_end: mx.array | None = None  # each row's last real position (a right-padded pass), else the last
 
     def call(self, layer, call, args, kwargs):
         if self.inject:
@@ -95,8 +97,9 @@ class _Edge(LayerHook):
         out = call(*args, **kwargs)
         if self.stop:
             raise StopAfterLayer(out)
-        if self.last_position and out.shape[1] > 1:
-            out = out[:, -1:, :]  # the head runs on the position whose logits are wanted
+        if self.last_position and out.shape[1] > 1:  # the head runs on the position whose logits are wanted
+            ends = self.rows_end
+            out = out[:, -1:, :] if ends is None else mx.take_along_axis(out, ends[:, None, None], axis=1)
         return out
 
 
@@ -118,7 +121,7 @@ def _embedding_shape(m: nn.Module, dtype: mx.Dtype | None) -> tuple[int, mx.Dtyp
     return w.shape[-1], dtype if dtype is not None and mx.issubdtype(w.dtype, mx.floating) else w.dtype
 
 
-class Shard(nn.Module):
+class Shard(PaddedPasses, nn.Module):
     def __init__(self, model: nn.Module, layers: LayerRange, outline: Outline, family: str,
                  dtype: mx.Dtype | None = None):
         super().__init__()
@@ -247,60 +250,6 @@ class Shard(nn.Module):
             return self.unrolled(x, caches)
         rows = [self(x[b:b + 1], c) for b, c in enumerate(caches)]
         return mx.stack(rows) if self.range.is_last else mx.concatenate(rows, axis=0)
-
-    def prefill_batch(self, x: mx.array, left_padding: list[int]) -> tuple[mx.array, list[BatchKVCache]]:
-        """The first positions of B prompts as one left-padded pass (only when takes_padded_batches).
-
-        x: ids (B, L) or hidden states (B, L, D), row b's first left_padding[b] positions padding.
-        Runs the model's own forward on mlx-lm's BatchKVCache (its mask hides the padding). Returns
-        the hidden states (B, L, D) (the last shard: the last position's logits) and the batch's
-        caches, one BatchKVCache per owned layer: kept as they are for the rows' next decode steps
-        (kept_batches.py), or split into each row's own (`rows_of`).
-        """
-        groups = row_streams.row_groups(len(left_padding))
-        if groups:
-            out, batch = self._prefill_by_row_groups(x, left_padding, groups)
-        else:
-            batch = [BatchKVCache(left_padding) for _ in self._cache_slots]
-            out = self._forward(x, self._batch_slots(batch))
-        return (out[:, -1] if self.range.is_last else out), batch
-
-    def _prefill_by_row_groups(self, x: mx.array, left_padding: list[int],
-                               groups: list[tuple[int, int]]) -> tuple[mx.array, list[BatchKVCache]]:
-        """prefill_batch's pass, each group of rows on a CPU stream of its own (row_streams.py), its
-        caches then joined into one batch (the rows share the batch's width, so that is a concatenation)."""
-        parts = []
-        for (start, end), stream in zip(groups, row_streams.streams(len(groups))):
-            caches = [BatchKVCache(left_padding[start:end]) for _ in self._cache_slots]
-            with mx.stream(stream):
-                parts.append((self._forward(x[start:end], self._batch_slots(caches)), caches))
-        row_streams.evaluate_in_lockstep([list(layer) for layer in zip(*(caches for _, caches in parts))],
-                                         [out for out, _ in parts])
-        batch = parts[0][1]
-        for _, caches in parts[1:]:
-            for joined, more in zip(batch, caches):
-                joined.extend(more)
-        return mx.concatenate([out for out, _ in parts]), batch
-
-    def rows_of(self, batch: list[BatchKVCache], n: int) -> list[ShardCaches]:
-        """Each of a batch's `n` rows as its own caches, without the padding (`BatchKVCache.extract`)."""
-        return [self.own_caches([b.extract(r) for b in batch]) for r in range(n)]
-
-    def decode_kept(self, x: mx.array, batch: list[BatchKVCache]) -> mx.array:
-        """One new position for each row of a kept batch (kept_batches.py; only when takes_padded_batches):
-        x is ids (B, 1) or hidden states (B, 1, D) in the batch's row order, `batch` one
-        BatchKVCache per owned layer. The model's own forward, its mask hiding each row's padding.
-        Returns hidden states (B, 1, D), or on the last shard the logits (B, vocab)."""
-        out = self._forward(x, self._batch_slots(batch))
-        return out[:, -1] if self.range.is_last else out
-
-    def _batch_slots(self, batch: list[BatchKVCache]) -> list:
-        """The model's cache list for a batch: every layer is a KVCache here (UnrolledDecode), so a
-        layer we do not own answers with one we do (they have seen the same positions)."""
-        slots = [batch[0]] * len(self.model.layers)
-        for b, i in zip(batch, self._cache_slots):
-            slots[i] = b
-        return slots
 
     def own_caches(self, owned: list) -> ShardCaches:
         """A request's caches from its own caches of our layers (in layer order)."""

@@ -20,9 +20,8 @@ newer attempt frees the older one's caches first, so a replay never computes on 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 
 import mlx.core as mx
 
@@ -31,32 +30,21 @@ from .batch_rows import DecodeStep, PromptStart
 from .cache_budget import CacheBudget, CacheFull, CacheLimits
 from .constraints import GrammarVocab
 from .decoding_rules import DecodingRules
+from .decode_ahead import StepsAhead
 from .kept_batches import KeptBatch, KeptBatches
-from .prompt_cache import PromptCache, PromptCacheMiss, PromptCacheStats
+from .prompt_cache import PromptCacheMiss, PromptCacheStats
 from .request_sampler import HistoryMismatch, RequestSampler
-from .decode_ahead import Ahead, can_go_ahead, go_ahead, roll_back
+from .request_attempts import RequestAttempts
+from .request_state import Key, RequestState
+from .row_draws import RowDraws
 from .sampling import SamplingParams, sample, sampled
 from .shard import Shard
-from .shard_caches import ShardCaches
+from .stage_prompts import StagePrompts
 from .token_logprobs import SampledToken
 
 
 class CacheMismatch(Exception):
     """A frame arrived for a position this stage's cache does not hold (e.g. lost state)."""
-
-
-@dataclass
-class _RequestState:
-    caches: ShardCaches | None  # None while its rows are in a kept batch
-    offset: int = 0  # positions this request's caches hold
-    counted: int = 0  # positions the budget counts for it (a step's, from before it runs; padding too)
-    padding: int = 0  # of them, left padding it holds in a kept batch
-    last_used: float = field(default_factory=time.monotonic)
-    sampler: RequestSampler | None = None  # the last stage's, for a request with decoding rules
-    ahead: Ahead | None = None  # its next decode step, under way (decode_ahead.py)
-
-
-Key = tuple[str, str]  # (entry node id, request id)
 
 
 class ShardRunner:
@@ -68,20 +56,17 @@ class ShardRunner:
         """`decode_ahead`: a whole-model stage builds a request's next step before reading its token
         (decode_ahead.py; Backend.decode_ahead says where)."""
         self.shard = shard
-        self.decode_ahead = decode_ahead
-        self.ahead_taken = self.ahead_undone = 0  # steps ahead that served the Forward asked, and undone ones
         self.keep_batches = keep_batches and shard.takes_padded_batches  # False: the unrolled pass on own caches
         self.batches = KeptBatches()
         self.vocab = vocab  # for grammars (constraints.py); None: requests with one are refused
         self.budget = CacheBudget(limits)
         self.context = context or 2**31 - 1
         self.input_limits = shard.input_limits(self.context)
-        self._requests: dict[Key, _RequestState] = {}
+        self._requests: dict[Key, RequestState] = {}
         # caches of finished requests, reused by later ones that start with the same tokens (prompt_cache.py)
-        self.prompts = PromptCache(0 if shard.family in families.PIECES_MATTER else prompt_cache_bytes)
-        self._missed: dict[Key, None] = {}  # requests that missed their prefix: their later frames are dropped
-        # the latest attempt seen of requests past their first, and of released ones: (attempt, released)
-        self._attempts: OrderedDict[Key, tuple[int, bool]] = OrderedDict()
+        self.prompts = StagePrompts(shard.range, 0 if shard.family in families.PIECES_MATTER else prompt_cache_bytes)
+        self.ahead = StepsAhead(shard, self.budget, self.context, decode_ahead, self._drop)
+        self.attempts = RequestAttempts()
 
     @property
     def range(self):
@@ -110,12 +95,13 @@ class ShardRunner:
         state = self._requests.get(key)
         if state is not None and state.ahead is not None:
             if state.ahead.serves(x, start_pos, sampling) and rules is None and prefix is None:
-                return self._take_ahead(key, state)
-            self._settle(key, state)
+                state.last_used = time.monotonic()
+                return self.ahead.take(key, state)
+            self.ahead.settle(key, state)
         if start_pos == 0 or prefix is not None:
             if state is not None:
                 self._drop(key)
-            self._missed.pop(key, None)
+            self.prompts.started(key)
             state = self._start(key, length, prefix)
             if rules is not None and self.range.is_last:
                 try:
@@ -126,7 +112,7 @@ class ShardRunner:
                     self._drop(key)
                     raise CacheMismatch(f"request {request_id}: its decoding rules cannot apply here: {e}") from e
         elif state is None or state.offset != start_pos:
-            if state is None and key in self._missed:
+            if state is None and self.prompts.missed(key):
                 raise PromptCacheMiss(f"request {request_id} missed its prefix here", quiet=True)
             held = state.offset if state else 0
             raise CacheMismatch(f"request {request_id}: cache holds {held} positions, frame starts at {start_pos}")
@@ -147,7 +133,7 @@ class ShardRunner:
                 mx.eval(out, prepared.arrays(), state.caches.arrays())
             elif sampling is not None and self.range.is_last and not every_row:
                 token = sampled(out, sampling, start_pos + length)  # the token in the forward's evaluation
-                ahead = self.decode_ahead and can_go_ahead(self.shard, state.caches)
+                ahead = self.ahead.wanted(state.caches)
                 (mx.async_eval if ahead else mx.eval)(token, state.caches.arrays())
             else:
                 mx.eval(out, state.caches.arrays())
@@ -168,52 +154,12 @@ class ShardRunner:
         if token is None:
             return sample(out, sampling, start_pos + length)
         if ahead:
-            self._go_ahead(key, state, token, start_pos + length, sampling)
-        value = token.item()
-        if state.ahead is not None:
-            state.ahead.token_in = value
-        return value
+            self.ahead.start(key, state, token, start_pos + length, sampling)
+        return self.ahead.read(state, token)
 
-    def _go_ahead(self, key: Key, state: _RequestState, token: mx.array, pos: int, sampling: SamplingParams) -> None:
-        """Start step `pos` on the lazy `token` (decode_ahead.py), if the caps hold one more position."""
-        if pos + 1 > self.context or self.budget.refusal(key[0], False, 1) is not None:
-            return
-        try:
-            state.ahead = go_ahead(self.shard, state.caches, token, pos, sampling)
-        except Exception:
-            self._drop(key)
-            raise
-        self.budget.add(key[0], False, 1)
-        state.counted += 1
-        state.offset += 1
-
-    def _take_ahead(self, key: Key, state: _RequestState) -> int:
-        """The step under way is the one asked for: its token, the next step started first."""
-        ahead, state.ahead = state.ahead, None
-        state.last_used = time.monotonic()
-        self.ahead_taken += 1
-        self._go_ahead(key, state, ahead.token_out, ahead.pos + 1, ahead.sampling)
-        value = ahead.token_out.item()
-        if state.ahead is not None:
-            state.ahead.token_in = value
-        return value
-
-    def _settle(self, key: Key, state: _RequestState) -> None:
-        """A step under way that nobody asked for (another position, a batch, a release): undone."""
-        state.ahead = None
-        self.ahead_undone += 1
-        roll_back(state.caches)
-        state.offset -= 1
-        state.counted -= 1
-        self.budget.add(key[0], False, -1)
-
-    def _start(self, key: Key, length: int, prefix: list[int] | None = None) -> _RequestState:
+    def _start(self, key: Key, length: int, prefix: list[int] | None = None) -> RequestState:
         if prefix:
-            try:
-                caches = self.prompts.start_from(self._prompt_key(key[0]), prefix)
-            except PromptCacheMiss as e:
-                self._note_missed(key)
-                raise PromptCacheMiss(f"request {key[1]}: {e}") from None
+            caches = self.prompts.start(key, prefix)
         else:
             caches, prefix = self.shard.make_caches(), ()
         length += len(prefix)
@@ -224,18 +170,10 @@ class ShardRunner:
         if why is not None:
             raise CacheFull(f"request {key[1]}: {why}")
         self.budget.add(key[0], True, length)
-        state = self._requests[key] = _RequestState(caches, offset=len(prefix), counted=length)
+        state = self._requests[key] = RequestState(caches, offset=len(prefix), counted=length)
         return state  # (its last_used is now)
 
-    def _prompt_key(self, entry: str) -> tuple:
-        return (entry, self.range.start, self.range.end)
-
-    def _note_missed(self, key: Key) -> None:
-        self._missed[key] = None
-        while len(self._missed) > MISSED_KEPT:
-            del self._missed[next(iter(self._missed))]
-
-    def _grow(self, key: Key, state: _RequestState, length: int) -> None:
+    def _grow(self, key: Key, state: RequestState, length: int) -> None:
         why = self.budget.refusal(key[0], False, length)
         if why is not None:
             self.release_idle(IDLE_EVICT_S)
@@ -255,7 +193,7 @@ class ShardRunner:
         if batch is not None:
             self._count_padding(batch)
 
-    def _own(self, key: Key, state: _RequestState) -> None:
+    def _own(self, key: Key, state: RequestState) -> None:
         """Give a request its own caches again if its rows are in a kept batch (it runs without it)."""
         batch = self.batches.batch_of(key)
         if batch is None:
@@ -264,7 +202,7 @@ class ShardRunner:
         self._set_padding(key, state, 0)
         self._count_padding(batch)
 
-    def _set_padding(self, key: Key, state: _RequestState, padding: int) -> None:
+    def _set_padding(self, key: Key, state: RequestState, padding: int) -> None:
         self.budget.add(key[0], False, padding - state.padding)
         state.counted += padding - state.padding
         state.padding = padding
@@ -275,7 +213,7 @@ class ShardRunner:
             state = self._requests[key]
             self._set_padding(key, state, batch.width - state.offset)
 
-    def _kept_batch(self, keys: list[Key], states: list[_RequestState]) -> KeptBatch | None:
+    def _kept_batch(self, keys: list[Key], states: list[RequestState]) -> KeptBatch | None:
         """The kept batch of exactly these requests (kept_batches.py), or None when the padding it
         would add passes an entry's or the stage's cap (they then run on their own caches)."""
         width = self.batches.width_if_joined(keys, [st.offset for st in states])
@@ -317,8 +255,8 @@ class ShardRunner:
             key = (entries[i], rid)
             state = self._requests.get(key)
             if state is not None and state.ahead is not None:
-                self._settle(key, state)  # (the batch computes the step itself)
-            if state is None and key in self._missed:
+                self.ahead.settle(key, state)  # (the batch computes the step itself)
+            if state is None and self.prompts.missed(key):
                 results[i] = PromptCacheMiss(f"request {rid} missed its prefix here", quiet=True)
                 continue
             if state is None or state.offset != pos or pos == 0 or x.shape[1] != 1 or pos + 1 > self.context:
@@ -357,81 +295,76 @@ class ShardRunner:
                 row_of = {key: r for r, key in enumerate(batch.members)}
                 out = self.shard.decode_kept(x, batch.caches)[mx.array([row_of[key] for key in keys])]
                 held = batch.arrays()
-            prepared = [st.sampler.prepare(out[j]) if self.range.is_last and st.sampler is not None
-                        and items[i].sampling is not None else None for j, (i, st) in enumerate(zip(rows, states))]
-            # greedy rows' tokens in the pass's own evaluation: one small eval per row adds up over a batch
-            greedy = [j for j, i in enumerate(rows) if prepared[j] is None and items[i].sampling is not None
-                      and items[i].sampling.greedy] if self.range.is_last else []
-            argmaxes = mx.argmax(out[mx.array(greedy)], axis=-1) if greedy else mx.array([])
-            # sampled rows' tokens too: each row's own eval would be a sync apiece
-            drawn = {j: sampled(out[j], items[i][3], items[i][2] + 1) for j, i in enumerate(rows)
-                     if self.range.is_last and prepared[j] is None and items[i][3] is not None
-                     and not items[i][3].greedy}
-            mx.eval(out, [p.arrays() for p in prepared if p is not None], held, argmaxes, list(drawn.values()))
+            draws = RowDraws(out, [items[i] for i in rows], [st.sampler for st in states]) \
+                if self.range.is_last else None
+            mx.eval(out, held, draws.arrays() if draws else [])
         except Exception:
             for key in keys:
                 self._drop(key)
             raise
         for st in states:
             st.offset += 1
-        picked = dict(zip(greedy, argmaxes.tolist()))  # what sample() gives at temperature 0
         for j, i in enumerate(rows):
-            pos, sampling = items[i].pos, items[i].sampling
-            if not self.range.is_last:
-                results[i] = out[j:j + 1]
-            elif j in picked:
-                results[i] = picked[j]
-            elif j in drawn:
-                results[i] = drawn[j].item()
-            elif sampling is not None:
-                results[i] = states[j].sampler.draw(prepared[j], sampling, pos + 1)
+            results[i] = draws.token(j) if draws else out[j:j + 1]
         return results
 
     def prefill_batch(self, items: list[PromptStart], entries: list[str]) -> list:
-        """The first chunk of several new requests' prompts as one padded pass (Shard.prefill_batch).
+        """The first chunk of several new requests' prompts as one padded pass: from position 0
+        (Shard.prefill_batch), or, when any starts from a kept prefix, each after its own prefix
+        (Shard.prefill_batch_after: prefixes of any lengths, 0 included, in one pass).
 
         Returns per item what forward would (the hidden states, on the last stage the last
-        position's logits), or the CacheMismatch (CacheFull) that request hit.
+        position's logits), or the CacheMismatch (CacheFull, PromptCacheMiss) that request hit.
         """
         items = [PromptStart(*item) for item in items]
         results: list = [None] * len(items)
         rows, keys = [], []
-        for i, (rid, x) in enumerate(items):
+        for i, (rid, x, prefix) in enumerate(items):
             key = (entries[i], rid)
-            if x.shape[1] > self.context:
-                results[i] = CacheMismatch(f"request {rid}: positions [0, {x.shape[1]}) run past the context "
-                                           f"of {self.context}")
+            held = len(prefix or ())
+            if held + x.shape[1] > self.context:
+                results[i] = CacheMismatch(f"request {rid}: positions [{held}, {held + x.shape[1]}) run past the "
+                                           f"context of {self.context}")
                 continue
             if key in self._requests:
                 self._drop(key)
-            self._missed.pop(key, None)
+            self.prompts.started(key)
             try:
-                self._start(key, x.shape[1])
-            except CacheFull as e:
+                self._start(key, x.shape[1], prefix)
+            except (CacheFull, PromptCacheMiss) as e:
                 results[i] = e
                 continue
             rows.append(i)
             keys.append(key)
         if not rows:
             return results
+        states = [self._requests[key] for key in keys]
         lengths = [items[i].x.shape[1] for i in rows]
-        width = max(lengths)
-        pads = [width - n for n in lengths]
-        x = mx.concatenate([mx.pad(items[i].x, [(0, 0), (p, 0)] + [(0, 0)] * (items[i].x.ndim - 2))
+        width, after = max(lengths), any(st.offset for st in states)
+        pads = [width - n for n in lengths]  # each row's padding in the pass: left, or right after prefixes
+        ends = [st.offset + n for st, n in zip(states, lengths)]  # positions each row holds after it
+        held_pads = [max(st.offset for st in states) + width - n for n in ends]  # and its left padding in the batch
+        x = mx.concatenate([mx.pad(items[i].x, [(0, 0), (0, p) if after else (p, 0)] + [(0, 0)] * (items[i].x.ndim - 2))
                             for i, p in zip(rows, pads)], axis=0)
         try:
-            out, batch = self.shard.prefill_batch(x, pads)
-            keep = self.keep_batches and len(keys) > 1 and self._padding_fits(zip(keys, pads))
+            if after:
+                out, batch = self.shard.prefill_batch_after(x, lengths, [st.caches.owned for st in states])
+            else:
+                out, batch = self.shard.prefill_batch(x, pads)
+            keep = self.keep_batches and len(keys) > 1 and self._padding_fits(zip(keys, held_pads))
             own = None if keep else self.shard.rows_of(batch, len(keys))
-            mx.eval(out, [(c.keys, c.values, c.offset) for c in batch] if keep else [c.arrays() for c in own])
+            mx.eval(out, [(c.keys, c.values, c.offset, c.left_padding) for c in batch] if keep
+                    else [c.arrays() for c in own])
         except Exception:
             for key in keys:
                 self._drop(key)
             raise
-        for j, (i, key) in enumerate(zip(rows, keys)):
-            state = self._requests[key]
-            state.caches, state.offset = (None if keep else own[j]), lengths[j]
-            results[i] = out[j] if self.range.is_last else out[j:j + 1, pads[j]:]
+        for j, (i, st) in enumerate(zip(rows, states)):
+            st.caches, st.offset = (None if keep else own[j]), ends[j]
+            if self.range.is_last:
+                results[i] = out[j]
+            else:
+                results[i] = out[j:j + 1, :lengths[j]] if after else out[j:j + 1, pads[j]:]
         if keep:  # their decode steps come back together: the batch they were prefilled in serves them
             self._count_padding(self.batches.adopt(keys, batch))
         return results
@@ -440,25 +373,7 @@ class ShardRunner:
         """May a frame of this attempt of `entry`'s request run? False: an older attempt's, or one its
         entry released. A newer attempt than the one held frees the older one's caches."""
         key = (entry, request_id)
-        seen = self._attempts.get(key)
-        if seen is None:
-            if attempt:
-                self._note_attempt(key, attempt, False)
-            return True
-        latest, released = seen
-        if attempt < latest or (attempt == latest and released):
-            return False
-        if attempt > latest:
-            if key in self._requests:
-                self._drop(key)
-            self._note_attempt(key, attempt, False)
-        return True
-
-    def _note_attempt(self, key: Key, attempt: int, released: bool) -> None:
-        self._attempts[key] = (attempt, released)
-        self._attempts.move_to_end(key)
-        while len(self._attempts) > ATTEMPTS_KEPT:
-            self._attempts.popitem(last=False)
+        return self.attempts.admits(key, attempt, lambda: self._drop(key) if key in self._requests else None)
 
     def release(self, request_id: str, entry: str = "", keep: Sequence[int] | None = None, attempt: int = 0) -> bool:
         """Free `entry`'s request (False: it holds none by that id); frames of `attempt` or older that
@@ -466,18 +381,16 @@ class ShardRunner:
         knows them (a list, or a numpy view of a frame): the caches are kept as theirs for later
         requests of that entry (prompt_cache.py)."""
         key = (entry, request_id)
-        seen = self._attempts.get(key, (0, False))[0]
-        self._note_attempt(key, max(seen, attempt), True)
-        self._missed.pop(key, None)
+        self.attempts.released(key, attempt)
+        self.prompts.started(key)
         state = self._requests.get(key)
         if state is None:
             return False
         if state.ahead is not None:
-            self._settle(key, state)  # (the step ahead was never asked for: its position is no token's)
+            self.ahead.settle(key, state)  # (the step ahead was never asked for: its position is no token's)
         if keep is not None and 0 < len(keep) <= state.offset and self.prompts.max_bytes > 0:
             self._own(key, state)  # (out of a kept batch: the caches of its own rows)
-            tokens = keep.tolist() if hasattr(keep, "tolist") else list(keep)
-            self.prompts.keep(self._prompt_key(entry), tokens, state.caches, state.offset)
+            self.prompts.keep(entry, keep, state.caches, state.offset)
         self._drop(key)
         return True
 
@@ -505,6 +418,4 @@ class ShardRunner:
         return self.budget.kv_bytes()
 
 
-ATTEMPTS_KEPT = 4096  # requests whose latest attempt is remembered (their stale frames are dropped)
-MISSED_KEPT = 1024  # requests remembered as having missed their prefix (their frames in flight are dropped)
 IDLE_EVICT_S = 60.0  # at a cap, requests idle this long are freed first: an honest one steps far more often

@@ -94,7 +94,7 @@ async def generate_tokens(job: GenerationJob, get_pipeline: PipelineSource,
             except PrefixMissed as e:
                 log.info("request %s: %s; running it cold", job.request_id, e)
                 if job.reused is not None:
-                    pipeline.prefix_missed(job.prompt + job.generated, job.reused)
+                    pipeline.prompts.missed(job.prompt + job.generated, job.reused)
                 job.cached, job.reused, job.may_reuse = 0, None, False  # position 0 restarts it on every stage
                 job.attempt += 1
                 continue
@@ -131,7 +131,7 @@ async def _next_token(job: GenerationJob, pipeline: Pipeline) -> int:
     step = ECHO_PREFILL_STEP if rules is not None and rules.echo_logprobs else job.prefill_step
     prefix = None
     if job.cached == 0 and job.reusable_now():
-        job.reused = pipeline.reusable(history)
+        job.reused = pipeline.prompts.reusable(history)
         if job.reused is not None:
             job.cached = job.reused.length
             prefix = history[:job.cached]
@@ -151,7 +151,7 @@ async def _next_token(job: GenerationJob, pipeline: Pipeline) -> int:
     job.prefilling = False
     if job.reused is not None:
         job.reused = None
-        pipeline.prefix_hit()
+        pipeline.prompts.hit()
     if isinstance(token, SampledToken):
         rows = token.logprobs
         if rules.echo_logprobs:

@@ -12,7 +12,7 @@ from typing import Protocol
 from ..engine.decoding_rules import DecodingRules
 from ..engine.sampling import SamplingParams
 from ..engine.token_logprobs import SampledToken
-from .prompt_index import Reuse
+from .prompt_index import RoutePrompts
 
 
 class PipelineBroken(Exception):
@@ -24,6 +24,8 @@ class PrefixMissed(PipelineBroken):
 
 
 class Pipeline(Protocol):
+    prompts: RoutePrompts  # what this entry left in these stages' prompt caches
+
     async def forward(self, request_id: str, tokens: list[int], start_pos: int, sampling: SamplingParams | None,
                       continue_unless: frozenset[int] | None = None, rules: DecodingRules | None = None,
                       prefix: list[int] | None = None, attempt: int = 0) -> int | SampledToken | None:
@@ -38,12 +40,3 @@ class Pipeline(Protocol):
 
     async def release(self, request_id: str, keep: list[int] | None = None) -> None:
         """keep: the ids of the positions the request's caches hold, for the stages to keep (prompt caches)."""
-
-    def reusable(self, history: list[int]) -> Reuse | None:
-        """How much of `history` the stages keep, from requests released with `keep` (None: nothing)."""
-
-    def prefix_hit(self) -> None:
-        """A request that started from a kept prefix got its first token."""
-
-    def prefix_missed(self, history: list[int], reuse: Reuse) -> None:
-        """A request that started from `reuse` missed: the stages do not all hold it."""

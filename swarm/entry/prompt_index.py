@@ -96,3 +96,33 @@ class PromptIndex:
         if (route, prefix) in self._order:
             del self._order[(route, prefix)]
             self._trie.pop(route, list(prefix))
+
+
+class RoutePrompts:
+    """An entry's PromptIndex seen through one route: what a pipeline (pipeline.py) asks of it. With no
+    index (`--prompt-cache 0`) nothing is kept or reused."""
+
+    def __init__(self, index: PromptIndex | None, route: Route):
+        self.index, self.route = index, route
+
+    def reusable(self, history: list[int]) -> Reuse | None:
+        """How much of `history` the stages keep, from requests released with `keep` (None: nothing)."""
+        return self.index.reuse(self.route, history) if self.index is not None else None
+
+    def keeping(self, tokens: list[int] | None) -> list[int] | None:
+        """The stages are being told to keep the caches of `tokens`: remembered. Returns what to tell them
+        (None: they keep nothing for us)."""
+        if self.index is None or not tokens:
+            return None
+        self.index.add(self.route, tokens)
+        return tokens
+
+    def hit(self) -> None:
+        """A request that started from a kept prefix got its first token."""
+        if self.index is not None:
+            self.index.hit(self.route)
+
+    def missed(self, history: list[int], reuse: Reuse) -> None:
+        """A request that started from `reuse` missed: the stages do not all hold it."""
+        if self.index is not None:
+            self.index.missed(self.route, history, reuse)

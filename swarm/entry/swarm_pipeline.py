@@ -31,7 +31,7 @@ from ..transport.messages import Forward
 from .hop_timing import HopTiming
 from .own_requests import OwnRequests
 from .pending_tokens import PendingTokens
-from .prompt_index import PromptIndex, Reuse, route_of
+from .prompt_index import PromptIndex, RoutePrompts, route_of
 from .run_ahead import RunAhead
 
 PROMPT_CHUNKS_OUT = 2  # one being read while the next travels: no stage waits for the entry
@@ -63,7 +63,7 @@ class SwarmPipeline:
                  watch: StepWatch | None = None):
         self.plan, self.entry, self.outbox, self.pending = plan, node_id, outbox, pending
         self.token_timeout, self.timing, self.run_ahead, self.own = token_timeout, timing, run_ahead, own
-        self.prompts, self.route = prompts, route_of(plan)  # None: the stages keep no prompts for us
+        self.prompts = RoutePrompts(prompts, route_of(plan))
         self._chunks_out: dict[str, deque] = {}  # rid -> (future, positions) of its prompt chunks not yet answered
         self._attempts: dict[str, int] = {}  # rid -> the attempt its latest forward was of
         self.watch = watch
@@ -142,21 +142,7 @@ class SwarmPipeline:
         self.run_ahead.forget(request_id)
         self.pending.forget(request_id)
         self._chunks_out.pop(request_id, None)
-        keep = keep if self.prompts is not None else None
-        self.outbox.post_release(request_id, self.path, keep, self._attempts.pop(request_id, 0))
-        if keep:
-            self.prompts.add(self.route, keep)
-
-    def reusable(self, history: list[int]) -> Reuse | None:
-        return self.prompts.reuse(self.route, history) if self.prompts is not None else None
-
-    def prefix_hit(self) -> None:
-        if self.prompts is not None:
-            self.prompts.hit(self.route)
-
-    def prefix_missed(self, history: list[int], reuse: Reuse) -> None:
-        if self.prompts is not None:
-            self.prompts.missed(self.route, history, reuse)
+        self.outbox.post_release(request_id, self.path, self.prompts.keeping(keep), self._attempts.pop(request_id, 0))
 
 
 class SwarmPipelines:

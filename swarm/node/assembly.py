@@ -14,6 +14,7 @@ from typing import Callable
 
 from discovery import Discovery
 from discovery.profile import NodeProfile
+from discovery.profile_keys import FETCH_KEY
 from discovery.view import PeerEvent
 from partitioner import ModelSpec
 
@@ -109,7 +110,7 @@ def build_peer_side(cfg: NodeConfig, profile: NodeProfile, worker: MlxWorker, li
         return [p.node_id for p in discovery.view() if p.profile.model_fingerprint == fingerprint]
 
     weights = PeerWeights(worker, open_weights_link, holders_of,
-                          lambda st: discovery.update_profile(fetch=st.profile_field()), store=store)
+                          lambda st: discovery.update_profile(extra={FETCH_KEY: st.profile_field()}), store=store)
     listener.serve_purpose(WEIGHTS_PURPOSE, weights.serve)
 
     # Proofs of layers: answered from what this node holds; asked of a peer before it is planned.

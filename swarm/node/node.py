@@ -23,9 +23,9 @@ from mlx_lm.utils import load_tokenizer
 
 from discovery import Discovery, NodeState, build_local_profile
 from discovery.memory import measure_memory
-from discovery.node_state import STATE_KEY
 from discovery.node_id import machine_id, remint_node_id
 from discovery.profile import NodeProfile
+from discovery.profile_keys import STATE_KEY
 from discovery.view import PeerEvent
 from partitioner import ModelSpec
 
@@ -298,7 +298,7 @@ class Node:
 
         async def report(line: str, state: NodeState) -> None:
             waiting["status"] = line
-            await discovery.update_profile(state=state)
+            await discovery.update_profile(extra={STATE_KEY: state})
 
         runner = web.AppRunner(make_bootstrap_app(lambda: {**waiting, "fetch": weights.status.to_dict()},
                                                   discovery, cfg.model, self._api_access), access_log=None)

@@ -32,6 +32,8 @@ import time
 from typing import Callable
 
 from discovery import Discovery, NodeState
+from discovery.profile_keys import (FETCH_KEY, LAYERS_KEY, LOADING_KEY, MEM_USED_KEY, PLAN_KEY, READY_KEY,
+                                    STATE_KEY)
 from discovery.view import PeerEvent
 from partitioner import InsufficientMemoryError, ModelSpec, NodeCapacity, Plan, make_plan
 
@@ -208,7 +210,7 @@ class Coordinator:
             plan = self.plan
             if plan is None:  # keep what we hold: capacity may come back
                 self.host.plan = None
-                await self.discovery.update_profile(plan="", state=NodeState.WAITING)
+                await self.discovery.update_profile(extra={PLAN_KEY: "", STATE_KEY: NodeState.WAITING})
             else:
                 layers = self.own_layers(plan)
                 if not await self._fetch_for(plan, layers):
@@ -217,28 +219,31 @@ class Coordinator:
                     await self.gate.claim_held(layers)
                 # Fetched (or nothing to fetch): still "loading" this plan for the deadlines while the
                 # plan's other members fetch theirs.
-                await self.discovery.update_profile(ready=plan.plan_id, loading=plan.plan_id if layers else None)
+                await self.discovery.update_profile(extra={READY_KEY: plan.plan_id,
+                                                           LOADING_KEY: plan.plan_id if layers else None})
                 await self._wait_until_ready(plan)
                 if plan is not self.plan:
                     continue
                 held = self.host.stage.range if self.host.stage else None
                 if layers and (held is None or (held.start, held.end) != layers):
                     log.info("loading layers [%d, %d) for plan %s", *layers, plan.plan_id)
-                await self.discovery.update_profile(plan="", state=NodeState.LOADING if layers else NodeState.IDLE,
-                                                    loading=plan.plan_id if layers else None)
+                await self.discovery.update_profile(extra={
+                    PLAN_KEY: "", STATE_KEY: NodeState.LOADING if layers else NodeState.IDLE,
+                    LOADING_KEY: plan.plan_id if layers else None})
                 try:
                     await self.host.assign(plan, layers)
                 except Exception:
                     log.exception("could not load layers %s", layers)
-                    await self.discovery.update_profile(state=NodeState.FAILED, loading=None)
+                    await self.discovery.update_profile(extra={STATE_KEY: NodeState.FAILED, LOADING_KEY: None})
                     return
                 if plan is not self.plan:
                     continue
                 # Only a plan we hold layers of is announced: an announcement is a promise to serve it.
-                await self.discovery.update_profile(
-                    plan=plan.plan_id if layers else "", state=NodeState.SERVING if layers else NodeState.IDLE,
-                    loading=None,
-                    layers=f"{layers[0]}-{layers[1]}" if layers else "", mem_used=str(self.host.weight_bytes))
+                await self.discovery.update_profile(extra={
+                    PLAN_KEY: plan.plan_id if layers else "",
+                    STATE_KEY: NodeState.SERVING if layers else NodeState.IDLE,
+                    LOADING_KEY: None, LAYERS_KEY: f"{layers[0]}-{layers[1]}" if layers else "",
+                    MEM_USED_KEY: str(self.host.weight_bytes)})
                 await self._notify()
             if plan is self.plan:
                 if plan is not None:
@@ -250,7 +255,7 @@ class Coordinator:
         plan moved on meanwhile, or the fetch failed and was waited out (go round again)."""
         if layers is None or self.weights is None or not await self.weights.lacks(*layers):
             return True
-        await self.discovery.update_profile(loading=plan.plan_id)  # for the deadlines: from now on
+        await self.discovery.update_profile(extra={LOADING_KEY: plan.plan_id})  # for the deadlines: from now on
         first_look = time.monotonic()
         while (quiet := time.monotonic() - self._membership_changed) < SETTLE_S or \
                 (self._prospects() and time.monotonic() - first_look < PROSPECTS_WAIT_S):
@@ -260,7 +265,7 @@ class Coordinator:
         fetch = asyncio.create_task(self._fetch_stage(layers), name="fetch-weights")
         fetch.add_done_callback(lambda _: asyncio.ensure_future(self._notify()))  # wakes the wait below
         try:
-            await self.discovery.update_profile(state=NodeState.FETCHING, loading=plan.plan_id)
+            await self.discovery.update_profile(extra={STATE_KEY: NodeState.FETCHING, LOADING_KEY: plan.plan_id})
             async with self._changed:  # a fetch for a plan that is no longer ours stops
                 await self._changed.wait_for(lambda: fetch.done() or plan is not self.plan)
             if not fetch.done():
@@ -274,7 +279,7 @@ class Coordinator:
         except (FetchStuck, NotEnoughDisk) as e:
             log.warning("cannot load layers [%d, %d) yet: %s; trying again when the swarm changes", *layers, e)
             stuck = isinstance(e, FetchStuck)
-            await self.discovery.update_profile(state=NodeState.STUCK if stuck else NodeState.NO_DISK)
+            await self.discovery.update_profile(extra={STATE_KEY: NodeState.STUCK if stuck else NodeState.NO_DISK})
             async with self._changed:
                 try:
                     await asyncio.wait_for(self._changed.wait(), RETRY_FETCH_S)
@@ -309,7 +314,7 @@ class Coordinator:
             for s in plan.stages:
                 profile = profiles.get(s.node_id)
                 extra = profile.extra if profile is not None else {}
-                if extra.get("ready") == plan.plan_id or extra.get("plan") == plan.plan_id:
+                if extra.get(READY_KEY) == plan.plan_id or extra.get(PLAN_KEY) == plan.plan_id:
                     continue
                 if s.node_id not in old or (profile is not None and profile.state is NodeState.FETCHING):
                     late.append(s.node_id)
@@ -325,9 +330,9 @@ class Coordinator:
 
     def _announced(self) -> dict[str, Announced]:
         def received(extra: dict) -> int:
-            fetch = parse_fetch(extra.get("fetch"))
+            fetch = parse_fetch(extra.get(FETCH_KEY))
             return fetch["received_bytes"] if fetch else 0
-        return {p.node_id: Announced(p.profile.extra.get("plan", ""), p.profile.extra.get("loading", ""),
+        return {p.node_id: Announced(p.profile.extra.get(PLAN_KEY, ""), p.profile.extra.get(LOADING_KEY, ""),
                                      received(p.profile.extra))
                 for p in self.discovery.view()}
 
@@ -374,7 +379,7 @@ class Coordinator:
 
     def waiting_for(self, plan: Plan) -> list[str]:
         """Stage nodes that do not serve `plan` yet (empty when the pipeline is whole)."""
-        serving = {p.node_id: p.profile.extra.get("plan") for p in self.discovery.view(include_self=True)}
+        serving = {p.node_id: p.profile.extra.get(PLAN_KEY) for p in self.discovery.view(include_self=True)}
         serving[self.node_id] = self.host.plan_id
         return [s.node_id for s in plan.stages if serving.get(s.node_id) != plan.plan_id]
 

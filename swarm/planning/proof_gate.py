@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from discovery import Discovery
 from discovery.profile import NodeProfile
+from discovery.profile_keys import HOLDS_KEY
 from partitioner import Plan
 
 from ..weights.layer_proof import parse_holds
@@ -51,7 +52,7 @@ class ProofGate:
 
     def claims(self, profile: NodeProfile) -> tuple[int, int] | None:
         """The layers a node says it holds (None: it says none)."""
-        return parse_holds(profile.extra.get("holds"), self.n_layers)
+        return parse_holds(profile.extra.get(HOLDS_KEY), self.n_layers)
 
     def proven(self, profile: NodeProfile) -> bool:
         """Did this node prove its claim to us (all do where nobody checks)?"""
@@ -83,4 +84,4 @@ class ProofGate:
                 return
             meet = now is not None and layers[0] <= now[1] and now[0] <= layers[1]
             holds = (min(now[0], layers[0]), max(now[1], layers[1])) if meet else layers
-        await self.discovery.update_profile(holds=f"{holds[0]}-{holds[1]}")
+        await self.discovery.update_profile(extra={HOLDS_KEY: f"{holds[0]}-{holds[1]}"})

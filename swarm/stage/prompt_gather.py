@@ -25,9 +25,10 @@ TOGETHER_WAIT_S = 1.0  # a later stage waits this long at most for the prompts a
 
 
 def is_new_prompt(message) -> bool:
-    """A new request's first prompt chunk, nothing sampled, no decoding rules: may share a padded pass."""
-    return (isinstance(message, Forward) and message.pos == 0 and message.length > 1 and message.sampling is None
-            and message.rules is None)
+    """A new request's first prompt chunk, from position 0 or from a kept prefix (Forward.prefix), nothing
+    sampled, no decoding rules: may share a padded pass."""
+    return (isinstance(message, Forward) and message.sampling is None and message.rules is None
+            and ((message.pos == 0 and message.length > 1) or message.prefix is not None))
 
 
 class PromptGather:

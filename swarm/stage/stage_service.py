@@ -23,7 +23,7 @@ drawn): the entry sends the next chunks as these come, and its deadline follows 
 
 A Release is served the moment it comes: frames of that request still queued, and any that
 come later of the attempt it names or older ones (a replay's earlier attempt), are dropped
-(engine/shard_runner.py, `admits`), so a request whose client has gone stops at the chunk
+(engine/request_attempts.py), so a request whose client has gone stops at the chunk
 under way.
 
 Decode steps of different requests that queued up while we computed run as one pass,
@@ -32,9 +32,10 @@ them, which is what bounds decode speed; their caches stay one batch across step
 requests come back together (engine/kept_batches.py). A step with nothing queued beside it runs
 alone through the model's own forward, so a request alone stays exactly one machine's;
 batched rows may differ from a lone request's in the last bits (docs/architecture.md, Batched decode).
-New requests' first prompt chunks queued together run as one left-padded pass the same way
-(ShardRunner.prefill_batch), taken from anywhere in the queue as long as nothing of their own
-request was queued before them; an idle stage waits a moment for more of them (prompt_gather.py).
+New requests' first prompt chunks queued together run as one padded pass the same way
+(ShardRunner.prefill_batch), those that start from kept prefixes of any lengths beside those that
+start cold, taken from anywhere in the queue as long as nothing of their own request was queued
+before them; an idle stage waits a moment for more of them (prompt_gather.py).
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ refused_log = logging.getLogger("swarm.refused")
 IDLE_CACHE_S = 600.0  # caches of a request nobody touched this long are freed (its entry died)
 GC_EVERY_S = 60.0
 PROMPT_BATCH_POSITIONS = 2048  # padded positions of one prompt pass (its attention scores grow with the square)
+# positions the rows of one prompt pass hold after it, kept prefixes and padding included (a pass of rows
+# after kept prefixes aligns the prefixes' ends: each row holds the longest prefix plus the widest rest)
+PROMPT_BATCH_HELD = 16384
 LOG_EVERY_S = 10.0  # a flood of bad frames or failing requests: one line per kind this often, with a count
 
 
@@ -228,7 +232,8 @@ class StageService:
 
     def _with_queued_prompts(self, sender: str, first: Forward) -> list[Forward]:
         """`first`, a new request's first prompt chunk, plus the first chunks of other new requests
-        queued behind it, up to max_batch and PROMPT_BATCH_POSITIONS padded positions.
+        queued behind it, up to max_batch, PROMPT_BATCH_POSITIONS padded positions and PROMPT_BATCH_HELD
+        positions held after the pass.
 
         Prompts may overtake other requests' messages (an entry queues each prompt's last token
         right behind it), never a message of their own request: each request's order is kept.
@@ -236,15 +241,17 @@ class StageService:
         steps = [first]
         if self.max_batch < 2 or self.host.stage is None or not self.host.stage.shard.takes_padded_batches:
             return steps
-        seen, width = {(first.entry, first.rid)}, first.length
+        seen, width, prefix = {(first.entry, first.rid)}, first.length, first.pos
         kept: deque = deque()
         while self._queue and len(steps) < self.max_batch:
             item = self._queue.popleft()
             by, nxt = item
             key = (nxt.entry, nxt.rid) if isinstance(nxt, Forward) else (by, nxt.rid)
+            rows, wider = len(steps) + 1, max(width, nxt.length) if isinstance(nxt, Forward) else width
             if (key not in seen and is_new_prompt(nxt) and (nxt.dtype, nxt.shape[2:]) == (first.dtype, first.shape[2:])
-                    and max(width, nxt.length) * (len(steps) + 1) <= PROMPT_BATCH_POSITIONS):
-                width = max(width, nxt.length)
+                    and wider * rows <= PROMPT_BATCH_POSITIONS
+                    and (max(prefix, nxt.pos) + wider) * rows <= PROMPT_BATCH_HELD):
+                width, prefix = wider, max(prefix, nxt.pos)
                 steps.append(nxt)
             else:
                 kept.append(item)
@@ -356,7 +363,7 @@ def _compute_together(runner: ShardRunner, accepted: list[Forward], prompts: boo
     for i, forward in enumerate(accepted):
         try:
             x = forward.array()
-            rows.append((i, PromptStart(forward.rid, x) if prompts else DecodeStep(
+            rows.append((i, PromptStart(forward.rid, x, forward.prefix_ids()) if prompts else DecodeStep(
                 forward.rid, x, forward.pos, forward.sampling, forward.token_ids() if runner.range.is_last else None)))
         except ProtocolError as e:
             results[i] = e

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 from discovery import Discovery, NodeState
+from discovery.profile_keys import FETCH_KEY, MEM_USED_KEY, PLAN_KEY
 
 from ..backend import Backend
 from ..engine.blas import blas_in_use
@@ -64,8 +65,8 @@ class NodeStatus:
                                     "batched_rows": service.batched_rows, "prompt_passes": service.prompt_passes,
                                     "prompt_rows": service.prompt_rows,
                                     "kept_passes": stage.batches.reused if stage else 0,
-                                    "ahead_taken": stage.ahead_taken if stage else 0,
-                                    "ahead_undone": stage.ahead_undone if stage else 0,
+                                    "ahead_taken": stage.ahead.taken if stage else 0,
+                                    "ahead_undone": stage.ahead.undone if stage else 0,
                                     "prompt_chunks_held": service.hold.held},
                 "peer_connections": self.links.snapshot(), "fetch": self.weights.status.to_dict()}
 
@@ -96,11 +97,11 @@ class NodeStatus:
                 "id": p.node_id, "name": p.name, "addresses": list(peer.addresses), "api_port": p.api_port,
                 "peer_port": p.peer_port, "backend": p.backend, "memory_total": p.memory_total,
                 "memory_available": p.memory_available, "memory_kind": p.memory_kind,
-                "memory_used": self.host.weight_bytes if own else int(p.extra.get("mem_used") or 0),
-                "speed": p.speed, "state": (p.state or NodeState.JOINING).value, "plan_id": p.extra.get("plan") or None,
+                "memory_used": self.host.weight_bytes if own else int(p.extra.get(MEM_USED_KEY) or 0),
+                "speed": p.speed, "state": (p.state or NodeState.JOINING).value, "plan_id": p.extra.get(PLAN_KEY) or None,
                 "layers": layers_of.get(p.node_id), "self": own, "model_id": p.model_id,
                 "stats": stats or {},
-                "fetch": self.weights.status.to_dict() if own else parse_fetch(p.extra.get("fetch")),
+                "fetch": self.weights.status.to_dict() if own else parse_fetch(p.extra.get(FETCH_KEY)),
                 "holds": list(held) if (held := coordinator.gate.claims(p)) else None,
                 "proven": None if own else coordinator.gate.proven(p),
             })
