@@ -85,6 +85,8 @@ Post = Callable[..., None]  # run a function on the MLX thread (MlxWorker.post)
 OnBroken = Callable[[str, str], None]  # (peer node id, what broke), on the MLX thread
 DEFAULT_CONNECT_TIMEOUT = 2.0
 DEFAULT_STALL_TIMEOUT = 4.0  # a link whose waiting bytes the peer takes none of for this long is broken
+DEFAULT_IDLE_TIMEOUT = 60.0
+RETIRED_GRACE_S = 10.0  # a retired link whose peer never closes its end is closed after this
 
 
 class WriteWatch(Protocol):
@@ -95,8 +97,6 @@ class WriteWatch(Protocol):
     def mlx_recheck_at(self, deadline: float) -> None: ...
 
     def after_events(self, fn: Callable[[], None]) -> None: ...
-DEFAULT_IDLE_TIMEOUT = 60.0
-RETIRED_GRACE_S = 10.0  # a retired link whose peer never closes its end is closed after this
 
 
 class DataLane:
