@@ -99,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token-timeout", type=float, default=120.0, metavar="SECONDS",
                    help="the longest an entry waits for one step's token, or for a chunk of a prompt to be "
                         "read, before it replays the request (default: %(default)s)")
-    p.add_argument("--prefill-chunk", type=_prefill_chunk, default=DEFAULT_PREFILL_CHUNK, metavar="N",
+    p.add_argument("--prefill-chunk", type=_whole_number(MIN_PREFILL_CHUNK, MAX_PREFILL_CHUNK),
+                   default=DEFAULT_PREFILL_CHUNK, metavar="N",
                    help="read prompts in chunks of N positions; each stage serves other requests between two "
                         "chunks, so a long prompt holds a short request back one chunk at most (smaller: "
                         "shorter holds, a little more overhead; greedy output equals mlx-lm's at "
@@ -112,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recovery-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="how long a request waits for a whole pipeline before it fails with 503 "
                         "(default: %(default)s)")
-    p.add_argument("--batch-decode", type=_batch, default=DEFAULT_BATCH_DECODE, metavar="N",
+    p.add_argument("--batch-decode", type=_whole_number(1, 64), default=DEFAULT_BATCH_DECODE, metavar="N",
                    help="run up to N requests' decode steps through this node's layers in one pass: "
                         "more tokens/s under concurrency; a request alone runs exactly as one machine "
                         "would, batched ones may differ in rare near-ties (docs/architecture.md) (default: %(default)s; "
@@ -121,10 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="when new requests arrive at an idle node, wait for more as long as they keep coming "
                         "within MS ms of each other (8 x MS in all), so a burst shares one prompt pass; a "
                         "request alone waits MS ms (default: %(default)s; 0 never waits)")
-    p.add_argument("--max-active", type=_count(1), default=DEFAULT_MAX_ACTIVE, metavar="N",
+    p.add_argument("--max-active", type=_whole_number(1, 100_000), default=DEFAULT_MAX_ACTIVE, metavar="N",
                    help="requests this node generates for at once as their entry node; more wait in a "
                         "queue (default: %(default)s)")
-    p.add_argument("--max-queue", type=_count(0), default=DEFAULT_MAX_QUEUE, metavar="N",
+    p.add_argument("--max-queue", type=_whole_number(0, 100_000), default=DEFAULT_MAX_QUEUE, metavar="N",
                    help="requests that may wait for a slot; beyond that a request gets 429 with "
                         "Retry-After (default: %(default)s)")
     p.add_argument("--peer-host", default="0.0.0.0", help="address the peer port listens on (default: %(default)s)")
@@ -153,23 +154,10 @@ def _port(text: str) -> int:
     return int(text)
 
 
-def _batch(text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 64:
-        raise argparse.ArgumentTypeError(f"expected a whole number from 1 to 64, got {text!r}")
-    return int(text)
-
-
-def _prefill_chunk(text: str) -> int:
-    if not text.isdigit() or not MIN_PREFILL_CHUNK <= int(text) <= MAX_PREFILL_CHUNK:
-        raise argparse.ArgumentTypeError(f"expected a whole number from {MIN_PREFILL_CHUNK} to {MAX_PREFILL_CHUNK}, "
-                                         f"got {text!r}")
-    return int(text)
-
-
-def _count(low: int):
+def _whole_number(low: int, high: int):
     def parse(text: str) -> int:
-        if not text.isdigit() or not low <= int(text) <= 100_000:
-            raise argparse.ArgumentTypeError(f"expected a whole number from {low} to 100000, got {text!r}")
+        if not text.isdigit() or not low <= int(text) <= high:
+            raise argparse.ArgumentTypeError(f"expected a whole number from {low} to {high}, got {text!r}")
         return int(text)
     return parse
 
