@@ -24,8 +24,8 @@ from discovery.memory import parse_size  # noqa: E402
 from . import environment  # noqa: E402
 from .engine.blas import maybe_reexec_with_blas  # noqa: E402
 from .node.config import (DEFAULT_API_PORT, DEFAULT_BATCH_DECODE, DEFAULT_MAX_ACTIVE, DEFAULT_MAX_QUEUE,  # noqa: E402
-                          DEFAULT_PEER_PORT, DEFAULT_PREFILL_CHUNK, DEFAULT_PROMPT_GATHER_MS, MAX_PREFILL_CHUNK,
-                          MIN_PREFILL_CHUNK, NodeConfig, default_state_dir)
+                          DEFAULT_PEER_PORT, DEFAULT_PREFILL_CHUNK, DEFAULT_PROMPT_GATHER_MS, DEFAULT_TOKEN_TIMEOUT,
+                          MAX_PREFILL_CHUNK, MIN_PREFILL_CHUNK, NodeConfig, default_state_dir)
 from .node.ports import PortError, check_port  # noqa: E402
 
 
@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "conversation's next turn (or a repeated prompt) prefills only what is new, e.g. 256M; "
                         "taken off the memory offered to the model; 0 turns it off (default: auto, what the "
                         "plan leaves free of the offered memory, up to 512M)")
-    p.add_argument("--token-timeout", type=float, default=120.0, metavar="SECONDS",
+    p.add_argument("--token-timeout", type=float, default=DEFAULT_TOKEN_TIMEOUT, metavar="SECONDS",
                    help="the longest an entry waits for one step's token, or for a chunk of a prompt to be "
                         "read, before it replays the request (default: %(default)s)")
     p.add_argument("--prefill-chunk", type=_whole_number(MIN_PREFILL_CHUNK, MAX_PREFILL_CHUNK),

@@ -17,6 +17,7 @@ DEFAULT_PROMPT_GATHER_MS = 3.0
 # Positions per prompt chunk (entry/generate.py): what a long prompt holds other requests back at a stage.
 DEFAULT_PREFILL_CHUNK = 256
 MIN_PREFILL_CHUNK, MAX_PREFILL_CHUNK = 16, 2048  # (engine/input_limits.py: a stage takes no bigger chunk)
+DEFAULT_TOKEN_TIMEOUT = 120.0  # last-resort bound on one step (or prompt chunk) when no failure is seen
 # Admission at an entry node (api/admission.py): one full batch of active requests; the queue holds
 # only prompt ids.
 DEFAULT_MAX_ACTIVE = 16
@@ -64,7 +65,7 @@ class NodeConfig:
     # memory offered to the planner; None: what the plan leaves of the offered memory, up to AUTO_PROMPT_CACHE
     prompt_cache: int | None = None
     recovery_timeout: float = 30.0  # how long a request waits for a whole pipeline
-    token_timeout: float = 120.0  # last-resort bound on one step (or prompt chunk) when no failure is seen
+    token_timeout: float = DEFAULT_TOKEN_TIMEOUT
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK  # positions per prompt chunk
     batch_decode: int = DEFAULT_BATCH_DECODE  # most decode steps of different requests run as one pass (1: never)
     prompt_gather_ms: float = DEFAULT_PROMPT_GATHER_MS  # a burst's prompts share a pass (0: never wait)
