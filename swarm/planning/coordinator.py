@@ -24,6 +24,7 @@ its own plan gives it, then claims them, and its peers plan it once it proved th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Callable
@@ -97,10 +98,8 @@ class Coordinator:
             await self.proofs.stop()
         if self._watch_task is not None and not self._watch_task.done():
             self._watch_task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._watch_task
-            except (asyncio.CancelledError, Exception):
-                pass
         await self.loader.stop()
 
     async def on_peer_event(self, event: PeerEvent) -> None:

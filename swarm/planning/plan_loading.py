@@ -76,10 +76,8 @@ class PlanLoader:
     async def stop(self) -> None:
         if self._task is not None and not self._task.done():
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
 
     async def _apply(self) -> None:
         """Load our layers for the newest plan. Every await may see the plan move on, so
