@@ -111,8 +111,8 @@ class ShardRunner:
         elif state is None or state.offset != start_pos:
             if state is None and self.prompts.missed(key):
                 raise PromptCacheMiss(f"request {request_id} missed its prefix here", quiet=True)
-            held = state.offset if state else 0
-            raise CacheMismatch(f"request {request_id}: cache holds {held} positions, frame starts at {start_pos}")
+            holds = state.offset if state else 0
+            raise CacheMismatch(f"request {request_id}: cache holds {holds} positions, frame starts at {start_pos}")
         else:
             state.last_used = time.monotonic()  # (before growing, which may free idle requests)
             self.held.own(key, state)
@@ -178,8 +178,8 @@ class ShardRunner:
                 results[i] = PromptCacheMiss(f"request {rid} missed its prefix here", quiet=True)
                 continue
             if state is None or state.offset != pos or pos == 0 or x.shape[1] != 1 or pos + 1 > self.context:
-                held = state.offset if state else 0
-                results[i] = CacheMismatch(f"request {rid}: cache holds {held} positions, frame starts at {pos}")
+                holds = state.offset if state else 0
+                results[i] = CacheMismatch(f"request {rid}: cache holds {holds} positions, frame starts at {pos}")
                 continue
             if state.sampler is not None:
                 try:
@@ -206,16 +206,16 @@ class ShardRunner:
                     self.held.own(key, st)
                 out = self.shard.decode_batch(mx.concatenate([items[i].x for i in rows], axis=0),
                                               [st.caches for st in states])
-                held = [st.caches.arrays() for st in states]
+                arrays = [st.caches.arrays() for st in states]
             else:  # the batch's rows are in its own order; this pass's may come in any other
                 at = {key: j for j, key in enumerate(keys)}
                 x = mx.concatenate([items[rows[at[key]]].x for key in batch.members], axis=0)
                 row_of = {key: r for r, key in enumerate(batch.members)}
                 out = self.shard.decode_kept(x, batch.caches)[mx.array([row_of[key] for key in keys])]
-                held = batch.arrays()
+                arrays = batch.arrays()
             draws = RowDraws(out, [items[i] for i in rows], [st.sampler for st in states]) \
                 if self.range.is_last else None
-            mx.eval(out, held, draws.arrays() if draws else [])
+            mx.eval(out, arrays, draws.arrays() if draws else [])
         except Exception:
             for key in keys:
                 self.held.drop(key)
@@ -239,9 +239,9 @@ class ShardRunner:
         rows, keys = [], []
         for i, (rid, x, prefix) in enumerate(items):
             key = (entries[i], rid)
-            held = len(prefix or ())
-            if held + x.shape[1] > self.context:
-                results[i] = CacheMismatch(f"request {rid}: positions [{held}, {held + x.shape[1]}) run past the "
+            offset = len(prefix or ())
+            if offset + x.shape[1] > self.context:
+                results[i] = CacheMismatch(f"request {rid}: positions [{offset}, {offset + x.shape[1]}) run past the "
                                            f"context of {self.context}")
                 continue
             if key in self._requests:
