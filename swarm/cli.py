@@ -230,7 +230,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
 
 def new_secret(state_dir: Path) -> int:
     """`swarm-node --new-secret`: write one, say how to use it everywhere."""
-    from .node.secrets import SECRET_ENV, new_secret_file
+    from .node.secrets import new_secret_file
     try:
         path, text = new_secret_file(state_dir)
     except (FileExistsError, OSError) as e:
