@@ -64,14 +64,13 @@ class Coordinator:
                  deadlines: LoadDeadlines | None = None, proofs: LayerProofs | None = None,
                  probe: ProbeFn | None = None):
         """`probe`: asks a peer over the data lane whether it reads (node/lane_probe.py); None: every
-        peer does (tests of planning alone)."""
+        peer does (tests of planning alone). `weights`: None when this node never fetches (the same)."""
         self.node_id, self.spec, self.fingerprint, self.discovery = node_id, spec, fingerprint, discovery
         self.host, self.events = host, events
         # Told when requests on a plan may have lost a stage (reason, plan ids still whole): the entry's
         # pending tokens break, so that its requests replay at once (entry/pending_tokens.py).
         self.on_plans_broken: list[Callable[[str, frozenset[str]], None]] = []
         self.strategy, self.recovery_timeout = strategy, recovery_timeout
-        self.weights = weights  # None: this node never fetches (tests of planning alone)
         self.deadlines = deadlines or LoadDeadlines(node_id)
         self.slow = SlowMembers(node_id, probe or _always_answers, self._slow_changed, busy_for=self.longest_pass)
         self.proofs = proofs  # None: every peer's claims are believed (tests of planning alone)
