@@ -32,9 +32,9 @@ def long() -> list[dict]:
     return long_prompt(LONG_WORDS)
 
 
-def run_all(node) -> tuple[list[Turn], list[Turn]]:
+def run_all(node, runs_of_long: int = 2) -> tuple[list[Turn], list[Turn]]:
     turns = conversation(node, TURNS, MAX_TOKENS)
-    repeated = [stream_chat(node, long(), MAX_TOKENS) for _ in range(2)]
+    repeated = [stream_chat(node, long(), MAX_TOKENS) for _ in range(runs_of_long)]
     return turns, repeated
 
 
@@ -42,18 +42,20 @@ def table(name: str, turns: list[Turn], repeated: list[Turn]) -> str:
     rows = [f"{name}: turn  prompt  ttft_s  total_s"]
     rows += [f"{name}: {k + 1:4d}  {t.prompt_tokens:6d}  {t.ttft_s:6.2f}  {t.total_s:7.2f}" for k, t in enumerate(turns)]
     rows += [f"{name}: long{k + 1}  {t.prompt_tokens:5d}  {t.ttft_s:6.2f}  {t.total_s:7.2f}" for k, t in enumerate(repeated)]
-    rows.append(f"{name}: turn {len(turns)} / turn 1 ttft {turns[-1].ttft_s / turns[0].ttft_s:.2f}x; "
-                f"long prompt again / first {repeated[1].ttft_s / repeated[0].ttft_s:.0%}")
+    again = f"; long prompt again / first {repeated[1].ttft_s / repeated[0].ttft_s:.0%}" if len(repeated) > 1 else ""
+    rows.append(f"{name}: turn {len(turns)} / turn 1 ttft {turns[-1].ttft_s / turns[0].ttft_s:.2f}x{again}")
     return "\n".join(rows)
 
 
 @pytest.fixture(scope="module")
 def cold(tmp_path_factory, default_model):
-    """A cold node: one node of a swarm of its own, with no prompt cache."""
+    """A cold node: one node of a swarm of its own, with no prompt cache. It reads the long prompt once:
+    without a cache its second run would be the same computation (the warm swarm's both runs are compared
+    with this one)."""
     cluster = SwarmCluster(tmp_path_factory.mktemp("cold"), 1, ["--swarm", "cold", "--prompt-cache", "0"])
     try:
         cluster.wait_serving(stages=1)
-        turns, repeated = run_all(cluster.nodes[0])
+        turns, repeated = run_all(cluster.nodes[0], runs_of_long=1)
         print("\n" + table("cold", turns, repeated))
         assert cluster.nodes[0].get("/health")[1]["prompt_cache"]["entries"] == 0
         return turns, repeated
@@ -71,7 +73,7 @@ def test_a_conversation_reuses_every_stages_cache_and_says_what_a_cold_node_says
         print("\n" + table("warm" if secret is None else "warm+secret", turns, repeated))
         cold_turns, cold_repeated = cold
         assert [t.text for t in turns] == [t.text for t in cold_turns]
-        assert [t.text for t in repeated] == [t.text for t in cold_repeated]
+        assert [t.text for t in repeated] == [cold_repeated[0].text] * 2
         assert [t.prompt_tokens for t in turns] == [t.prompt_tokens for t in cold_turns]
         assert turns[-1].prompt_tokens > 100 * TURNS and repeated[0].prompt_tokens > 500
         # Turns 2.. start from the turn before, the long prompt's repeat from the long prompt: on every stage.
