@@ -15,6 +15,7 @@ import time
 
 import pytest
 from chat_turns import Turn, conversation, long_prompt, stream_chat
+from helpers import wait_until
 from netns import netns_unavailable_reason
 from reference import reference_chat
 from swarm_cluster import SwarmCluster
@@ -129,6 +130,9 @@ def test_a_restarted_stage_makes_the_next_turn_run_cold_with_the_right_text(tmp_
         assert [(s["node_id"], s["start"], s["end"]) for s in after] == \
             [(s["node_id"], s["start"], s["end"]) for s in before], "the same route: the entry expects a hit"
         turn(3)
+        # (each stage keeps turn 3's sequence when its release comes, which travels behind the reply)
+        wait_until(lambda: all(n.get("/health")[1]["prompt_cache"]["entries"] >= 1 for n in cluster.nodes), 30,
+                   "every stage kept turn 3's sequence")
         stats = [n.get("/health")[1]["prompt_cache"] for n in cluster.nodes]
         # (a stage whose layers never changed while the victim was away keeps its earlier entry beside
         # the new one: whether the survivors re-planned around the gap depends on how fast it came back)
