@@ -114,6 +114,7 @@ async def generate_tokens(job: GenerationJob, get_pipeline: PipelineSource,
                             job.request_id, e, len(job.prompt) + len(job.generated))
                 await _release_quietly(pipeline, job.request_id)
                 pipeline = await get_pipeline(pipeline)
+                log.info("request %s: a whole pipeline again: replaying", job.request_id)
                 job.cached = 0
                 job.attempt += 1
                 continue

@@ -78,6 +78,7 @@ class SlowMembers:
                 continue
             if now - self._last_probe.get(node, -HEARSAY_GAP_S) < HEARSAY_GAP_S:
                 continue
+            log.info("probing node %s (%s): it must answer within %.1f s", node, why, self._timeout(node))
             self._start(node, self._check(node, why))
 
     def heard(self, peer: str, field: str | None, members: set[str]) -> None:
