@@ -36,7 +36,7 @@ KINDS = ("metal", "cuda", "cpu")
 STANDIN_ENV = environment.DEVICE_STANDIN.name
 
 # Positions per prompt chunk by default (`prefill_chunk` below; docs/architecture.md has the CPU's figures).
-CPU_PREFILL_CHUNK = 64
+CPU_PREFILL_CHUNK = 16
 GPU_PREFILL_CHUNK = 256
 
 # What a profile's memory_kind says the offered bytes are.
