@@ -27,10 +27,9 @@ pytestmark = pytest.mark.skipif(netns_unavailable_reason() is not None, reason=s
 TESTS = Path(__file__).resolve().parent
 SECRET = "slow members are dead members: 3b8e41f0c2"
 QUESTION = "What is the capital of France?"
-# The target is 15 s from turning slow to a chat answered; the bound leaves room for a loaded machine
-# (the figures are printed).
-RECOVERY_BOUND_S = 30.0
-NOT_PLANNED_WATCH_S = 12.0  # how long the slow member is watched staying out of the plans
+# From turning slow to a chat answered on both honest nodes (the target; the timeline is printed).
+RECOVERY_BOUND_S = 15.0
+NOT_PLANNED_WATCH_S = 9.0  # how long the slow member is watched staying out of the plans: one failed re-probe
 RECOVERY_TIMES: dict[str, float] = {}
 
 
