@@ -115,7 +115,7 @@ def test_a_short_chat_beside_a_5500_token_prompt_is_answered_within_3x_and_the_p
     assert status == 200, reply
     assert reply["choices"][0]["message"]["content"] == text
 
-    second, second_out = _in_background(client, other, long_chat(1500, seed=3))
+    second, second_out = _in_background(client, other, long_chat(1000, seed=3))
     shorts = []
     while thread.is_alive() and len(shorts) < 6:
         status, reply, _ = _post(client, other, QUESTION, 300)

@@ -10,9 +10,9 @@ never holds a long prompt's backlog ahead of other requests' work (a release sto
 chunk under way), and the token timeout bounds the wait for one chunk, not for the whole prompt:
 a prompt that is being read is alive however long it is.
 
-A stage may take our frames and return nothing (it reads none of them): a sampled step, or
-a request's first prompt chunk, whose answer is overdue (StepWatch) has its plan's stages checked, and one that
-takes no data is left out, which moves the plan and replays the request around it.
+A stage may take our frames and return nothing (it reads none of them): a sampled step, or a
+request's first prompt chunk, whose answer is overdue (StepWatch) has its plan's stages checked,
+and one that takes no data is left out, which moves the plan and replays the request around it.
 """
 
 from __future__ import annotations
