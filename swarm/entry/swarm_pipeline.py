@@ -124,10 +124,17 @@ class SwarmPipeline:
         overdue_s = self.watch.overdue_after(self.plan, positions) if self.watch is not None else None
         if overdue_s is None or overdue_s >= self.token_timeout:
             return await self.pending.wait(request_id, fut, self.token_timeout, what)
-        done, _ = await asyncio.wait({fut}, timeout=overdue_s)  # (does not cancel it)
-        if not done:
+        # A timer, not a second wait (asyncio.wait): that costs the step a waiter, callbacks and a task
+        # wake-up of its own, on the entry's critical path, and the answer nearly always comes first.
+        check = asyncio.get_running_loop().call_later(overdue_s, self._overdue, fut, request_id, overdue_s, what)
+        try:
+            return await self.pending.wait(request_id, fut, self.token_timeout, what)
+        finally:
+            check.cancel()
+
+    def _overdue(self, fut, request_id: str, overdue_s: float, what: str) -> None:
+        if not fut.done():
             self.watch.step_overdue(self.plan, f"no {what} of request {request_id} after {overdue_s:.1f} s")
-        return await self.pending.wait(request_id, fut, self.token_timeout - overdue_s, what)
 
     @property
     def hops(self) -> int:
