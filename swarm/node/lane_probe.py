@@ -30,7 +30,9 @@ class LaneProbe:
         self._waiting[nonce] = (node, answered)
         try:
             async with asyncio.timeout(timeout):
-                await self.worker.run(self.lane.mlx_send, node, Probe(nonce))
+                opening = await self.worker.run(self._mlx_send, node, Probe(nonce))
+                if opening is not None:  # its link is being opened: a dial that fails is a peer unreachable
+                    await asyncio.wrap_future(opening)
                 await answered
             return True
         except PeerUnreachable:
@@ -40,6 +42,10 @@ class LaneProbe:
             return False
         finally:
             self._waiting.pop(nonce, None)
+
+    def _mlx_send(self, node: str, probe: Probe):
+        self.lane.mlx_send(node, probe)
+        return self.lane.mlx_opening(node)
 
     def mlx_answered(self, sender: str, nonce: int) -> None:
         """A Probed from `sender` (MLX thread)."""
