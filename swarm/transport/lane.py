@@ -40,22 +40,7 @@ without waking another thread (benchmarks/lean_pipeline.py measures the floor).
 Runs on the MLX thread (engine/worker.py), except `take_over` (any thread): hence
 the `mlx_` names. Not thread-safe and does not need to be; links.py is.
 
-RDMA (Thunderbolt 5 via MLX's jaccl backend): what a lane over RDMA would need;
-the stage service must not change:
-  * Connection setup/teardown at run time. `mx.distributed` groups are fixed when
-    the group is initialised (all ranks, at once), but our plans change whenever
-    nodes join or leave. Either re-form the group on each plan change (a barrier
-    across all nodes; in-flight requests drained first), or, better, set up a queue
-    pair per peer when a link is made (links.py) and tear it down in `mlx_drop`.
-  * Registered (pinned) memory for activations: RDMA reads/writes only into memory
-    registered with the NIC. Keep a small pool of registered buffers sized for the
-    largest activation (1 x max_prefill x hidden x itemsize), receive into them, and
-    let Forward carry a view of the buffer (back to the pool once copied into MLX).
-  * A side channel for headers and control: the small msgpack headers, the hello
-    and liveness could stay on TCP; only payloads above a threshold go over RDMA,
-    with the header naming the buffer/sequence number the payload landed in.
-  * The same failure semantics: a dead link must surface as PeerUnreachable on
-    `mlx_send`, not as a hang in a collective.
+An RDMA lane would plug in here: docs/accelerators.md says what it would need.
 """
 
 from __future__ import annotations
