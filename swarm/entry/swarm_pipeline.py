@@ -17,7 +17,6 @@ takes no data is left out, which moves the plan and replays the request around i
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import deque
 from typing import Awaitable, Callable, Protocol
@@ -122,19 +121,14 @@ class SwarmPipeline:
     async def _wait_watched(self, request_id: str, fut, positions: int, what: str = "token"):
         """The answer's arrival (pending.wait); when it is overdue, the watch is told, and we wait on."""
         overdue_s = self.watch.overdue_after(self.plan, positions) if self.watch is not None else None
-        if overdue_s is None or overdue_s >= self.token_timeout:
+        if overdue_s is None:
             return await self.pending.wait(request_id, fut, self.token_timeout, what)
-        # A timer, not a second wait (asyncio.wait): that costs the step a waiter, callbacks and a task
-        # wake-up of its own, on the entry's critical path, and the answer nearly always comes first.
-        check = asyncio.get_running_loop().call_later(overdue_s, self._overdue, fut, request_id, overdue_s, what)
-        try:
-            return await self.pending.wait(request_id, fut, self.token_timeout, what)
-        finally:
-            check.cancel()
+        watch, plan = self.watch, self.plan
 
-    def _overdue(self, fut, request_id: str, overdue_s: float, what: str) -> None:
-        if not fut.done():
-            self.watch.step_overdue(self.plan, f"no {what} of request {request_id} after {overdue_s:.1f} s")
+        def overdue() -> None:
+            watch.step_overdue(plan, f"no {what} of request {request_id} after {overdue_s:.1f} s")
+
+        return await self.pending.wait(request_id, fut, self.token_timeout, what, (overdue_s, overdue))
 
     @property
     def hops(self) -> int:
