@@ -14,6 +14,7 @@ from swarm.engine.sampling import SamplingParams
 from swarm.entry.hop_timing import HopTiming
 from swarm.entry.own_requests import OwnRequests
 from swarm.entry.pending_tokens import PendingTokens
+from swarm.entry.pipeline import PipelineBroken
 from swarm.entry.run_ahead import RunAhead
 from swarm.entry.swarm_pipeline import SwarmPipeline
 from swarm.transport.messages import Forward, Token
@@ -48,9 +49,9 @@ class Watch:
         self.told.append(why)
 
 
-def pipeline(delay_s: float, watch: Watch) -> SwarmPipeline:
+def pipeline(delay_s: float, watch: Watch, token_timeout: float = 20.0) -> SwarmPipeline:
     pending = PendingTokens()
-    return SwarmPipeline(PLAN, "entry", AnswerAfter(pending, delay_s), pending, 20.0, HopTiming(),
+    return SwarmPipeline(PLAN, "entry", AnswerAfter(pending, delay_s), pending, token_timeout, HopTiming(),
                          RunAhead("entry"), OwnRequests(), watch=watch)
 
 
@@ -68,3 +69,11 @@ async def test_steps_answered_in_time_leave_no_overdue_timer_behind() -> None:
         assert await p.forward("r1", [1], i, SamplingParams(temperature=0.0)) == 42
     await asyncio.sleep(OVERDUE_S * 5)  # past every step's overdue time
     assert watch.told == []
+
+
+async def test_a_token_that_never_comes_is_overdue_then_times_out() -> None:
+    watch = Watch()
+    p = pipeline(3600.0, watch, token_timeout=OVERDUE_S * 5)
+    with pytest.raises(PipelineBroken, match="no token within"):
+        await p.forward("r1", [1], 0, SamplingParams(temperature=0.0))
+    assert len(watch.told) == 1
