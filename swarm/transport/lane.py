@@ -48,7 +48,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import select
 import socket
 import time
 from concurrent.futures import Future
@@ -183,10 +182,7 @@ class DataLane:
     def _wait_for_room(self, conn: PeerConnection) -> None:
         """Bytes wait in `conn`'s queue: they leave when its socket has room (or it stalls: broken)."""
         if self._writes is None:  # no selector of ours: wait here, as long as the peer takes bytes
-            while not conn.flush():
-                if conn.stalled_for(time.monotonic()) >= self.stall_timeout or \
-                        not _wait_writable(conn.sock, self.stall_timeout):
-                    raise TimeoutError(f"the peer took no data for {self.stall_timeout:g} s")
+            conn.flush_within(self.stall_timeout)
             return
         self._backlogged.add(conn)
         self._writes.watch_writable(conn.sock, functools.partial(self._mlx_writable, conn))
@@ -285,26 +281,19 @@ class DataLane:
 
     def _mlx_dialed(self, node_id: str, opened: Opened | None, problem: str | None) -> None:
         """A dial is over: send what waited for it, or report the link broken (its frames are lost)."""
-        held = self._opening.pop(node_id, None)
+        held = self._opening.pop(node_id, None) or HeldFrames(0)
         if self._closed:
-            problem = "the node is stopping"
             if opened is not None and opened.ours:
                 self._close(opened.conn, None)
-            opened = None
+            held.settle(PeerUnreachable(node_id, "the node is stopping"))
+            return
         if opened is None:
-            if not self._closed:
-                log.warning("could not connect to %s: %s", node_id, problem)
-            if held is not None:
-                held.settle(PeerUnreachable(node_id, problem))
-                if held.frames and self._on_broken is not None and not self._closed:
-                    try:
-                        self._on_broken(node_id, f"could not connect: {problem}")
-                    except Exception:
-                        log.exception("on_broken(%s)", node_id)
+            log.warning("could not connect to %s: %s", node_id, problem)
+            held.settle(PeerUnreachable(node_id, problem))
+            if held.frames:
+                self._report_broken(node_id, f"could not connect: {problem}")
             return
         conn = self._mlx_opened(node_id, opened)
-        if held is None:
-            return
         held.settle(None)
         for header, payload in held.frames:
             try:
@@ -407,15 +396,12 @@ class DataLane:
             except (KeyError, ValueError):
                 pass  # already closed
         conn.close(abort=bool(problem))
-        if problem and was_link and self._on_broken is not None:
+        if problem and was_link:
+            self._report_broken(conn.peer, problem)
+
+    def _report_broken(self, peer: str, problem: str) -> None:
+        if self._on_broken is not None:
             try:
-                self._on_broken(conn.peer, problem)
+                self._on_broken(peer, problem)
             except Exception:
-                log.exception("on_broken(%s)", conn.peer)
-
-
-
-def _wait_writable(sock: socket.socket, timeout: float) -> bool:
-    poller = select.poll()
-    poller.register(sock, select.POLLOUT)
-    return bool(poller.poll(timeout * 1000))
+                log.exception("on_broken(%s)", peer)
