@@ -36,7 +36,8 @@ from .roles import Role, pipeline_order
 PLACING_ROLES = (Role.ALONE, Role.FIRST, Role.MIDDLE, Role.LAST)
 
 
-def canonical_key(node: NodeCapacity) -> tuple:
+def fastest_first(node: NodeCapacity) -> tuple:
+    """Fastest first, then most memory, cheapest hop out, node id: every node sorts the same view alike."""
     return (node.seconds_per_layer, -node.memory_bytes, node.hop_latency_s, node.node_id)
 
 
@@ -44,7 +45,7 @@ def balanced_split(
     model: ModelSpec, nodes: Sequence[NodeCapacity], clock: Clock
 ) -> Optional[list[tuple[str, int]]]:
     """(node_id, n_layers) in stage order, or None if the nodes cannot hold the model."""
-    order = sorted(nodes, key=canonical_key)
+    order = sorted(nodes, key=fastest_first)
     budget = _least_bottleneck(model, order, clock)
     if budget is None:
         return None

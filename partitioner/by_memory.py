@@ -19,13 +19,14 @@ from .model import ModelSpec, NodeCapacity
 from .roles import Role, pipeline_order
 
 
-def canonical_key(node: NodeCapacity) -> tuple:
+def most_memory_first(node: NodeCapacity) -> tuple:
+    """Most memory first, then fastest, cheapest hop out, node id: every node sorts the same view alike."""
     return (-node.memory_bytes, node.seconds_per_layer, node.hop_latency_s, node.node_id)
 
 
 def memory_split(model: ModelSpec, nodes: Sequence[NodeCapacity]) -> Optional[list[tuple[str, int]]]:
     """(node_id, n_layers) in stage order, or None if the nodes cannot hold the model."""
-    order = sorted(nodes, key=canonical_key)
+    order = sorted(nodes, key=most_memory_first)
     shares = largest_remainder(model.n_layers, [node.memory_bytes for node in order])
 
     # Prefer keeping the rounded shares: roles among nodes that got layers

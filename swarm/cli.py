@@ -163,13 +163,7 @@ def _whole_number(low: int, high: int):
 
 
 def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value <= 3600:
-        raise argparse.ArgumentTypeError(f"expected seconds (0-3600), got {text!r}")
-    return value
+    return _number_in(text, 0.0, 3600.0, "seconds (0-3600)", above=True)
 
 
 def _temperature(text: str) -> float:
@@ -177,10 +171,7 @@ def _temperature(text: str) -> float:
 
 
 def _top_p(text: str) -> float:
-    value = _number_in(text, 0.0, 1.0, "a top-p in (0, 1]")
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"expected a top-p in (0, 1], got {text!r}")
-    return value
+    return _number_in(text, 0.0, 1.0, "a top-p in (0, 1]", above=True)
 
 
 def _top_k(text: str) -> int:
@@ -189,12 +180,13 @@ def _top_k(text: str) -> int:
     return int(text)
 
 
-def _number_in(text: str, lo: float, hi: float, what: str) -> float:
+def _number_in(text: str, lo: float, hi: float, what: str, above: bool = False, below: bool = False) -> float:
+    """A number from `lo` to `hi`; `above`/`below`: `lo`/`hi` itself is refused too."""
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not lo <= value <= hi:
+    if not lo <= value <= hi or (above and value == lo) or (below and value == hi):
         raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return value
 
@@ -204,13 +196,7 @@ def _gather_ms(text: str) -> float:
 
 
 def _speed(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < 60:
-        raise argparse.ArgumentTypeError(f"expected seconds per layer per token (e.g. 0.002), got {text!r}")
-    return value
+    return _number_in(text, 0.0, 60.0, "seconds per layer per token (e.g. 0.002)", above=True, below=True)
 
 
 def _size(text: str) -> int:
@@ -244,7 +230,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
 
 def new_secret(state_dir: Path) -> int:
     """`swarm-node --new-secret`: write one, say how to use it everywhere."""
-    from .node.secrets import SECRET_ENV, new_secret_file
+    from .node.secrets import new_secret_file
     try:
         path, text = new_secret_file(state_dir)
     except (FileExistsError, OSError) as e:

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 
 from .errors import ApiError, renamed_params
-from .request_fields import check_fields
+from .request_fields import check_fields, must_be_boolean, must_be_string, optional_field
 from .request_parsing import CompletionParams, is_integer, is_number, valid_text
 from .response_format import ANY_OBJECT
 from .tool_params import ToolRequest, parse_tools
@@ -74,12 +74,8 @@ def parse_chat_body(body: dict, params_of) -> OllamaRequest:
 
 def parse_generate_body(body: dict, params_of) -> OllamaRequest:
     ignored = check_fields(body, _GENERATE_FIELDS, no_effect=_NO_EFFECT, only=_FILL_IN)
-    prompt = body.get("prompt")
-    if prompt is not None and not isinstance(prompt, str):
-        raise ApiError(400, "'prompt' must be a string", param="prompt")
-    system = body.get("system")
-    if system is not None and not isinstance(system, str):
-        raise ApiError(400, "'system' must be a string", param="system")
+    prompt = optional_field(body, "prompt", must_be_string)
+    system = optional_field(body, "system", must_be_string)
     for name, why in (("template", "a custom prompt 'template' is not supported; the model's own chat template "
                                    "is used (or send 'raw': true with the whole prompt)"),
                       ("context", "'context' (token ids of an earlier answer) is not supported; send the "
@@ -87,9 +83,7 @@ def parse_generate_body(body: dict, params_of) -> OllamaRequest:
                       ("images", "images are not supported: this model reads text only")):
         if body.get(name):
             raise ApiError(400, why, param=name)
-    raw = body.get("raw")
-    if raw is not None and not isinstance(raw, bool):
-        raise ApiError(400, "'raw' must be a boolean", param="raw")
+    raw = optional_field(body, "raw", must_be_boolean)
     prompt = valid_text(prompt or "", "prompt")
     if raw:
         if system:
@@ -105,9 +99,7 @@ def _request(body: dict, messages, raw_prompt, tools: ToolRequest, params_of, ig
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise ApiError(400, "'model' is required (a model name, as /api/tags lists it)", param="model")
-    stream = body.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise ApiError(400, "'stream' must be a boolean", param="stream")
+    stream = optional_field(body, "stream", must_be_boolean)
     chat, until_full = _options(body.get("options"), ignored)
     chat["stream"] = stream is not False  # Ollama streams unless told not to
     chat["logprobs"], chat["top_logprobs"] = body.get("logprobs"), body.get("top_logprobs")  # as chat's

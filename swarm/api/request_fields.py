@@ -58,6 +58,14 @@ def must_be_one_of(*values: str) -> Callable[[str, object], str | None]:
     return check
 
 
+def optional_field(body: dict, name: str, check: Callable[[str, object], str | None]):
+    """body[name], None when left out (or null); a 400 naming it when `check` refuses its value."""
+    value = body.get(name)
+    if value is not None and (problem := check(name, value)) is not None:
+        raise ApiError(400, problem, param=name)
+    return value
+
+
 # Accepted and changing nothing here, each with the check its value must pass (None: it does).
 # Service tiers, regions and speeds are about cost and latency; the reasoning efforts ask a model
 # that does not reason for nothing (a model that does refuses them: reasoning=True in check_fields).

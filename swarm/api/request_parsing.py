@@ -18,6 +18,7 @@ from ..engine.decoding_rules import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, DecodingRu
 from ..engine.sampling import SamplingParams
 from ..models.generation_defaults import GenerationDefaults
 from .errors import ApiError
+from .request_fields import must_be_boolean, must_be_string, optional_field
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 MAX_STOP_STRINGS = 4
@@ -167,9 +168,7 @@ def valid_text(text: str, param: str) -> str:
 
 def parse_params(body: dict, max_tokens_limit: int, vocab_size: int, defaults: GenerationDefaults,
                  chat: bool) -> CompletionParams:
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise ApiError(400, "'model' must be a string", param="model")
+    model = optional_field(body, "model", must_be_string)
     n = opt_int(body, "n", 1, MAX_CHOICES) or 1
     best_of = opt_int(body, "best_of", 1, MAX_CHOICES)
     if best_of is not None and best_of != n:
@@ -193,11 +192,7 @@ def parse_params(body: dict, max_tokens_limit: int, vocab_size: int, defaults: G
     if seed is None:  # drawn once per request, so a replay after churn draws the same tokens
         seed = random.getrandbits(63)
 
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise ApiError(400, "'stream' must be a boolean", param="stream")
+    stream = optional_field(body, "stream", must_be_boolean) or False
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object", param="stream_options")
@@ -234,9 +229,7 @@ def _logprobs(body: dict, chat: bool) -> int | None:
     """How many alternatives to give with each token's logprob; None: no logprobs."""
     if not chat:  # legacy completions: logprobs is that number
         return opt_int(body, "logprobs", 0, MAX_TOP_LOGPROBS)
-    wanted = body.get("logprobs")
-    if wanted is not None and not isinstance(wanted, bool):
-        raise ApiError(400, "'logprobs' must be a boolean", param="logprobs")
+    wanted = optional_field(body, "logprobs", must_be_boolean)
     top = opt_int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
     if top is not None and not wanted:
         raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .errors import ApiError, renamed_params
-from .request_fields import check_fields, must_be_boolean, must_be_object, must_be_one_of
+from .request_fields import (check_fields, must_be_boolean, must_be_object, must_be_one_of, must_be_string,
+                             optional_field)
 from .request_parsing import CompletionParams, is_integer, valid_text
 from .response_format import parse_response_format
 from .tool_params import ToolRequest, parse_tools
@@ -73,9 +74,7 @@ class ResponsesRequest:
 def parse_responses_body(body: dict, params_of) -> ResponsesRequest:
     """`params_of(chat_body)`: the shared sampling parser (generation.Generation.params)."""
     ignored = _check_fields(body)
-    instructions = body.get("instructions")
-    if instructions is not None and not isinstance(instructions, str):
-        raise ApiError(400, "'instructions' must be a string", param="instructions")
+    instructions = optional_field(body, "instructions", must_be_string)
     instructions = valid_text(instructions, "instructions") if instructions else None
     messages = parse_input(body.get("input"))
     chat: dict = {"model": body.get("model"), "temperature": body.get("temperature"), "top_p": body.get("top_p"),
@@ -96,12 +95,8 @@ def parse_responses_body(body: dict, params_of) -> ResponsesRequest:
     if schema is not None and tools.offered:
         raise ApiError(400, "text.format json_schema / json_object together with tools is not supported; send "
                             "tool_choice 'none' or leave one out", param="text.format")
-    previous = body.get("previous_response_id")
-    if previous is not None and not isinstance(previous, str):
-        raise ApiError(400, "'previous_response_id' must be a string", param="previous_response_id")
-    store = body.get("store")
-    if store is not None and not isinstance(store, bool):
-        raise ApiError(400, "'store' must be a boolean", param="store")
+    previous = optional_field(body, "previous_response_id", must_be_string)
+    store = optional_field(body, "store", must_be_boolean)
     metadata = body.get("metadata")
     if metadata is not None and not (isinstance(metadata, dict) and len(metadata) <= 16 and all(
             isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):

@@ -16,34 +16,16 @@ that can drop their last position (mlx-lm's plain KVCache).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, trim_prompt_cache
 
 from .cache_budget import CacheBudget
+from .request_state import Ahead, Key, RequestState
 from .sampling import SamplingParams, sampled
 from .shard import Shard
 from .shard_caches import ShardCaches
-
-if TYPE_CHECKING:
-    from .request_state import Key, RequestState
-
-
-@dataclass
-class Ahead:
-    """Step `pos` of a request, under way: its input is the token read afterwards (`token_in`)."""
-    pos: int
-    sampling: SamplingParams
-    token_out: mx.array  # this step's token, not read yet
-    token_in: int | None = None  # the token it was built on, once read
-
-    def serves(self, x: mx.array, start_pos: int, sampling: SamplingParams | None) -> bool:
-        """Is this the step a Forward of input `x` at `start_pos` asks for?"""
-        return (start_pos == self.pos and sampling == self.sampling and x.shape == (1, 1)
-                and not mx.issubdtype(x.dtype, mx.floating) and self.token_in is not None
-                and int(x.item()) == self.token_in)
 
 
 def can_go_ahead(shard: Shard, caches: ShardCaches) -> bool:

@@ -44,6 +44,7 @@ def family_of(model: nn.Module) -> str:
     return type(model).__module__.rsplit(".", 1)[-1]
 
 
-def check_splittable(family: str) -> None:
+def refuse_unsplittable(family: str) -> None:
+    """UnsplittableModel for a family listed in REFUSED, with its reason."""
     if family in REFUSED:
         raise UnsplittableModel(f"{family}: cannot be split into contiguous layer ranges: {REFUSED[family]}")

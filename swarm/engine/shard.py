@@ -271,7 +271,7 @@ def check_splittable(model_dir: Path) -> Outline:
     except (TypeError, KeyError, ValueError, AttributeError, FileNotFoundError) as e:
         raise ModelFormatError(f"{model_dir}: mlx-lm cannot build this model: {type(e).__name__}: {e}") from e
     family = families.family_of(model)
-    families.check_splittable(family)
+    families.refuse_unsplittable(family)
     return outline(model, family)
 
 
@@ -290,7 +290,7 @@ def load_shard(model_dir: Path, start: int, end: int | None, dtype: mx.Dtype | N
     model, _ = load_model(Path(model_dir), lazy=True, strict=True)
     if outlined is None:
         family = families.family_of(model)
-        families.check_splittable(family)
+        families.refuse_unsplittable(family)
         outlined = outline(model, family)
     family = outlined.family
     n_layers = len(model.layers)

@@ -8,9 +8,8 @@ A request's position is counted here, not read from a cache: some cache kinds
 (ArraysCache of linear-attention and state-space layers) have no offset.
 
 Decode passes of several requests run on batches kept across steps (kept_batches.py) where the
-shard can batch, and prompts prefilled in one pass start in that pass's batch: while a request's
-rows are in one, its own caches are None and it is counted the batch's width (its positions and
-its left padding).
+shard can batch, and prompts prefilled in one pass start in that pass's batch; where each request's
+caches are and what they count is held_requests.py's.
 
 A request's entry counts its restarts (attempts: transport/messages.py, Forward): frames of an
 attempt older than one seen here, or than one its entry released, are dropped (`admits`), and a
@@ -20,18 +19,17 @@ newer attempt frees the older one's caches first, so a replay never computes on 
 from __future__ import annotations
 
 import time
-from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import mlx.core as mx
 
 from . import families
 from .batch_rows import DecodeStep, PromptStart
-from .cache_budget import CacheBudget, CacheFull, CacheLimits
+from .cache_budget import CacheFull, CacheLimits
 from .constraints import GrammarVocab
 from .decoding_rules import DecodingRules
 from .decode_ahead import StepsAhead
-from .kept_batches import KeptBatch, KeptBatches
+from .held_requests import HeldRequests
 from .prompt_cache import PromptCacheMiss, PromptCacheStats
 from .request_sampler import HistoryMismatch, RequestSampler
 from .request_attempts import RequestAttempts
@@ -57,15 +55,14 @@ class ShardRunner:
         (decode_ahead.py; Backend.decode_ahead says where)."""
         self.shard = shard
         self.keep_batches = keep_batches and shard.takes_padded_batches  # False: the unrolled pass on own caches
-        self.batches = KeptBatches()
+        self.held = HeldRequests(shard, limits)  # each request's caches and what they count (held_requests.py)
+        self.batches, self.budget, self._requests = self.held.batches, self.held.budget, self.held.states
         self.vocab = vocab  # for grammars (constraints.py); None: requests with one are refused
-        self.budget = CacheBudget(limits)
         self.context = context or 2**31 - 1
         self.input_limits = shard.input_limits(self.context)
-        self._requests: dict[Key, RequestState] = {}
         # caches of finished requests, reused by later ones that start with the same tokens (prompt_cache.py)
         self.prompts = StagePrompts(shard.range, 0 if shard.family in families.PIECES_MATTER else prompt_cache_bytes)
-        self.ahead = StepsAhead(shard, self.budget, self.context, decode_ahead, self._drop)
+        self.ahead = StepsAhead(shard, self.budget, self.context, decode_ahead, self.held.drop)
         self.attempts = RequestAttempts()
 
     @property
@@ -100,7 +97,7 @@ class ShardRunner:
             self.ahead.settle(key, state)
         if start_pos == 0 or prefix is not None:
             if state is not None:
-                self._drop(key)
+                self.held.drop(key)
             self.prompts.started(key)
             state = self._start(key, length, prefix)
             if rules is not None and self.range.is_last:
@@ -109,17 +106,17 @@ class ShardRunner:
                     if prefix:
                         state.sampler.observe(0, prefix)
                 except Exception as e:  # never expected: the entry checked the rules
-                    self._drop(key)
+                    self.held.drop(key)
                     raise CacheMismatch(f"request {request_id}: its decoding rules cannot apply here: {e}") from e
         elif state is None or state.offset != start_pos:
             if state is None and self.prompts.missed(key):
                 raise PromptCacheMiss(f"request {request_id} missed its prefix here", quiet=True)
-            held = state.offset if state else 0
-            raise CacheMismatch(f"request {request_id}: cache holds {held} positions, frame starts at {start_pos}")
+            holds = state.offset if state else 0
+            raise CacheMismatch(f"request {request_id}: cache holds {holds} positions, frame starts at {start_pos}")
         else:
-            state.last_used = time.monotonic()  # (before _grow, which may free idle requests)
-            self._own(key, state)
-            self._grow(key, state, length)
+            state.last_used = time.monotonic()  # (before growing, which may free idle requests)
+            self.held.own(key, state)
+            self.held.grow(key, state, length)
         sampler = state.sampler
         prepared = None
         try:
@@ -138,10 +135,10 @@ class ShardRunner:
             else:
                 mx.eval(out, state.caches.arrays())
         except HistoryMismatch as e:
-            self._drop(key)
+            self.held.drop(key)
             raise CacheMismatch(f"request {request_id}: {e}") from None
         except Exception:
-            self._drop(key)  # its caches may hold part of the step
+            self.held.drop(key)  # its caches may hold part of the step
             raise
         state.offset += length
         if every_row:
@@ -158,87 +155,8 @@ class ShardRunner:
         return self.ahead.read(state, token)
 
     def _start(self, key: Key, length: int, prefix: list[int] | None = None) -> RequestState:
-        if prefix:
-            caches = self.prompts.start(key, prefix)
-        else:
-            caches, prefix = self.shard.make_caches(), ()
-        length += len(prefix)
-        why = self.budget.refusal(key[0], True, length)
-        if why is not None:
-            self.release_idle(IDLE_EVICT_S)  # abandoned requests go first
-            why = self.budget.refusal(key[0], True, length)
-        if why is not None:
-            raise CacheFull(f"request {key[1]}: {why}")
-        self.budget.add(key[0], True, length)
-        state = self._requests[key] = RequestState(caches, offset=len(prefix), counted=length)
-        return state  # (its last_used is now)
-
-    def _grow(self, key: Key, state: RequestState, length: int) -> None:
-        why = self.budget.refusal(key[0], False, length)
-        if why is not None:
-            self.release_idle(IDLE_EVICT_S)
-            why = self.budget.refusal(key[0], False, length)
-        if why is not None:
-            self._drop(key)  # it cannot go on here: free what it holds, the entry learns why
-            raise CacheFull(f"request {key[1]}: {why}")
-        self.budget.add(key[0], False, length)
-        state.counted += length
-
-    def _drop(self, key: Key) -> None:
-        batch = self.batches.batch_of(key)
-        self.batches.discard(key)
-        state = self._requests.pop(key, None)
-        if state is not None:
-            self.budget.remove(key[0], state.counted)
-        if batch is not None:
-            self._count_padding(batch)
-
-    def _own(self, key: Key, state: RequestState) -> None:
-        """Give a request its own caches again if its rows are in a kept batch (it runs without it)."""
-        batch = self.batches.batch_of(key)
-        if batch is None:
-            return
-        state.caches = self.shard.own_caches(self.batches.detach(key))
-        self._set_padding(key, state, 0)
-        self._count_padding(batch)
-
-    def _set_padding(self, key: Key, state: RequestState, padding: int) -> None:
-        self.budget.add(key[0], False, padding - state.padding)
-        state.counted += padding - state.padding
-        state.padding = padding
-
-    def _count_padding(self, batch: KeptBatch) -> None:
-        """Count each row of a batch the batch's width (a filter may have narrowed it)."""
-        for key in batch.members:
-            state = self._requests[key]
-            self._set_padding(key, state, batch.width - state.offset)
-
-    def _kept_batch(self, keys: list[Key], states: list[RequestState]) -> KeptBatch | None:
-        """The kept batch of exactly these requests (kept_batches.py), or None when the padding it
-        would add passes an entry's or the stage's cap (they then run on their own caches)."""
-        width = self.batches.width_if_joined(keys, [st.offset for st in states])
-        if not self._padding_fits((key, max(0, width - st.offset - st.padding)) for key, st in zip(keys, states)):
-            return None
-        touched = self.batches.touched(keys)
-        own = {k: st.caches.owned for k, st in zip(keys, states) if st.caches is not None}
-        batch, left = self.batches.batch_for(keys, own)
-        for st in states:
-            st.caches = None  # its rows are the batch's now: held once
-        for key, owned in left.items():
-            state = self._requests[key]
-            state.caches = self.shard.own_caches(owned)
-            self._set_padding(key, state, 0)
-        for b in [batch, *touched]:
-            if b.members:
-                self._count_padding(b)
-        return batch
-
-    def _padding_fits(self, more_padding: Iterable[tuple[Key, int]]) -> bool:
-        """Would every entry's cap hold this much more padding for these requests (a kept batch counts it)?"""
-        more: dict[str, int] = defaultdict(int)
-        for key, n in more_padding:
-            more[key[0]] += n
-        return not any(n and self.budget.refusal(entry, False, n) for entry, n in more.items())
+        caches = self.prompts.start(key, prefix) if prefix else self.shard.make_caches()
+        return self.held.start(key, caches, len(prefix or ()), length)
 
     def decode_batch(self, items: list[DecodeStep], entries: list[str] | None = None) -> list:
         """One decode position for several requests in one pass (see Shard.decode_batch).
@@ -260,19 +178,19 @@ class ShardRunner:
                 results[i] = PromptCacheMiss(f"request {rid} missed its prefix here", quiet=True)
                 continue
             if state is None or state.offset != pos or pos == 0 or x.shape[1] != 1 or pos + 1 > self.context:
-                held = state.offset if state else 0
-                results[i] = CacheMismatch(f"request {rid}: cache holds {held} positions, frame starts at {pos}")
+                holds = state.offset if state else 0
+                results[i] = CacheMismatch(f"request {rid}: cache holds {holds} positions, frame starts at {pos}")
                 continue
             if state.sampler is not None:
                 try:
                     state.sampler.observe(pos, items[i].token_ids)
                 except HistoryMismatch as e:
-                    self._drop(key)
+                    self.held.drop(key)
                     results[i] = CacheMismatch(f"request {rid}: {e}")
                     continue
             state.last_used = time.monotonic()
             try:
-                self._grow(key, state, 1)
+                self.held.grow(key, state, 1)
             except CacheFull as e:
                 results[i] = e
                 continue
@@ -282,25 +200,25 @@ class ShardRunner:
         if not rows:
             return results
         try:
-            batch = self._kept_batch(keys, states) if self.keep_batches and len(rows) > 1 else None
+            batch = self.held.kept_batch(keys, states) if self.keep_batches and len(rows) > 1 else None
             if batch is None:
                 for key, st in zip(keys, states):
-                    self._own(key, st)
+                    self.held.own(key, st)
                 out = self.shard.decode_batch(mx.concatenate([items[i].x for i in rows], axis=0),
                                               [st.caches for st in states])
-                held = [st.caches.arrays() for st in states]
+                arrays = [st.caches.arrays() for st in states]
             else:  # the batch's rows are in its own order; this pass's may come in any other
                 at = {key: j for j, key in enumerate(keys)}
                 x = mx.concatenate([items[rows[at[key]]].x for key in batch.members], axis=0)
                 row_of = {key: r for r, key in enumerate(batch.members)}
                 out = self.shard.decode_kept(x, batch.caches)[mx.array([row_of[key] for key in keys])]
-                held = batch.arrays()
+                arrays = batch.arrays()
             draws = RowDraws(out, [items[i] for i in rows], [st.sampler for st in states]) \
                 if self.range.is_last else None
-            mx.eval(out, held, draws.arrays() if draws else [])
+            mx.eval(out, arrays, draws.arrays() if draws else [])
         except Exception:
             for key in keys:
-                self._drop(key)
+                self.held.drop(key)
             raise
         for st in states:
             st.offset += 1
@@ -321,13 +239,13 @@ class ShardRunner:
         rows, keys = [], []
         for i, (rid, x, prefix) in enumerate(items):
             key = (entries[i], rid)
-            held = len(prefix or ())
-            if held + x.shape[1] > self.context:
-                results[i] = CacheMismatch(f"request {rid}: positions [{held}, {held + x.shape[1]}) run past the "
+            offset = len(prefix or ())
+            if offset + x.shape[1] > self.context:
+                results[i] = CacheMismatch(f"request {rid}: positions [{offset}, {offset + x.shape[1]}) run past the "
                                            f"context of {self.context}")
                 continue
             if key in self._requests:
-                self._drop(key)
+                self.held.drop(key)
             self.prompts.started(key)
             try:
                 self._start(key, x.shape[1], prefix)
@@ -351,13 +269,13 @@ class ShardRunner:
                 out, batch = self.shard.prefill_batch_after(x, lengths, [st.caches.owned for st in states])
             else:
                 out, batch = self.shard.prefill_batch(x, pads)
-            keep = self.keep_batches and len(keys) > 1 and self._padding_fits(zip(keys, held_pads))
+            keep = self.keep_batches and len(keys) > 1 and self.held.padding_fits(zip(keys, held_pads))
             own = None if keep else self.shard.rows_of(batch, len(keys))
             mx.eval(out, [(c.keys, c.values, c.offset, c.left_padding) for c in batch] if keep
                     else [c.arrays() for c in own])
         except Exception:
             for key in keys:
-                self._drop(key)
+                self.held.drop(key)
             raise
         for j, (i, st) in enumerate(zip(rows, states)):
             st.caches, st.offset = (None if keep else own[j]), ends[j]
@@ -366,14 +284,14 @@ class ShardRunner:
             else:
                 results[i] = out[j:j + 1, :lengths[j]] if after else out[j:j + 1, pads[j]:]
         if keep:  # their decode steps come back together: the batch they were prefilled in serves them
-            self._count_padding(self.batches.adopt(keys, batch))
+            self.held.adopt(keys, batch)
         return results
 
     def admits(self, entry: str, request_id: str, attempt: int) -> bool:
         """May a frame of this attempt of `entry`'s request run? False: an older attempt's, or one its
         entry released. A newer attempt than the one held frees the older one's caches."""
         key = (entry, request_id)
-        return self.attempts.admits(key, attempt, lambda: self._drop(key) if key in self._requests else None)
+        return self.attempts.admits(key, attempt, lambda: self.held.drop(key) if key in self._requests else None)
 
     def release(self, request_id: str, entry: str = "", keep: Sequence[int] | None = None, attempt: int = 0) -> bool:
         """Free `entry`'s request (False: it holds none by that id); frames of `attempt` or older that
@@ -389,9 +307,9 @@ class ShardRunner:
         if state.ahead is not None:
             self.ahead.settle(key, state)  # (the step ahead was never asked for: its position is no token's)
         if keep is not None and 0 < len(keep) <= state.offset and self.prompts.max_bytes > 0:
-            self._own(key, state)  # (out of a kept batch: the caches of its own rows)
+            self.held.own(key, state)  # (out of a kept batch: the caches of its own rows)
             self.prompts.keep(entry, keep, state.caches, state.offset)
-        self._drop(key)
+        self.held.drop(key)
         return True
 
     def prompt_stats(self) -> PromptCacheStats:
@@ -403,11 +321,7 @@ class ShardRunner:
 
     def release_idle(self, max_idle_s: float) -> list[str]:
         """Free the caches of requests nobody has touched for a while (their entry died)."""
-        now = time.monotonic()
-        stale = [key for key, s in self._requests.items() if now - s.last_used > max_idle_s]
-        for key in stale:
-            self._drop(key)
-        return [rid for _, rid in stale]
+        return self.held.release_idle(max_idle_s)
 
     @property
     def active_requests(self) -> int:
@@ -417,5 +331,3 @@ class ShardRunner:
     def kv_bytes(self) -> int:
         return self.budget.kv_bytes()
 
-
-IDLE_EVICT_S = 60.0  # at a cap, requests idle this long are freed first: an honest one steps far more often

@@ -6,11 +6,9 @@ layers are loaded; an entry node uses a plan only when every stage announces it.
 Agreement is waited for on a condition, notified whenever the view or our own
 layers change: nobody polls. Event loop only.
 
-A node that lacks weights for its new layers fetches them from its peers first
-(weights/peer_weights.py), still serving the plan it served, and announces
-`ready=<plan>` when it holds them. Nodes switch to a new plan only once its new
-members and its fetching members are ready, so the plan before keeps serving while
-layers travel; entries keep using it until the new one is agreed.
+Our part of the newest plan is loaded (its weights fetched from peers first where we lack them)
+by plan_loading.py; the plan before keeps serving while layers travel, and entries keep using it
+until the new one is agreed.
 
 A stage that does not serve our plan in time is left out of the next plans for a while
 (load_deadlines.py), so one bad record cannot stop the swarm; and a node announces only a
@@ -31,20 +29,19 @@ import logging
 import time
 from typing import Callable
 
-from discovery import Discovery, NodeState
-from discovery.profile_keys import (FETCH_KEY, LAYERS_KEY, LOADING_KEY, MEM_USED_KEY, PLAN_KEY, READY_KEY,
-                                    STATE_KEY)
+from discovery import Discovery
+from discovery.profile_keys import FETCH_KEY, LOADING_KEY, PLAN_KEY
 from discovery.view import PeerEvent
 from partitioner import InsufficientMemoryError, ModelSpec, NodeCapacity, Plan, make_plan
 
 from ..events import EventBus
 from ..stage.stage_host import StageHost
-from ..weights.peer_weights import NotEnoughDisk, PeerWeights, parse_fetch
-from ..weights.transfer import FetchStuck
+from ..weights.peer_weights import PeerWeights, parse_fetch
 from .errors import NoPipeline
 from .layer_proofs import LayerProofs
 from .proof_gate import ProofGate
 from .load_deadlines import Announced, LoadDeadlines
+from .plan_loading import PlanLoader
 from .slow_members import PROFILE_FIELD, ProbeFn, SlowMembers
 from .step_costs import longest_pass, overdue_after
 
@@ -53,14 +50,6 @@ log = logging.getLogger(__name__)
 # After a pipeline broke, prefer waiting this long for a new plan (the liveness check
 # declares a dead peer gone within 3 s) over replaying into the same broken plan.
 NEW_PLAN_GRACE_S = 3.5
-RETRY_FETCH_S = 5.0  # a fetch that could not finish (no holder, no disk) is tried again this often at most
-# Before fetching, the membership must have held still this long: nodes that start together join
-# a second apart, and a fetch for a plan the next join replaces is mostly wasted.
-SETTLE_S = 3.0
-# Peers that are still learning the model from the swarm (their profile has no fingerprint yet) will
-# be members within seconds: a fetch waits for them, this long at most (one looking for ever must not
-# hold the swarm back).
-PROSPECTS_WAIT_S = 30.0
 SUSPICION_RECHECK_S = 0.25  # how often a request waiting out a probe of its broken plan's stage looks again
 
 
@@ -87,14 +76,14 @@ class Coordinator:
         self.slow = SlowMembers(node_id, probe or _always_answers, self._slow_changed, busy_for=self.longest_pass)
         self.proofs = proofs  # None: every peer's claims are believed (tests of planning alone)
         self.gate = ProofGate(node_id, spec.n_layers, fingerprint, discovery, proofs, weights)
-        self._fetching = False  # this node fetches for its plan: the stages it waits for are not late
         self.plan: Plan | None = None
         self.before: Plan | None = None  # the last plan seen whole: used while the newest is fetched for
         self.plan_error: str | None = None
-        self._apply_task: asyncio.Task | None = None
         self._watch_task: asyncio.Task | None = None
         self._changed = asyncio.Condition()  # the view, the plan or our layers changed
-        self._membership_changed = time.monotonic()
+        self.loader = PlanLoader(node_id, discovery, host, events, self.gate, self.deadlines, weights,
+                                 newest=lambda: self.plan, before=lambda: self.before, changed=self._changed,
+                                 notify=self._notify)
 
     async def start(self) -> None:
         if self.proofs is not None:
@@ -107,17 +96,15 @@ class Coordinator:
         await self.slow.stop()
         if self.proofs is not None:
             await self.proofs.stop()
-        for task in (self._watch_task, self._apply_task):
-            if task is not None and not task.done():
-                task.cancel()
-                try:
-                    await task
-                except (asyncio.CancelledError, Exception):
-                    pass
+        if self._watch_task is not None and not self._watch_task.done():
+            self._watch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._watch_task
+        await self.loader.stop()
 
     async def on_peer_event(self, event: PeerEvent) -> None:
         if event.kind in ("join", "leave"):
-            self._membership_changed = time.monotonic()
+            self.loader.membership_changed()
             self.events.emit(event.kind, {"node_id": event.node_id, "name": event.profile.name})
         if event.kind == "leave" and self.plan and event.node_id in {s.node_id for s in self.plan.stages}:
             self._plans_broken(f"node {event.node_id} left")
@@ -166,8 +153,7 @@ class Coordinator:
         self._plans_broken("the plan changed", frozenset(p.plan_id for p in (plan, self.before) if p is not None))
         self.events.emit("plan", {"plan": plan.to_dict() if plan else None, "error": error})
         await self._notify()
-        if self._apply_task is None or self._apply_task.done():
-            self._apply_task = asyncio.create_task(self._apply(), name="apply-plan")
+        self.loader.plan_changed()
 
     async def _slow_changed(self) -> None:
         """A member was left out for taking no data, or taken back: say so (peers check it too), replan."""
@@ -196,137 +182,6 @@ class Coordinator:
     def _plans_broken(self, reason: str, whole: frozenset[str] = frozenset()) -> None:
         for listener in self.on_plans_broken:
             listener(reason, whole)
-
-    def own_layers(self, plan: Plan | None) -> tuple[int, int] | None:
-        for s in plan.stages if plan else ():
-            if s.node_id == self.node_id:
-                return s.start, s.end
-        return None
-
-    async def _apply(self) -> None:
-        """Load our layers for the newest plan. Every await may see the plan move on, so
-        the loop only ends when what it just applied and announced is still the plan."""
-        while True:
-            plan = self.plan
-            if plan is None:  # keep what we hold: capacity may come back
-                self.host.plan = None
-                await self.discovery.update_profile(extra={PLAN_KEY: "", STATE_KEY: NodeState.WAITING})
-            else:
-                layers = self.own_layers(plan)
-                if not await self._fetch_for(plan, layers):
-                    continue
-                if layers:
-                    await self.gate.claim_held(layers)
-                # Fetched (or nothing to fetch): still "loading" this plan for the deadlines while the
-                # plan's other members fetch theirs.
-                await self.discovery.update_profile(extra={READY_KEY: plan.plan_id,
-                                                           LOADING_KEY: plan.plan_id if layers else None})
-                await self._wait_until_ready(plan)
-                if plan is not self.plan:
-                    continue
-                held = self.host.stage.range if self.host.stage else None
-                if layers and (held is None or (held.start, held.end) != layers):
-                    log.info("loading layers [%d, %d) for plan %s", *layers, plan.plan_id)
-                await self.discovery.update_profile(extra={
-                    PLAN_KEY: "", STATE_KEY: NodeState.LOADING if layers else NodeState.IDLE,
-                    LOADING_KEY: plan.plan_id if layers else None})
-                try:
-                    await self.host.assign(plan, layers)
-                except Exception:
-                    log.exception("could not load layers %s", layers)
-                    await self.discovery.update_profile(extra={STATE_KEY: NodeState.FAILED, LOADING_KEY: None})
-                    return
-                if plan is not self.plan:
-                    continue
-                # Only a plan we hold layers of is announced: an announcement is a promise to serve it.
-                await self.discovery.update_profile(extra={
-                    PLAN_KEY: plan.plan_id if layers else "",
-                    STATE_KEY: NodeState.SERVING if layers else NodeState.IDLE,
-                    LOADING_KEY: None, LAYERS_KEY: f"{layers[0]}-{layers[1]}" if layers else "",
-                    MEM_USED_KEY: str(self.host.weight_bytes)})
-                await self._notify()
-            if plan is self.plan:
-                if plan is not None:
-                    self.events.emit("plan_loaded", {"node_id": self.node_id, "plan_id": plan.plan_id})
-                return
-
-    async def _fetch_for(self, plan: Plan, layers: tuple[int, int] | None) -> bool:
-        """Have the weights our layers of `plan` need (still serving the plan before); False: the
-        plan moved on meanwhile, or the fetch failed and was waited out (go round again)."""
-        if layers is None or self.weights is None or not await self.weights.lacks(*layers):
-            return True
-        await self.discovery.update_profile(extra={LOADING_KEY: plan.plan_id})  # for the deadlines: from now on
-        first_look = time.monotonic()
-        while (quiet := time.monotonic() - self._membership_changed) < SETTLE_S or \
-                (self._prospects() and time.monotonic() - first_look < PROSPECTS_WAIT_S):
-            await asyncio.sleep(max(SETTLE_S - quiet, 0.25))
-            if plan is not self.plan:
-                return False
-        fetch = asyncio.create_task(self._fetch_stage(layers), name="fetch-weights")
-        fetch.add_done_callback(lambda _: asyncio.ensure_future(self._notify()))  # wakes the wait below
-        try:
-            await self.discovery.update_profile(extra={STATE_KEY: NodeState.FETCHING, LOADING_KEY: plan.plan_id})
-            async with self._changed:  # a fetch for a plan that is no longer ours stops
-                await self._changed.wait_for(lambda: fetch.done() or plan is not self.plan)
-            if not fetch.done():
-                fetch.cancel()
-                log.info("plan %s replaced while fetching for it: fetching for the new one", plan.plan_id)
-                with contextlib.suppress(asyncio.CancelledError):
-                    await fetch
-                return False
-            fetch.result()
-            return plan is self.plan
-        except (FetchStuck, NotEnoughDisk) as e:
-            log.warning("cannot load layers [%d, %d) yet: %s; trying again when the swarm changes", *layers, e)
-            stuck = isinstance(e, FetchStuck)
-            await self.discovery.update_profile(extra={STATE_KEY: NodeState.STUCK if stuck else NodeState.NO_DISK})
-            async with self._changed:
-                try:
-                    await asyncio.wait_for(self._changed.wait(), RETRY_FETCH_S)
-                except asyncio.TimeoutError:
-                    pass
-            return False
-
-    async def _fetch_stage(self, layers: tuple[int, int]) -> None:
-        self._fetching = True
-        try:
-            await self.weights.ensure_stage(*layers)
-        finally:
-            self._fetching = False
-            self.deadlines.restart_clocks()
-
-    def _prospects(self) -> list[str]:
-        """Peers learning the model this node serves (or whatever the swarm serves) from the swarm."""
-        model_id = self.discovery.profile.model_id
-        return [p.node_id for p in self.discovery.view()
-                if not p.profile.model_fingerprint and p.profile.model_id in ("", model_id)
-                and p.profile.state in (NodeState.LOOKING, NodeState.FETCHING)]
-
-    async def _wait_until_ready(self, plan: Plan) -> None:
-        """Until the members of `plan` that may still be fetching have its weights (or the plan moves on).
-
-        Those are the nodes the plan before did not have (they joined) and the nodes saying they
-        fetch; the others hold their layers already (they served the plan before)."""
-        def pending() -> list[str]:
-            old = {s.node_id for s in self.before.stages} if self.before is not None else set()
-            profiles = {p.node_id: p.profile for p in self.discovery.view(include_self=True)}
-            late = []
-            for s in plan.stages:
-                profile = profiles.get(s.node_id)
-                extra = profile.extra if profile is not None else {}
-                if extra.get(READY_KEY) == plan.plan_id or extra.get(PLAN_KEY) == plan.plan_id:
-                    continue
-                if s.node_id not in old or (profile is not None and profile.state is NodeState.FETCHING):
-                    late.append(s.node_id)
-            return late
-
-        said = None
-        async with self._changed:
-            while plan is self.plan and (late := pending()):
-                if late != said:
-                    log.info("plan %s: waiting for %s to hold their weights", plan.plan_id, ", ".join(late))
-                    said = late
-                await self._changed.wait()
 
     def _announced(self) -> dict[str, Announced]:
         def received(extra: dict) -> int:
@@ -359,7 +214,7 @@ class Coordinator:
     async def _watch_loads(self) -> None:
         """Leave out stages that miss their deadline, and take them back when their time out ends."""
         while True:
-            if self._fetching:  # our peers plan us once we hold our layers: until then they are not late
+            if self.loader.fetching:  # our peers plan us once we hold our layers: until then they are not late
                 self.deadlines.restart_clocks()
             late = self.deadlines.overdue(self._announced())
             if late:
