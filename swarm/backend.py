@@ -32,8 +32,8 @@ from . import environment
 KINDS = ("metal", "cuda", "cpu")
 STANDIN_ENV = environment.DEVICE_STANDIN.name
 
-# What a profile's memory_kind says the offered bytes are.
-MEMORY_KINDS = {"cuda": "gpu", "metal": "working_set", "cpu": "ram"}
+# Each backend's memory_kind: which memory a profile's offered bytes are (one of discovery.profile.MEMORY_KINDS).
+MEMORY_KIND_OF = {"cuda": "gpu", "metal": "working_set", "cpu": "ram"}
 _MEMORY_WORDS = {"gpu": "GPU memory", "working_set": "Metal working set", "ram": "RAM"}
 
 
@@ -103,7 +103,7 @@ class Backend:
 
     @property
     def memory_kind(self) -> str:
-        return MEMORY_KINDS[self.kind]
+        return MEMORY_KIND_OF[self.kind]
 
     def offered_memory(self, ram_total: int, ram_available: int) -> tuple[int, int]:
         """(total, available) bytes to offer the swarm, before --memory-limit: the device's where it has

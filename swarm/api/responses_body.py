@@ -37,8 +37,8 @@ def _positive_integer(name: str, value) -> str | None:
 _OWN_NO_EFFECT = {"reasoning": must_be_object, "stream_options": must_be_object,
                   "truncation": must_be_one_of("auto", "disabled"), "background": must_be_boolean,
                   "max_tool_calls": _positive_integer}
-NO_EFFECT = set(_OWN_NO_EFFECT) | {"service_tier", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
-                                   "user"}
+NO_EFFECT_FIELDS = set(_OWN_NO_EFFECT) | {"service_tier", "safety_identifier", "prompt_cache_key",
+                                          "prompt_cache_retention", "user"}
 _WHY_NOT = {
     "conversation": "conversations are not stored here; use 'previous_response_id' or send the whole 'input'",
     "prompt": "stored prompt templates are not supported; send 'instructions' and 'input'",
@@ -115,7 +115,7 @@ def parse_responses_body(body: dict, params_of) -> ResponsesRequest:
 
 def _check_fields(body: dict) -> list[str]:
     """400 naming the first field that would not be honoured; the accepted ones that change nothing."""
-    ignored = check_fields(body, HONOURED | NO_EFFECT, no_effect=_OWN_NO_EFFECT, why_not=_WHY_NOT,
+    ignored = check_fields(body, HONOURED | NO_EFFECT_FIELDS, no_effect=_OWN_NO_EFFECT, why_not=_WHY_NOT,
                            only={"background": ({False}, _BACKGROUND)}, applied=_APPLIED_HERE)
     include = body.get("include") or []
     if not isinstance(include, list) or not all(isinstance(v, str) for v in include):

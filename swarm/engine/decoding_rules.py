@@ -18,7 +18,7 @@ from dataclasses import dataclass
 MAX_GRAMMAR_CHARS = 32 * 1024  # with a prefill chunk's ids it must fit one frame header (64 KiB)
 MAX_LOGIT_BIAS = 300  # entries, as OpenAI allows
 MAX_TOP_LOGPROBS = 20
-MAX_TOKEN_ID = 2**31 - 1
+MAX_TOKEN_ID = 2**31 - 1  # token ids travel as int32 (transport/messages.py checks a frame's by it too)
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,10 @@ from typing import NamedTuple
 
 from .errors import ProtocolError
 from .frames import Frame
+from .link_crypto import NONCE_BYTES, PROOF_BYTES
 from .wire_fields import MAX_TEXT_CHARS, brief, text_field
 
 PURPOSE_CHARS = 32
-NONCE_BYTES = PROOF_BYTES = 32
 
 
 def _blob(h: dict, key: str, size: int) -> bytes:

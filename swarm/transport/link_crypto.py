@@ -46,6 +46,7 @@ from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 from . import sodium_gcm
 
 NONCE_BYTES = 32
+PROOF_BYTES = hashlib.sha256().digest_size  # a proof is an HMAC-SHA256
 TAG_BYTES = 16
 _KEY_INFO = b"swarm link keys v1"
 _SECRET_SALT = b"swarm secret v1"

@@ -32,7 +32,7 @@ from typing import Any, NamedTuple, Union
 import mlx.core as mx
 import numpy as np
 
-from ..engine.decoding_rules import DecodingRules
+from ..engine.decoding_rules import MAX_TOKEN_ID, DecodingRules
 from ..engine.sampling import SamplingParams
 from ..engine.token_logprobs import TokenLogprobs
 from .arrays import WIRE_DTYPES, decode_array
@@ -42,7 +42,6 @@ from .handshake_messages import HANDSHAKE_MESSAGES, Admitted, Hello, Proof, Reje
 from .probe_messages import Probe, Probed
 from .wire_fields import MAX_TEXT_CHARS, brief, int_error, int_field, is_id, text_error, text_field
 
-MAX_TOKEN_ID = 2**31 - 1  # token ids travel as int32
 MAX_POSITION = 2**31 - 1
 MAX_COMPUTE_US = 2**62
 MAX_KEEP_IDS = 1 << 21  # token ids a Release may name (more than any context a node serves)
