@@ -9,6 +9,9 @@ Sources of knowledge, all funnelled into one PeerTable:
     for their profile every `probe_interval` until they answer; one that keeps
     failing is asked less and less often, and only so many per round
     (probe_backoff.py: records naming endpoints that never answer cost bounded work).
+    A peer that proves itself to us (`heard_from`: a restarted member probing us)
+    is asked at once at the endpoints its records give at that address, back-off
+    or not: a member coming back is served again without waiting out its back-off.
 
 How a profile is asked for is the caller's: `fetch_profile(host, port, timeout)`,
 by default the plain SWPF exchange (profile_exchange.py; the caller then serves
@@ -67,11 +70,13 @@ class Discovery:
         on_duplicate: OnDuplicate | None = None,
         fetch_profile: ProfileFetcher = fetch_profile,
         mdns_is_hint: bool = False,
+        probe_backoff: ProbeBackoff | None = None,
     ) -> None:
         """`profile.swarm` is the swarm we join; `interfaces` (IPs or names) restricts
         mDNS, None = all interfaces; `state_dir` is where a re-minted id is stored;
         `on_duplicate`: told (once per other instance) instead of re-minting in place;
-        `fetch_profile` and `mdns_is_hint`: see the module's docstring."""
+        `fetch_profile` and `mdns_is_hint`: see the module's docstring; `probe_backoff`: how endpoints that
+        do not answer are asked again (probe_backoff.py's defaults if None)."""
         if not profile.instance:
             raise ValueError("profile.instance must be set (see local_profile.build_local_profile)")
         self._table = PeerTable(profile)
@@ -90,7 +95,7 @@ class Discovery:
         self._state_dir = state_dir
         self._interval, self._timeout, self._failure_limit = probe_interval, probe_timeout, probe_failures
         self._exhausted_said_at = float("-inf")
-        self._backoff = ProbeBackoff()
+        self._backoff = probe_backoff or ProbeBackoff()
         self._tasks: list[asyncio.Task[Any]] = []
         self._reminting = False
         self._on_duplicate = on_duplicate
@@ -123,6 +128,20 @@ class Discovery:
         """A peer's (address, peer port). One dict lookup, so other threads may call it too."""
         peer = self._table.peers.get(node_id)
         return peer.endpoint if peer is not None else None
+
+    def heard_from(self, node_id: str, address: str) -> None:
+        """A node proved (with the swarm secret) that it is `node_id`, from `address`: the endpoints not in
+        the view that our records give for it there (mDNS records naming that id, static peers) are asked
+        in this poll round. Only at that address: records anyone publishes with its id elsewhere keep their
+        back-off."""
+        admitted = {p.endpoint for p in self._table.peers.values()}
+        ready = [endpoint for endpoint, record_id, _, _ in self._mdns_endpoints.values() if record_id == node_id]
+        ready += self._static
+        ready = [e for e in ready if e.host == address and (e.host, e.port) not in admitted]
+        for endpoint in ready:
+            if self._backoff.failures(endpoint):
+                self._backoff.answered(endpoint)
+                self._poll_now.set()
 
     def _advertised(self) -> NodeProfile:
         return self.profile.as_hint() if self._mdns_is_hint else self.profile

@@ -46,12 +46,13 @@ def reference_chat(model_dir, messages: list[dict], max_tokens: int) -> tuple[st
     return tok.decode(text_tokens), len(tokens)
 
 
-def reference_tokens(model_dir, prompt: list[int], n: int) -> list[tuple[int, np.ndarray]]:
+def reference_tokens(model_dir, prompt: list[int], n: int,
+                     prefill_step: int = PREFILL_STEP) -> list[tuple[int, np.ndarray]]:
     """Greedy (token, log-softmax of the logits it was drawn from) pairs, as mlx-lm's generate_step gives."""
     model, _ = _load(str(model_dir))
     return [(int(t), np.array(lp.astype(mx.float32)))
             for (t, lp), _ in zip(generate_step(mx.array(prompt), model, max_tokens=n,
-                                                prefill_step_size=PREFILL_STEP), range(n))]
+                                                prefill_step_size=prefill_step), range(n))]
 
 
 def reference_prompt_logprobs(model_dir, prompt: list[int]) -> np.ndarray:

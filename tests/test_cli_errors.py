@@ -70,20 +70,21 @@ def test_a_model_this_machine_does_not_hold_is_looked_for_on_peers_and_said_so(t
             stdout=out, stderr=subprocess.STDOUT,
             env={**os.environ, "HF_HUB_CACHE": str(tmp_path / "empty-hub"), "HF_HUB_OFFLINE": "1"})
     try:
+        hub = tmp_path / "empty-hub"
+        waiting = (f"mlx-community/Not-Cached-4bit is no local path and not in the local Hugging "
+                   f"Face cache ({hub}); no peer of swarm 'default' holds "
+                   f"'mlx-community/Not-Cached-4bit': waiting for one")
         deadline, body = time.monotonic() + 60, None
         while time.monotonic() < deadline and proc.poll() is None:
             try:
                 status, body = get_json(f"http://127.0.0.1:{api}/health")
-                if status == 503 and "no peer holds" in body.get("status", ""):
+                if status == 503 and body.get("status") == waiting:
                     break
             except OSError:
                 pass
             time.sleep(0.2)
         assert proc.poll() is None, log.read_text()
-        hub = tmp_path / "empty-hub"
-        assert body["status"] == (f"mlx-community/Not-Cached-4bit is no local path and not in the local Hugging "
-                                  f"Face cache ({hub}); no peer of swarm 'default' holds "
-                                  f"'mlx-community/Not-Cached-4bit': waiting for one"), body
+        assert body["status"] == waiting, body
         time.sleep(3)  # it keeps looking, and does not repeat itself
         [line] = [line for line in log.read_text().splitlines() if "no peer" in line]
         assert line.endswith(f"{body['status']} (peers in view: none)"), log.read_text()

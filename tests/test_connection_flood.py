@@ -55,8 +55,8 @@ def test_two_thousand_hellos_leave_an_open_node_serving_with_bounded_descriptors
                 pass
 
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            flooding = pool.submit(flood, "127.0.0.1", node.peer_port, "default", PROTOCOL_VERSION, 2000, 20.0,
-                                   sample)
+            flooding = pool.submit(flood, "127.0.0.1", node.peer_port, "default", PROTOCOL_VERSION, 2000, 12.0,
+                                   sample)  # opened in a few s, then held past every hello timeout
             time.sleep(3)
             replies = []
             while not flooding.done():

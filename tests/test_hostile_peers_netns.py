@@ -237,7 +237,7 @@ def test_two_thousand_connections_leave_a_node_serving_with_bounded_descriptors(
     expected, _ = reference_chat(model, chat_body(question)["messages"], 12)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         flooding = pool.submit(in_netns, stranger.ns, flood, target.host.ip, PEER_PORT, swarm, PROTOCOL_VERSION,
-                               2000, 25.0, sample)
+                               2000, 12.0, sample)  # opened in a few s, then held past every hello timeout
         time.sleep(3)  # into the flood
         replies = []
         while not flooding.done():

@@ -10,6 +10,7 @@ from swarm.engine.sampling import SamplingParams
 from swarm.engine.shard import load_shard
 from swarm.engine.shard_runner import ShardRunner
 from swarm.engine.worker import MlxWorker
+from swarm.node.config import MIN_PREFILL_CHUNK
 from swarm.entry.generate import GenerationJob, generate_tokens
 from helpers import TINY_FAMILIES
 from local_pipeline import LocalPipeline
@@ -26,7 +27,7 @@ def splits_to_ranges(sizes: list[int]) -> list[tuple[int, int]]:
 
 
 def chained_tokens(model_dir, sizes: list[int], prompt: list[int], n: int,
-                   sampling: SamplingParams = GREEDY) -> list[int]:
+                   sampling: SamplingParams = GREEDY, prefill_step: int = PREFILL_STEP) -> list[int]:
     worker = MlxWorker()
     try:
         stages = [ShardRunner(worker.run_sync(load_shard, model_dir, a, b)) for a, b in splits_to_ranges(sizes)]
@@ -36,7 +37,7 @@ def chained_tokens(model_dir, sizes: list[int], prompt: list[int], n: int,
             return pipeline
 
         async def run():
-            job = GenerationJob("r1", prompt, sampling, n)
+            job = GenerationJob("r1", prompt, sampling, n, prefill_step=prefill_step)
             return [t async for t in generate_tokens(job, pipe)]
 
         tokens = asyncio.run(run())
@@ -84,12 +85,14 @@ def test_seeded_sampling_is_the_same_across_splits(tiny_models):
 
 def test_a_prompt_of_several_chunks_matches_mlx_lm_at_the_same_prefill_step(default_model):
     """A prompt longer than one chunk (`--prefill-chunk`) is read chunk by chunk by every stage, as
-    mlx-lm reads it at that prefill_step_size: the same tokens (tests/reference.py)."""
+    mlx-lm reads it at that prefill_step_size: the same tokens (tests/reference.py). The smallest chunk
+    a node accepts keeps the prompt short while it still spans several chunks and a partial last one."""
     from mlx_lm.utils import load_tokenizer
     tok = load_tokenizer(default_model.path)
-    text = " ".join(f"Item {i}: a {['red', 'green', 'blue'][i % 3]} box." for i in range(90))
+    step = MIN_PREFILL_CHUNK
+    text = " ".join(f"Item {i}: a {['red', 'green', 'blue'][i % 3]} box." for i in range(6))
     prompt = tok.apply_chat_template([{"role": "user", "content": text + " Which colour comes first?"}],
                                      add_generation_prompt=True)
-    assert len(prompt) > 2 * PREFILL_STEP + 1
-    expected = [token for token, _ in reference_tokens(default_model.path, prompt, 6)]
-    assert chained_tokens(default_model.path, [10, 10, 10], prompt, 6) == expected
+    assert len(prompt) > 3 * step + 1 and (len(prompt) - 1) % step, "several chunks and a partial one"
+    expected = [token for token, _ in reference_tokens(default_model.path, prompt, 6, prefill_step=step)]
+    assert chained_tokens(default_model.path, [10, 10, 10], prompt, 6, prefill_step=step) == expected

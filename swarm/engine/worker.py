@@ -111,6 +111,11 @@ class MlxWorker:
             key = self._selector.get_key(sock)
         except KeyError:
             key = None
+        if key is not None and key.fileobj is not sock:
+            # A socket closed while watched left its number behind, and a new one got it: the kernel
+            # forgot the old watch with the close, so this one is registered afresh.
+            self._selector.unregister(key.fileobj)
+            key = None
         handlers = list(key.data) if key is not None else [None, None]
         handlers[which] = callback
         events = (selectors.EVENT_READ if handlers[0] else 0) | (selectors.EVENT_WRITE if handlers[1] else 0)

@@ -17,7 +17,6 @@ and one that takes no data is left out, which moves the plan and replays the req
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import deque
 from typing import Awaitable, Callable, Protocol
@@ -126,12 +125,14 @@ class SwarmPipeline:
     async def _wait_watched(self, request_id: str, fut, positions: int, what: str = "token"):
         """The answer's arrival (pending.wait); when it is overdue, the watch is told, and we wait on."""
         overdue_s = self.watch.overdue_after(self.plan, positions) if self.watch is not None else None
-        if overdue_s is None or overdue_s >= self.token_timeout:
+        if overdue_s is None:
             return await self.pending.wait(request_id, fut, self.token_timeout, what)
-        done, _ = await asyncio.wait({fut}, timeout=overdue_s)  # (does not cancel it)
-        if not done:
-            self.watch.step_overdue(self.plan, f"no {what} of request {request_id} after {overdue_s:.1f} s")
-        return await self.pending.wait(request_id, fut, self.token_timeout - overdue_s, what)
+        watch, plan = self.watch, self.plan
+
+        def overdue() -> None:
+            watch.step_overdue(plan, f"no {what} of request {request_id} after {overdue_s:.1f} s")
+
+        return await self.pending.wait(request_id, fut, self.token_timeout, what, (overdue_s, overdue))
 
     @property
     def hops(self) -> int:

@@ -100,7 +100,8 @@ def build_peer_side(cfg: NodeConfig, profile: NodeProfile, worker: MlxWorker, li
     lane = DataLane(node_id, cfg.swarm, links, worker.watch, worker.post, discovery.endpoint_of, key=link_key,
                     auth=auth, writes=worker)
     listener = PeerListener(node_id, cfg.swarm, cfg.peer_host, cfg.peer_port, links, lane,
-                            lambda: discovery.profile, key=link_key, auth=auth, is_member=discovery.is_peer_address)
+                            lambda: discovery.profile, key=link_key, auth=auth, is_member=discovery.is_peer_address,
+                            on_proved=discovery.heard_from)
 
     # Weights: served to peers from what this node holds; fetched from them for layers it lacks, over
     # links for that purpose (authenticated and sealed like the data path's when the swarm has a secret).

@@ -47,7 +47,9 @@ class LaneProbe:
         start = self.loop.time()
         try:
             async with asyncio.timeout(min(timeout, PROBE_TIMEOUT_S)):
-                await self.worker.run(self.lane.mlx_send, node, Probe(nonce))
+                opening = await self.worker.run(self._mlx_send, node, Probe(nonce))
+                if opening is not None:  # its link is being opened: a dial that fails is a peer unreachable
+                    await asyncio.wrap_future(opening)
             if await _within(answered, min(timeout, PROBE_TIMEOUT_S) - (self.loop.time() - start)):
                 return True
             why = f"it did not answer a probe within {timeout:.0f} s"
@@ -67,6 +69,10 @@ class LaneProbe:
             self._waiting.pop(nonce, None)
         await self.worker.run(self.lane.mlx_break, node, why)
         return False
+
+    def _mlx_send(self, node: str, probe: Probe):
+        self.lane.mlx_send(node, probe)
+        return self.lane.mlx_opening(node)
 
     def mlx_answered(self, sender: str, nonce: int) -> None:
         """A Probed from `sender` (MLX thread)."""

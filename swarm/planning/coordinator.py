@@ -105,8 +105,8 @@ class Coordinator:
         if event.kind in ("join", "leave"):
             self.loader.membership_changed()
             self.events.emit(event.kind, {"node_id": event.node_id, "name": event.profile.name})
-        if event.kind == "leave" and self.plan and event.node_id in {s.node_id for s in self.plan.stages}:
-            self._plans_broken(f"node {event.node_id} left")
+        if event.kind == "leave":
+            self._break_plans_with(event.node_id)
         if event.kind == "leave":
             self.slow.forget(event.node_id)
         elif event.kind in ("join", "update"):
@@ -178,6 +178,14 @@ class Coordinator:
     def step_overdue(self, plan: Plan, why: str) -> None:
         """A step through `plan` is overdue: its stages may take no data (probed: slow_members.py)."""
         self.slow.suspect([s.node_id for s in plan.stages], why)
+
+    def _break_plans_with(self, node: str) -> None:
+        """`node` is gone: requests through it break, on the plan before too (kept whole when the node was
+        only left out, in case it was merely slow); requests on a plan without it go on."""
+        held = [p for p in (self.plan, self.before) if p is not None]
+        if any(node in {s.node_id for s in p.stages} for p in held):
+            self._plans_broken(f"node {node} left",
+                               frozenset(p.plan_id for p in held if node not in {s.node_id for s in p.stages}))
 
     def _plans_broken(self, reason: str, whole: frozenset[str] = frozenset()) -> None:
         for listener in self.on_plans_broken:

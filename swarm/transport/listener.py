@@ -63,11 +63,13 @@ class PeerListener:
                  profile: Callable[[], NodeProfile] | None, *, key: bytes | None = None,
                  max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES, handshake_timeout: float = HANDSHAKE_TIMEOUT,
                  budget: ConnectionBudget | None = None, link_idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-                 auth: LinkAuth | None = None, is_member: Callable[[str], bool] = lambda address: False) -> None:
+                 auth: LinkAuth | None = None, is_member: Callable[[str], bool] = lambda address: False,
+                 on_proved: Callable[[str, str], None] = lambda peer, address: None) -> None:
         """`key`: the stretched swarm secret (None: an open swarm), as the lane's. `profile`: what the
         "profile" purpose (and, in an open swarm, the plain SWPF request) answers. `auth`: the node's (one
         for all its handshakes), else one of the listener's own from `key`. `is_member(address)`: a peer in
-        the view has that address (its connections take the budget's reserve)."""
+        the view has that address (its connections take the budget's reserve). `on_proved(peer, address)`:
+        a hello from `address` proved the swarm secret as node `peer` (only with a `key`)."""
         self.node_id, self.swarm, self.host = node_id, swarm, host
         self.auth = auth or LinkAuth(node_id, swarm, key)
         self.port = port  # the bound port once started (port=0 picks one)
@@ -75,7 +77,7 @@ class PeerListener:
         self.max_payload, self.handshake_timeout = max_payload, handshake_timeout
         self.budget = budget or ConnectionBudget()
         self.link_idle_timeout = link_idle_timeout
-        self.is_member = is_member
+        self.is_member, self.on_proved = is_member, on_proved
         self._purposes: dict[str, PurposeHandler] = {}
         if profile is not None:
             self.serve_purpose(PROFILE_PURPOSE, serve_profile(profile))
@@ -131,7 +133,7 @@ class PeerListener:
         handed_over = False
         try:
             hello_s = self.handshake_timeout if member else min(self.handshake_timeout, STRANGER_HELLO_S)
-            handed_over = await self._route(reader, writer, where, slot.release, hello_s)
+            handed_over = await self._route(reader, writer, host, where, slot.release, hello_s)
         except ConnectionClosed:
             log.debug("%s closed its connection", where)
         except HandshakeRejected as exc:
@@ -152,13 +154,15 @@ class PeerListener:
             with contextlib.suppress(OSError, asyncio.TimeoutError):
                 await asyncio.wait_for(writer.wait_closed(), 1.0)
 
-    async def _route(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, where: str,
+    async def _route(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, where: str,
                      release: Callable[[], None], hello_s: float) -> bool:
         """Serve one connection; True when it was handed to the lane (which then owns its slot)."""
         magic = await asyncio.wait_for(read_magic(reader), hello_s)
         if magic == MAGIC:
             answered = await answer(reader, writer, self.auth, {DATA_PURPOSE, *self._purposes}, self._admit,
                                     self._withdraw, where, hello_s)
+            if self.auth.key is not None:
+                self.on_proved(answered.peer, host)
             if answered.purpose == DATA_PURPOSE:
                 try:
                     conn = take_socket(reader, writer, answered, where, self.max_payload, release)
