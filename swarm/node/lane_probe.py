@@ -64,7 +64,7 @@ class LaneProbe:
         except PeerUnreachable:
             return False
         except TimeoutError:
-            why = f"it did not take a probe within {PROBE_TIMEOUT_S:.0f} s"
+            why = f"it did not take a probe within {min(timeout, PROBE_TIMEOUT_S):.0f} s"
         finally:
             self._waiting.pop(nonce, None)
         await self.worker.run(self.lane.mlx_break, node, why)
