@@ -66,9 +66,9 @@ async def timed_probe(probe: LaneProbe, timeout: float) -> tuple[bool, float]:
 async def test_a_peer_whose_thread_turns_over_and_does_not_answer_is_given_up_on_after_a_grace():
     probe, a, b = await prober_and_peer(answers=False)
     try:
-        answered, took = await timed_probe(probe, FIRST_WAIT_S + 10.0)
+        answered, took = await timed_probe(probe, FIRST_WAIT_S + 20.0)
         assert not answered
-        assert FIRST_WAIT_S <= took < FIRST_WAIT_S + GRACE_S + 1.5, took  # not the 10 s allowed for a pass
+        assert FIRST_WAIT_S <= took < 8.0, took  # about FIRST_WAIT_S + GRACE_S; not the 20 s allowed for a pass
     finally:
         await a.stop()
         await b.stop()
