@@ -7,6 +7,7 @@ answers within it; one that does not say gets the whole allowance."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -101,9 +102,12 @@ def test_the_mlx_thread_keeps_its_longest_recent_round():
         assert worker.longest_round() == 0.0
         worker.submit(time.sleep, 0.3).result()
         assert 0.3 <= worker.longest_round() < 5
-        running = worker.submit(time.sleep, 0.6)
-        time.sleep(0.45)
-        assert worker.longest_round() >= 0.4  # the round under way counts as it runs
+        started, release = threading.Event(), threading.Event()
+        running = worker.submit(lambda: (started.set(), release.wait(30)))
+        assert started.wait(30)
+        time.sleep(0.6)
+        assert worker.longest_round() >= 0.6  # the round under way counts as it runs
+        release.set()
         running.result()
     finally:
         worker.close()
