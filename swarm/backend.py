@@ -9,6 +9,9 @@ One place says per backend:
 - the activations' dtype on the wire: the weights' (a stage computes in it and sends what it computed;
   a peer of another backend takes any float dtype at its first layer);
 - whether a whole-model stage builds the next decode step before reading this one's token (GPUs);
+- the prompt chunk an entry sends when `--prefill-chunk` is not given (entry/generate.py): small on the
+  CPU, where a chunk's pass is slow and is what a long prompt holds other requests back at a stage; 256
+  on a GPU, where a chunk is fast and a bigger pass keeps the device busy;
 - whether the CPU-only tuning runs: the optimized-BLAS re-exec (engine/blas.py), prompt rows across CPU
   streams with BLAS thread switching (engine/row_streams.py), the heap tidy when the MLX thread falls idle
   (engine/worker.py). Each tunes MLX's CPU device; on a GPU they only cost.
@@ -31,6 +34,10 @@ from . import environment
 
 KINDS = ("metal", "cuda", "cpu")
 STANDIN_ENV = environment.DEVICE_STANDIN.name
+
+# Positions per prompt chunk by default (`prefill_chunk` below; docs/architecture.md has the CPU's figures).
+CPU_PREFILL_CHUNK = 16
+GPU_PREFILL_CHUNK = 256
 
 # Each backend's memory_kind: which memory a profile's offered bytes are (one of discovery.profile.MEMORY_KINDS).
 MEMORY_KIND_OF = {"cuda": "gpu", "metal": "working_set", "cpu": "ram"}
@@ -88,6 +95,13 @@ class Backend:
         (decode_ahead.py): on a GPU that hides the host's build behind the device's work; on a CPU the build
         already hides in the compute, and a step computed for nothing would cost the cores a whole step."""
         return self.is_gpu
+
+    @property
+    def prefill_chunk(self) -> int:
+        """Positions per prompt chunk when `--prefill-chunk` is not given: a chunk's pass at each stage is
+        what a long prompt holds a short request back, seconds on a CPU at 256; a GPU computes 256 fast
+        and bigger passes use it better."""
+        return GPU_PREFILL_CHUNK if self.is_gpu else CPU_PREFILL_CHUNK
 
     @property
     def warm_batch_widths(self) -> tuple[int, ...]:

@@ -22,9 +22,10 @@ from pathlib import Path  # noqa: E402
 from discovery.memory import parse_size  # noqa: E402
 
 from . import environment  # noqa: E402
+from .backend import CPU_PREFILL_CHUNK, GPU_PREFILL_CHUNK  # noqa: E402
 from .engine.blas import maybe_reexec_with_blas  # noqa: E402
 from .node.config import (DEFAULT_API_PORT, DEFAULT_BATCH_DECODE, DEFAULT_MAX_ACTIVE, DEFAULT_MAX_QUEUE,  # noqa: E402
-                          DEFAULT_PEER_PORT, DEFAULT_PREFILL_CHUNK, DEFAULT_PROMPT_GATHER_MS, DEFAULT_TOKEN_TIMEOUT,
+                          DEFAULT_PEER_PORT, DEFAULT_PROMPT_GATHER_MS, DEFAULT_TOKEN_TIMEOUT,
                           MAX_PREFILL_CHUNK, MIN_PREFILL_CHUNK, NodeConfig, default_state_dir)
 from .node.ports import PortError, check_port  # noqa: E402
 
@@ -100,11 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the longest an entry waits for one step's token, or for a chunk of a prompt to be "
                         "read, before it replays the request (default: %(default)s)")
     p.add_argument("--prefill-chunk", type=_whole_number(MIN_PREFILL_CHUNK, MAX_PREFILL_CHUNK),
-                   default=DEFAULT_PREFILL_CHUNK, metavar="N",
+                   default=None, metavar="N",
                    help="read prompts in chunks of N positions; each stage serves other requests between two "
                         "chunks, so a long prompt holds a short request back one chunk at most (smaller: "
                         "shorter holds, a little more overhead; greedy output equals mlx-lm's at "
-                        f"prefill_step_size N) (default: %(default)s, {MIN_PREFILL_CHUNK} to {MAX_PREFILL_CHUNK})")
+                        f"prefill_step_size N) (default: {CPU_PREFILL_CHUNK} on a CPU, {GPU_PREFILL_CHUNK} on a GPU; "
+                        f"{MIN_PREFILL_CHUNK} to {MAX_PREFILL_CHUNK})")
     p.add_argument("--speed", type=_speed, default=None, metavar="SECONDS",
                    help="state this node's speed (seconds per layer per decoded token, e.g. 0.002) instead "
                         "of measuring it; nodes stating the same speed get equal shares of the layers")

@@ -57,8 +57,16 @@ class PeerNode:
         return self.listener.port
 
     async def send(self, node_id: str, message: Message) -> None:
+        """Sent, or on its way once its link is open: PeerUnreachable if that fails (the lane reports it
+        to on_broken too, and its MLX thread never waits on a dial)."""
         # awaited, not run_sync: the receiving listener shares this event loop
-        await self.worker.run(self.lane.mlx_send, node_id, message)
+        opening = await self.worker.run(self._mlx_send, node_id, message)
+        if opening is not None:
+            await asyncio.wrap_future(opening)
+
+    def _mlx_send(self, node_id: str, message: Message):
+        self.lane.mlx_send(node_id, message)
+        return self.lane.mlx_opening(node_id)
 
     def received(self, count: int, timeout: float = 5.0) -> list[tuple[str, Message]]:
         return [self.inbox.get(timeout=timeout) for _ in range(count)]

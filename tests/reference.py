@@ -1,7 +1,8 @@
 """What one machine produces: greedy tokens from mlx-lm on the whole model, in this process.
 
-mlx-lm reads the prompt in chunks of the swarm's default `--prefill-chunk` (its prefill_step_size):
-the same schedule, so a prompt longer than one chunk gives the same text to the last bit.
+mlx-lm reads the prompt in chunks of the swarm's default `--prefill-chunk` (its prefill_step_size), the
+backend's (a node of a test runs where this process does): the same schedule, so a prompt longer than
+one chunk gives the same text to the last bit.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import numpy as np
 from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model, load_tokenizer
 
-from swarm.entry.generate import PREFILL_STEP
+from swarm.entry.generate import default_prefill_step
+
+PREFILL_STEP = default_prefill_step()
 
 
 @lru_cache(maxsize=4)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import socket
 import threading
 import time
@@ -21,7 +22,7 @@ from peer_nodes import (HOST, PeerNode, established_to, frame_bytes, hello_bytes
 
 from swarm.transport.errors import PeerUnreachable, ProtocolError
 from swarm.transport.frames import FrameParser, encode_frame
-from swarm.transport.messages import Forward
+from swarm.transport.messages import Forward, decode
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -96,15 +97,26 @@ async def test_send_reconnects_after_the_peer_restarts(nodes) -> None:
         await b2.stop()
 
 
+def reporting_broken(node: PeerNode) -> queue.Queue:
+    """What `node`'s lane reports broken (peer, problem), from now on."""
+    broken: queue.Queue = queue.Queue()
+    node.lane.serve(lambda sender, message: node.inbox.put((sender, message)),
+                    on_broken=lambda peer, why: broken.put((peer, why)))
+    return broken
+
+
 async def test_unreachable_or_unknown_peers_fail_fast() -> None:
     with socket.socket() as s:
         s.bind((HOST, 0))
         dead = s.getsockname()[1]
     a = await PeerNode("node-a", {"node-x": (HOST, dead)}, connect_timeout=0.5).start()
+    broken = reporting_broken(a)
     try:
         start = time.monotonic()
         with pytest.raises(PeerUnreachable, match="node-x"):
-            await a.send("node-x", token(0))
+            await a.send("node-x", token(0))  # (the dial was off the MLX thread: PeerNode.send waits for it)
+        peer, why = await asyncio.to_thread(broken.get, True, 5)  # the lane's own report
+        assert peer == "node-x" and "could not connect" in why
         with pytest.raises(PeerUnreachable, match="view"):
             await a.send("node-y", token(0))
         assert time.monotonic() - start < 1.5
@@ -140,13 +152,55 @@ async def test_a_peer_that_stops_reading_fails_the_send_in_time() -> None:
 async def test_a_listener_that_never_says_hello_fails_within_the_connect_timeout() -> None:
     with socket.create_server((HOST, 0)) as silent:  # the kernel accepts; nobody answers
         a = await PeerNode("node-a", {"node-s": (HOST, silent.getsockname()[1])}, connect_timeout=0.3).start()
+        broken = reporting_broken(a)
         try:
             start = time.monotonic()
             with pytest.raises(PeerUnreachable, match="node-s"):
                 await a.send("node-s", token(0))
             assert time.monotonic() - start < 0.3 + 0.5
+            assert broken.get(timeout=5)[0] == "node-s"
         finally:
             await a.stop()
+
+
+def answer_hello_and_read(server: socket.socket, node_id: str, count: int) -> tuple[socket.socket, list]:
+    """Accept one connection, answer its hello as `node_id`, and read `count` messages from it (a thread)."""
+    conn, _ = server.accept()
+    conn.settimeout(30)
+    conn.recv(4096)  # the dialer's hello
+    conn.sendall(hello_bytes(node_id))
+    parser, got = FrameParser(1 << 20), []
+    while len(got) < count:
+        data = conn.recv(65536)
+        assert data, "closed before its frames came"
+        got += [decode(frame) for frame in parser.feed(data)]
+    return conn, got
+
+
+async def test_a_peer_slow_to_answer_its_hello_holds_up_no_frames_to_others() -> None:
+    """Connecting waits on the peer (a host slow to accept, or to answer the hello: up to the connect
+    timeout). The MLX thread carries every other peer's frames meanwhile, and the frames for the slow
+    peer follow, in order, once its link is open."""
+    addresses: dict[str, tuple[str, int]] = {}
+    with socket.create_server((HOST, 0)) as slow:  # the kernel accepts; the hello is answered when we say
+        addresses["node-s"] = (HOST, slow.getsockname()[1])
+        a = await PeerNode("node-a", addresses, connect_timeout=50.0).start()
+        b = await PeerNode("node-b", addresses).start()
+        broken = reporting_broken(a)
+        try:
+            # (before, the first send held the MLX thread until the hello was answered or timed out)
+            for i in range(3):  # (the lane's own send: PeerNode.send would wait for the link)
+                await asyncio.wait_for(a.worker.run(a.lane.mlx_send, "node-s", token(i)), 20)
+            await asyncio.wait_for(a.send("node-b", token(7)), 20)
+            [(_, message)] = await b.received_async(1, timeout=20)
+            assert message.at == 8
+            conn, got = await asyncio.to_thread(answer_hello_and_read, slow, "node-s", 3)
+            conn.close()
+            assert [m.at for m in got] == [1, 2, 3]
+            assert broken.empty()
+        finally:
+            await a.stop()
+            await b.stop()
 
 
 # -- one connection per pair of peers --------------------------------------------------------

@@ -1,16 +1,17 @@
 """Long prompts share the swarm (issue 33): three nodes of the default model on netns hosts.
 
-A long prompt is read in chunks (`--prefill-chunk`) that each stage interleaves with other
-requests' work, so a short chat sent beside it is answered within 3x its quiet time (measured
-in the same test); the first-token deadline follows the chunks' progress, so a prompt whose
-prefill outlasts `--token-timeout` completes; and a client that leaves mid-prompt frees every
-node (no cached request, nothing prefilling) within 2 s.
+A long prompt is read in chunks (`--prefill-chunk`; not given here: the backend's default,
+backend.py) that each stage interleaves with other requests' work, so a short chat sent beside
+it is answered within 3x its quiet time (measured in the same test); the first-token deadline
+follows the chunks' progress, so a prompt whose prefill outlasts `--token-timeout` completes;
+and a client that leaves mid-prompt frees every node (no cached request, nothing prefilling)
+within 2 s.
 
 The nodes run with a 60 s token timeout (a prompt of thousands of tokens takes longer than that
 to read on this CPU: a fixed deadline would replay it) and without the prompt cache, so every
-prompt is read from scratch. The short-beside-long test runs at the issue's size (5,000
-tokens); the others at a few thousand. Long prompts are slow on a shared 2-core machine: each
-test runs as few of them as it can.
+prompt is read from scratch. Long prompts are slow on a shared 2-core machine: one prompt of
+5,500 tokens (the issue's 5,000 and 5,500) serves both the short chat's wait and the completion
+on a loaded swarm.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ pytestmark = [pytest.mark.skipif(netns_unavailable_reason() is not None, reason=
               pytest.mark.timeout(1200)]
 
 TOKEN_TIMEOUT_S = 60
-CHUNK = 32  # positions per prefill chunk: a chunk of 10 of the model's layers takes a fraction of a second here
 QUESTION = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 8,
             "temperature": 0}
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex bold jackdaws".split()
@@ -51,7 +51,7 @@ def long_chat(tokens: int, seed: int, max_tokens: int = 4) -> dict:
 def swarm(tmp_path_factory):
     cluster = SwarmCluster(tmp_path_factory.mktemp("long-prompts"), 3,
                            ["--prompt-cache", "0", "--token-timeout", str(TOKEN_TIMEOUT_S),
-                            "--prefill-chunk", str(CHUNK), "--recovery-timeout", "60"])
+                            "--recovery-timeout", "60"])
     try:
         client = cluster.network.add_host()
         cluster.wait_serving(stages=3, timeout=300)
@@ -98,39 +98,24 @@ def _plans(cluster) -> set:
     return {(t or {}).get("plan", {}).get("id") for t in (n.topology() for n in cluster.nodes)}
 
 
-def test_a_short_chat_beside_a_5000_token_prompt_is_answered_within_3x_its_quiet_time(swarm):
+def test_a_short_chat_beside_a_5500_token_prompt_is_answered_within_3x_and_the_prompt_completes(swarm):
+    """At the default chunk: a short chat sent 1 s after a 5,500-token prompt (more than the issue's
+    5,000) is answered within 3x its quiet time. Then a second long prompt and short chats run beside
+    it on another entry, and the prompt, whose prefill outlasts the token timeout, completes once: its
+    first-token deadline follows its chunks (a fixed one replayed it)."""
     cluster, client = swarm
-    entry = cluster.nodes[0]
+    entry, other = cluster.nodes[0], cluster.nodes[1]
     plans = _plans(cluster)
     assert len(plans) == 1 and None not in plans, plans
     quiet, text = _quiet(client, entry)
 
-    thread, long = _in_background(client, entry, long_chat(5000, seed=1))
+    thread, long = _in_background(client, entry, long_chat(5500, seed=1))
     time.sleep(1.0)
     status, reply, beside = _post(client, entry, QUESTION, 300)
     assert status == 200, reply
     assert reply["choices"][0]["message"]["content"] == text
-    thread.join(900)
-    assert "error" not in long, long.get("error")
-    assert long["status"] == 200, long["reply"]
-    print(f"short chat: {quiet:.2f}s alone, {beside:.2f}s beside a {long['reply']['usage']['prompt_tokens']}-token "
-          f"prompt (answered in {long['took']:.1f}s)")
-    assert 4800 <= long["reply"]["usage"]["prompt_tokens"] <= 5400, long["reply"]["usage"]
-    assert beside <= 3 * quiet, f"{beside:.2f}s beside the long prompt, {quiet:.2f}s alone"
-    assert _plans(cluster) == plans  # honest nodes keep one view
 
-
-def test_a_5500_token_prompt_on_a_loaded_swarm_completes(swarm):
-    """Its prefill outlasts the token timeout many times over; a second long prompt and short chats
-    run beside it. A fixed first-token deadline replayed it (and the replay broke on the first
-    attempt's chunks); now the deadline follows its chunks and it completes once."""
-    cluster, client = swarm
-    entry, other = cluster.nodes[0], cluster.nodes[1]
-    plans = _plans(cluster)
-    _, text = _quiet(client, entry)
-    thread, long = _in_background(client, entry, long_chat(5500, seed=2))
-    time.sleep(1.0)
-    second, beside = _in_background(client, other, long_chat(2000, seed=3))
+    second, second_out = _in_background(client, other, long_chat(1000, seed=3))
     shorts = []
     while thread.is_alive() and len(shorts) < 6:
         status, reply, _ = _post(client, other, QUESTION, 300)
@@ -138,14 +123,17 @@ def test_a_5500_token_prompt_on_a_loaded_swarm_completes(swarm):
         shorts.append(reply["choices"][0]["message"]["content"])
     thread.join(1100)
     second.join(300)
-    for out in (long, beside):
+    for out in (long, second_out):
         assert "error" not in out, out.get("error")
         assert out["status"] == 200, out["reply"]
-    print(f"{long['reply']['usage']['prompt_tokens']}-token prompt answered in {long['took']:.1f}s "
+    print(f"short chat: {quiet:.2f}s alone, {beside:.2f}s beside a {long['reply']['usage']['prompt_tokens']}-token "
+          f"prompt ({beside / quiet:.2f}x), which was answered in {long['took']:.1f}s "
           f"(token timeout {TOKEN_TIMEOUT_S}s)")
     assert 5400 <= long["reply"]["usage"]["prompt_tokens"] <= 6000, long["reply"]["usage"]
+    assert beside <= 3 * quiet, f"{beside:.2f}s beside the long prompt, {quiet:.2f}s alone"
+    assert long["took"] > TOKEN_TIMEOUT_S, long["took"]  # (else it proves nothing about the deadline)
     assert set(shorts) == {text}
-    assert _plans(cluster) == plans
+    assert _plans(cluster) == plans  # honest nodes keep one view
 
 
 def _leave_mid_prompt(host: str, body: dict, after_s: float) -> None:

@@ -11,10 +11,10 @@ from swarm.engine.shard import load_shard
 from swarm.engine.shard_runner import ShardRunner
 from swarm.engine.worker import MlxWorker
 from swarm.node.config import MIN_PREFILL_CHUNK
-from swarm.entry.generate import PREFILL_STEP, GenerationJob, generate_tokens
+from swarm.entry.generate import GenerationJob, generate_tokens
 from helpers import TINY_FAMILIES
 from local_pipeline import LocalPipeline
-from reference import reference_tokens
+from reference import PREFILL_STEP, reference_tokens
 
 GREEDY = SamplingParams(temperature=0.0)
 

@@ -14,8 +14,8 @@ from swarm.engine.input_limits import MAX_CHUNK
 from swarm.engine.model_bytes import measure_model_bytes
 from swarm.engine.shard import load_shard
 from swarm.engine.shard_runner import CacheMismatch, ShardRunner
-from swarm.entry.generate import PREFILL_STEP
-from swarm.node.config import DEFAULT_PREFILL_CHUNK, MAX_PREFILL_CHUNK
+from swarm.backend import CPU_PREFILL_CHUNK, GPU_PREFILL_CHUNK
+from swarm.node.config import MAX_PREFILL_CHUNK, MIN_PREFILL_CHUNK
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def test_a_first_shard_takes_ids_of_its_vocabulary_within_the_context(shards):
     assert "context of 4096" in limits.refusal(4090, (1, 10), ids(*[1] * 10))
     assert "at most 2048" in limits.refusal(0, (1, 2049), ids(*[1] * 2049))
     # the entry never sends a chunk a stage refuses, whatever --prefill-chunk says
-    assert PREFILL_STEP == DEFAULT_PREFILL_CHUNK <= MAX_PREFILL_CHUNK == MAX_CHUNK
+    assert MIN_PREFILL_CHUNK <= CPU_PREFILL_CHUNK <= GPU_PREFILL_CHUNK <= MAX_PREFILL_CHUNK == MAX_CHUNK
 
 
 def test_a_later_shard_takes_hidden_states_of_its_width(shards):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -26,10 +27,9 @@ pytestmark = pytest.mark.skipif(netns_unavailable_reason() is not None, reason=s
 TESTS = Path(__file__).resolve().parent
 SECRET = "slow members are dead members: 3b8e41f0c2"
 QUESTION = "What is the capital of France?"
-# The target is 15 s from turning slow to a chat answered; the bound leaves room for a loaded machine
-# (the figures are printed).
-RECOVERY_BOUND_S = 30.0
-NOT_PLANNED_WATCH_S = 12.0  # how long the slow member is watched staying out of the plans
+# From turning slow to a chat answered on both honest nodes (the issue's target; the timeline is printed).
+RECOVERY_BOUND_S = 15.0
+NOT_PLANNED_WATCH_S = 9.0  # how long the slow member is watched staying out of the plans: one failed re-probe
 RECOVERY_TIMES: dict[str, float] = {}
 
 
@@ -65,6 +65,31 @@ def chat(node, timeout: float) -> tuple[int, str | dict, float]:
     return status, reply_text(reply) if status == 200 else reply, time.monotonic()
 
 
+# What each phase of a recovery logs on an honest node (its first line after the member turned slow).
+PHASES = (("probe sent", "probing node"), ("left out", "takes no data"), ("replanned", "swarm.planning.coordinator: plan "),
+          ("layers loading", "loading layers"), ("replayed", "a whole pipeline again: replaying"))
+
+
+def timeline(cluster, since: float, answered: list[float]) -> str:
+    """Each honest node's phases, in seconds after `since` (wall clock), from its log."""
+    rows = []
+    for node, done in zip(cluster.nodes[:2], answered):
+        seen: dict[str, float] = {}
+        for line in node.proc.stderr_log.read_text(errors="replace").splitlines():
+            try:
+                at = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            except ValueError:
+                continue
+            if at < since:
+                continue
+            for name, marker in PHASES:
+                if marker in line and name not in seen:
+                    seen[name] = at - since
+        rows.append(f"node{node.index}: " + ", ".join(f"{n} {seen[n]:.1f}" for n, _ in PHASES if n in seen) +
+                    f", answered {done:.1f}")
+    return "; ".join(rows)
+
+
 def views(cluster) -> list[tuple[str | None, list[str], frozenset[str]]]:
     """(plan id, the plan's stages, the members in the topology) as each honest node sees it."""
     out = []
@@ -87,13 +112,14 @@ def test_a_slow_member_is_left_out_and_the_swarm_answers_on(swarm, how, request)
         assert (status, text) == (200, expected)
 
     mode.write_text(how)
-    turned = time.monotonic()
+    turned, turned_wall = time.monotonic(), time.time()
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         answers = list(pool.map(lambda n: chat(n, RECOVERY_BOUND_S + 15), honest))
     for status, text, _ in answers:
         assert (status, text) == (200, expected), f"{how}: {text}\n{cluster.network.logs()}"
     took = max(at for _, _, at in answers) - turned
     RECOVERY_TIMES[request.node.callspec.id] = took
+    print(f"\n{request.node.callspec.id}: {timeline(cluster, turned_wall, [at - turned for _, _, at in answers])}")
     assert took < RECOVERY_BOUND_S, f"{how}: chats answered {took:.1f}s after the member turned slow"
 
     # While it stays slow: one view on both honest nodes, a plan without it, the same text.

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from ..backend import this_backend
 from ..engine.model_bytes import loaded_bytes
 from .client import StreamRun, concurrent_completions, stream_completion
 from .cluster import LocalCluster, get_json
@@ -75,7 +76,9 @@ class MlxLmAlone:
         from mlx_lm.generate import stream_generate
         ids, times = [], []
         t0 = time.perf_counter()
-        for r in stream_generate(self.model, self.tokenizer, prompt, max_tokens=max_tokens):
+        # read in the chunks a node of this backend reads it in (--prefill-chunk's default): the same floats
+        for r in stream_generate(self.model, self.tokenizer, prompt, max_tokens=max_tokens,
+                                 prefill_step_size=this_backend().prefill_chunk):
             ids.append(r.token)
             times.append(time.perf_counter())
         # stream_generate yields the EOS token too; the swarm does not count it as text

@@ -26,6 +26,10 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 TIDY_AFTER_S = 0.002  # idle this long after work: tidy the heap (see _merge_freed_blocks)
+# Rounds of work (what the thread does between two waits in select) of at least KEEP_ROUNDS_OVER_S are kept
+# ROUNDS_KEPT_S, for longest_round.
+KEEP_ROUNDS_OVER_S = 0.05
+ROUNDS_KEPT_S = 10.0
 
 
 class MlxWorker:
@@ -42,6 +46,8 @@ class MlxWorker:
         self._closing = False
         self._untidy = False
         self._recheck_at: float | None = None  # mlx_recheck_at's
+        self._round_since: float | None = None  # when the round of work under way began (None: waiting for work)
+        self._long_rounds: deque[tuple[float, float]] = deque(maxlen=256)  # (ended, seconds) of rounds kept
         self._thread = threading.Thread(target=self._serve, name="mlx", daemon=True)
         self._thread.start()
 
@@ -54,6 +60,17 @@ class MlxWorker:
         return threading.get_ident() == self._thread.ident
 
     # -- from any thread --------------------------------------------------
+    def longest_round(self) -> float:
+        """Seconds of this thread's longest round of work in the last ROUNDS_KEPT_S, the one under way
+        included. The data lane is read between rounds only, so a peer asks it of a node that does not
+        answer a probe (node/mlx_rounds.py)."""
+        now, since = time.monotonic(), self._round_since
+        longest = 0.0 if since is None else max(0.0, now - since)
+        for ended, took in list(self._long_rounds):
+            if ended >= now - ROUNDS_KEPT_S:
+                longest = max(longest, took)
+        return longest
+
     def submit(self, fn: Callable[..., T], *args) -> Future:
         """Run fn(*args) on the MLX thread; a concurrent Future of its result."""
         done: Future = Future()
@@ -93,6 +110,11 @@ class MlxWorker:
         try:
             key = self._selector.get_key(sock)
         except KeyError:
+            key = None
+        if key is not None and key.fileobj is not sock:
+            # A socket closed while watched left its number behind, and a new one got it: the kernel
+            # forgot the old watch with the close, so this one is registered afresh.
+            self._selector.unregister(key.fileobj)
             key = None
         handlers = list(key.data) if key is not None else [None, None]
         handlers[which] = callback
@@ -146,11 +168,13 @@ class MlxWorker:
                     self._untidy = False
                     _merge_freed_blocks()
                 continue
+            self._round_since = time.monotonic()
             for key, mask in events:
                 self._fire(key, mask)
             self._recheck_at = None  # a callback that still waits asks again
             for fn in self._after_events:
                 self._call(fn)
+            self._note_round(self._round_since)
             self._untidy = True
         for _, _, done in self._jobs:
             if done is not None:
@@ -158,6 +182,14 @@ class MlxWorker:
         self._selector.close()
         self._wake_r.close()
         self._wake_w.close()
+
+    def _note_round(self, since: float) -> None:
+        self._round_since = None
+        now = time.monotonic()
+        if now - since >= KEEP_ROUNDS_OVER_S:
+            while self._long_rounds and self._long_rounds[0][0] < now - ROUNDS_KEPT_S:
+                self._long_rounds.popleft()
+            self._long_rounds.append((now, now - since))
 
     def _wait_s(self) -> float | None:
         """How long select() may wait: until the heap tidy is due, or a recheck; else for ever."""

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import AsyncIterator, Awaitable, Callable
 
+from ..backend import this_backend
 from ..engine.decoding_rules import DecodingRules
 from ..engine.sampling import SamplingParams
 from ..engine.token_logprobs import SampledToken, TokenLogprobs
@@ -38,12 +39,16 @@ log = logging.getLogger(__name__)
 # The prefill schedule of mlx_lm.generate (prompt[:-1] in chunks, then the last token alone),
 # in chunks of `--prefill-chunk` positions (its prefill_step_size): greedy output matches mlx-lm's
 # at the same step size token for token. Each stage serves other requests between two chunks of
-# a prompt (stage/stage_service.py), so a chunk is what a long prompt holds a short request back:
-# on a CPU, about a second per stage. A stage takes no bigger chunk than MAX_CHUNK
-# (engine/input_limits.py).
-PREFILL_STEP = 256
+# a prompt (stage/stage_service.py), so a chunk is what a long prompt holds a short request back.
+# Its default is the backend's (backend.py: small on a CPU, where a chunk's pass is slow). A stage
+# takes no bigger chunk than MAX_CHUNK (engine/input_limits.py).
 # Prompt logprobs (echo) need the logits of every prompt position: (chunk, vocab) floats at a time.
 ECHO_PREFILL_STEP = 64
+
+
+def default_prefill_step() -> int:
+    """Positions per prompt chunk when `--prefill-chunk` is not given: this process's backend's."""
+    return this_backend().prefill_chunk
 
 
 @dataclass
@@ -62,7 +67,7 @@ class GenerationJob:
     may_reuse: bool = True  # may start from a prefix the stages keep (not after a miss)
     reused: Reuse | None = None  # what the current attempt started from, until its first token came
     attempt: int = 0  # restarts so far (a replay, a miss): the stages tell attempts apart
-    prefill_step: int = PREFILL_STEP  # positions per prompt chunk
+    prefill_step: int = field(default_factory=default_prefill_step)  # positions per prompt chunk
     prefilling: bool = True  # its prompt (or a replay's history) is being read
 
     def reusable_now(self) -> bool:
@@ -109,6 +114,7 @@ async def generate_tokens(job: GenerationJob, get_pipeline: PipelineSource,
                             job.request_id, e, len(job.prompt) + len(job.generated))
                 await _release_quietly(pipeline, job.request_id)
                 pipeline = await get_pipeline(pipeline)
+                log.info("request %s: a whole pipeline again: replaying", job.request_id)
                 job.cached = 0
                 job.attempt += 1
                 continue

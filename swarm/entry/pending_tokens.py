@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Callable
 
 from ..transport.messages import Error, Token
 from .pipeline import PipelineBroken, PrefixMissed
@@ -56,15 +57,33 @@ class PendingTokens:
                 if expected == of and not fut.done():
                     fut.set_exception(broken(f"{message.kind}: {message.message}"))
 
-    async def wait(self, rid: str, fut: asyncio.Future, timeout: float, what: str = "token") -> TokenArrival:
+    async def wait(self, rid: str, fut: asyncio.Future, timeout: float, what: str = "token",
+                   overdue: tuple[float, Callable[[], None]] | None = None) -> TokenArrival:
+        """The answer `fut` brings; PipelineBroken when none came within `timeout` s. `overdue`: (s, call):
+        call() once if none came within s (sooner than `timeout`), and wait on."""
+        # One timer per wait, failing the future itself: not wait_for (on Python 3.11 it loses a cancel
+        # that lands as the token arrives, and then a request whose client has gone generates on to
+        # max_tokens), and not a second timer or wait for `overdue` (a step's host cost, paid per token).
+        loop = asyncio.get_running_loop()
+
+        def expired() -> None:
+            if not fut.done():
+                fut.set_exception(PipelineBroken(f"no {what} within {timeout:.0f}s"))
+
+        def late() -> None:
+            nonlocal timer
+            if not fut.done():
+                timer = loop.call_later(timeout - overdue[0], expired)
+                overdue[1]()
+
+        if overdue is not None and overdue[0] < timeout:
+            timer = loop.call_later(overdue[0], late)
+        else:
+            timer = loop.call_later(timeout, expired)
         try:
-            # Not wait_for: on Python 3.11 it loses a cancel that lands as the token arrives, and
-            # then a request whose client has gone generates on to max_tokens.
-            async with asyncio.timeout(timeout):
-                return await fut
-        except TimeoutError:
-            raise PipelineBroken(f"no {what} within {timeout:.0f}s") from None
+            return await fut
         finally:
+            timer.cancel()
             waits = self._futures.get(rid, {})
             for at, (_, f) in list(waits.items()):
                 if f is fut:

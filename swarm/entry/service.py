@@ -15,7 +15,7 @@ from ..engine.decoding_rules import DecodingRules
 from ..engine.sampling import SamplingParams
 from ..engine.token_logprobs import TokenLogprobs
 from .chat_prompt import ChatPrompt
-from .generate import PREFILL_STEP, GenerationJob, PipelineSource, generate_tokens
+from .generate import GenerationJob, PipelineSource, default_prefill_step, generate_tokens
 from .stats import RequestStats
 from .text_output import TextOutput
 from .tool_call_output import ToolCallOutput
@@ -81,15 +81,15 @@ def content_chars(messages: list[dict]) -> int:
 class InferenceService:
     def __init__(self, tokenizer, context_length: int, get_pipeline: PipelineSource,
                  stats: RequestStats, default_max_tokens: int = 512, recovery_timeout: float = 30.0,
-                 vocab: GrammarVocab | None = None, prefill_step: int = PREFILL_STEP):
-        """`prefill_step`: positions per prompt chunk (`--prefill-chunk`, generate.py)."""
+                 vocab: GrammarVocab | None = None, prefill_step: int | None = None):
+        """`prefill_step`: positions per prompt chunk (`--prefill-chunk`, generate.py); None: the backend's."""
         self.tokenizer = tokenizer
         self.context_length = context_length
         self.get_pipeline = get_pipeline
         self.stats = stats
         self.default_max_tokens = default_max_tokens
         self.recovery_timeout = recovery_timeout
-        self.prefill_step = prefill_step
+        self.prefill_step = prefill_step or default_prefill_step()
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
         self.vocab = vocab or GrammarVocab(tokenizer)
         self.chat_prompt = ChatPrompt(tokenizer)

@@ -10,14 +10,13 @@ never holds a long prompt's backlog ahead of other requests' work (a release sto
 chunk under way), and the token timeout bounds the wait for one chunk, not for the whole prompt:
 a prompt that is being read is alive however long it is.
 
-A stage may take our frames and return nothing (it reads none of them): a sampled step
-whose token is overdue (StepWatch) has its plan's stages checked, and one that
-takes no data is left out, which moves the plan and replays the request around it.
+A stage may take our frames and return nothing (it reads none of them): a sampled step, or a
+request's first prompt chunk, whose answer is overdue (StepWatch) has its plan's stages checked,
+and one that takes no data is left out, which moves the plan and replays the request around it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import deque
 from typing import Awaitable, Callable, Protocol
@@ -64,7 +63,7 @@ class SwarmPipeline:
         self.plan, self.entry, self.outbox, self.pending = plan, node_id, outbox, pending
         self.token_timeout, self.timing, self.run_ahead, self.own = token_timeout, timing, run_ahead, own
         self.prompts = RoutePrompts(prompts, route_of(plan))
-        self._chunks_out: dict[str, deque] = {}  # rid -> (future, positions) of its prompt chunks not yet answered
+        self._chunks_out: dict[str, deque] = {}  # rid -> (future, positions, watched) of its prompt chunks not answered
         self._attempts: dict[str, int] = {}  # rid -> the attempt its latest forward was of
         self.watch = watch
         self._unanswered: dict[str, int] = {}  # positions sent per request since its last sampled token
@@ -89,13 +88,13 @@ class SwarmPipeline:
         t0 = started or time.perf_counter()
         positions = self._unanswered.pop(request_id, 0) + len(tokens)
         with_ids = rules is not None
+        starts = start_pos == 0 or prefix is not None
         if started is None:
-            starts = start_pos == 0 or prefix is not None
             self.outbox.post(first, Forward.of_tokens(request_id, plan_id, start_pos, self.entry, sampling, tokens,
                                                       rules if starts else None, with_ids, prefix, attempt))
         if sampling is None:
             self._unanswered[request_id] = positions
-            await self._prompt_chunk_out(request_id, fut, len(tokens))
+            await self._prompt_chunk_out(request_id, fut, len(tokens), watched=starts)
             return None
         self._chunks_out.pop(request_id, None)  # (this step's token comes after every chunk's answer)
         if continue_unless is not None:
@@ -110,24 +109,30 @@ class SwarmPipeline:
         token = arrival.token
         return token.token if token.logprobs is None else SampledToken(token.token, token.logprobs)
 
-    async def _prompt_chunk_out(self, request_id: str, answered, positions: int) -> None:
-        """A prompt chunk left: wait until at most PROMPT_CHUNKS_OUT of the request's are unanswered."""
+    async def _prompt_chunk_out(self, request_id: str, answered, positions: int, watched: bool) -> None:
+        """A prompt chunk left: wait until at most PROMPT_CHUNKS_OUT of the request's are unanswered.
+        `watched`: the request's first chunk, which no stage holds back (stage/chunk_hold.py), is
+        watched like a sampled step; a later one may be held while others decode, and is not."""
         out = self._chunks_out.setdefault(request_id, deque())
-        out.append((answered, positions))
+        out.append((answered, positions, watched))
         while len(out) > PROMPT_CHUNKS_OUT - 1:
-            fut, _ = out.popleft()
-            # (not watched: a stage may hold a chunk back while others decode: stage/chunk_hold.py)
-            await self.pending.wait(request_id, fut, self.token_timeout, "prompt chunk read")
+            fut, n, watch = out.popleft()
+            if watch:
+                await self._wait_watched(request_id, fut, n, "prompt chunk read")
+            else:
+                await self.pending.wait(request_id, fut, self.token_timeout, "prompt chunk read")
 
     async def _wait_watched(self, request_id: str, fut, positions: int, what: str = "token"):
         """The answer's arrival (pending.wait); when it is overdue, the watch is told, and we wait on."""
         overdue_s = self.watch.overdue_after(self.plan, positions) if self.watch is not None else None
-        if overdue_s is None or overdue_s >= self.token_timeout:
+        if overdue_s is None:
             return await self.pending.wait(request_id, fut, self.token_timeout, what)
-        done, _ = await asyncio.wait({fut}, timeout=overdue_s)  # (does not cancel it)
-        if not done:
-            self.watch.step_overdue(self.plan, f"no {what} of request {request_id} after {overdue_s:.1f} s")
-        return await self.pending.wait(request_id, fut, self.token_timeout - overdue_s, what)
+        watch, plan = self.watch, self.plan
+
+        def overdue() -> None:
+            watch.step_overdue(plan, f"no {what} of request {request_id} after {overdue_s:.1f} s")
+
+        return await self.pending.wait(request_id, fut, self.token_timeout, what, (overdue_s, overdue))
 
     @property
     def hops(self) -> int:

@@ -61,6 +61,7 @@ from . import peer_security
 from .config import AUTO_PROMPT_CACHE, NodeConfig
 from .inbox import NodeInbox
 from .lane_probe import LaneProbe
+from .mlx_rounds import ROUND_MAX_PAYLOAD, ROUND_PURPOSE, ask_round, serve_round
 from .secrets import API_KEY_FROM_SECRET, Secret
 from .sender_rules import SenderRules
 
@@ -75,6 +76,7 @@ class PeerSide:
     listener: PeerListener
     weights: PeerWeights
     prove: Callable  # (Claim) -> awaitable: the peer proves it holds those layers, or it raises
+    ask_round: Callable  # (peer, timeout) -> awaitable: its MLX thread's longest recent round, or None
 
 
 # A candidate answers a challenge within this (a few KiB read from its disk; generous for a loaded machine).
@@ -129,7 +131,17 @@ def build_peer_side(cfg: NodeConfig, profile: NodeProfile, worker: MlxWorker, li
         finally:
             await link.close()
 
-    return PeerSide(profile, discovery, peer_events, links, lane, listener, weights, prove)
+    # How busy a peer's MLX thread has been: asked of one that does not answer a probe.
+    listener.serve_purpose(ROUND_PURPOSE, serve_round(worker))
+
+    async def ask_peer_round(peer: str, timeout: float) -> float | None:
+        endpoint = discovery.endpoint_of(peer)
+        if endpoint is None:
+            return None
+        return await ask_round(lambda: dial_stream(endpoint, auth, ROUND_PURPOSE, expected_peer=peer,
+                                                   max_payload=ROUND_MAX_PAYLOAD, timeout=timeout), timeout)
+
+    return PeerSide(profile, discovery, peer_events, links, lane, listener, weights, prove, ask_peer_round)
 
 
 @dataclass
@@ -163,7 +175,8 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
 
     # Planning: the plan from the view, our layers loaded, agreement.
     events = EventBus()
-    probes = LaneProbe(lane, worker, loop)  # does a peer read its data lane? (planning leaves out one that does not)
+    # does a peer read its data lane? (planning leaves out one that does not)
+    probes = LaneProbe(lane, worker, loop, peers.ask_round)
 
     async def proofs_changed() -> None:
         await coordinator.replan()
@@ -193,7 +206,7 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
                                hop_timing, run_ahead, own, PromptIndex() if cfg.prompt_cache != 0 else None,
                                watch=coordinator)
     service = InferenceService(tokenizer, model.context_length, pipelines, stats, cfg.default_max_tokens,
-                               cfg.recovery_timeout, grammar_vocab, cfg.prefill_chunk)
+                               cfg.recovery_timeout, grammar_vocab, cfg.prefill_chunk or backend.prefill_chunk)
 
     # What the node tells: /health, /v1/topology, and the HTTP API over it all.
     peer_stats = PeerStats(discovery)

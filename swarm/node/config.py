@@ -15,7 +15,7 @@ DEFAULT_BATCH_DECODE = 16
 # An idle first stage waits this long after each new prompt for more to share its pass (stage_service.py).
 DEFAULT_PROMPT_GATHER_MS = 3.0
 # Positions per prompt chunk (entry/generate.py): what a long prompt holds other requests back at a stage.
-DEFAULT_PREFILL_CHUNK = 256
+# Its default is the backend's (backend.py: Backend.prefill_chunk).
 MIN_PREFILL_CHUNK, MAX_PREFILL_CHUNK = 16, 2048  # (engine/input_limits.py: a stage takes no bigger chunk)
 DEFAULT_TOKEN_TIMEOUT = 120.0  # last-resort bound on one step (or prompt chunk) when no failure is seen
 # Admission at an entry node (api/admission.py): one full batch of active requests; the queue holds
@@ -66,7 +66,7 @@ class NodeConfig:
     prompt_cache: int | None = None
     recovery_timeout: float = 30.0  # how long a request waits for a whole pipeline
     token_timeout: float = DEFAULT_TOKEN_TIMEOUT
-    prefill_chunk: int = DEFAULT_PREFILL_CHUNK  # positions per prompt chunk
+    prefill_chunk: int | None = None  # positions per prompt chunk; None: the backend's (backend.py)
     batch_decode: int = DEFAULT_BATCH_DECODE  # most decode steps of different requests run as one pass (1: never)
     prompt_gather_ms: float = DEFAULT_PROMPT_GATHER_MS  # a burst's prompts share a pass (0: never wait)
     max_active: int = DEFAULT_MAX_ACTIVE  # requests this node generates for at once, as their entry

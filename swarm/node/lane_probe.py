@@ -5,41 +5,74 @@ peer on its link, and waits for its Probed. A peer that does not answer in time 
 link is broken (what waits on it may never be read: requests on it replay) and planning leaves the
 peer out (planning/slow_members.py). The node's inbox hands over each Probed (`mlx_answered`) and
 answers the probes of others itself.
+
+`timeout` allows for the longest pass the peer may be computing (it reads between passes only).
+When no answer came within PROBE_TIMEOUT_S, the peer is asked for its MLX thread's longest recent
+round of work (node/mlx_rounds.py): if it turned its rounds over quickly all along and still has not
+read the probe, nothing it computes holds the probe back, and it gets TURNOVER_GRACE_S more, not the
+whole allowance. No answer, or a long round: the whole allowance.
 """
 
 from __future__ import annotations
 
 import asyncio
 import secrets
+from typing import Awaitable, Callable
 
 from ..engine.worker import MlxWorker
+from ..planning.slow_members import PROBE_TIMEOUT_S
 from ..transport.errors import PeerUnreachable
 from ..transport.lane import DataLane
 from ..transport.probe_messages import Probe
 
+ASK_TIMEOUT_S = 1.0  # the peer's event loop answers at once, unless it is swamped (then: the whole allowance)
+LONG_ROUND_S = 0.5  # rounds of its MLX thread this long may be passes that hold our probe back
+TURNOVER_GRACE_S = 1.0  # a peer that turns its rounds over quickly reads our probe at its next one
+
+AskRound = Callable[[str, float], Awaitable[float | None]]  # (node, timeout): its longest recent round, or None
+
 
 class LaneProbe:
-    def __init__(self, lane: DataLane, worker: MlxWorker, loop: asyncio.AbstractEventLoop):
-        self.lane, self.worker, self.loop = lane, worker, loop
+    def __init__(self, lane: DataLane, worker: MlxWorker, loop: asyncio.AbstractEventLoop,
+                 ask_round: AskRound | None = None):
+        """`ask_round`: a peer's MLX thread's longest recent round of work (None: never asked)."""
+        self.lane, self.worker, self.loop, self.ask_round = lane, worker, loop, ask_round
         self._waiting: dict[int, tuple[str, asyncio.Future]] = {}  # nonce -> (node, its answer)
 
     async def probe(self, node: str, timeout: float) -> bool:
-        """True if `node` answered within `timeout` s; else its link is broken."""
+        """True if `node` answered within `timeout` s (less if it computes nothing meanwhile); else its link is broken."""
         nonce = secrets.randbits(63)
         answered = self.loop.create_future()
         self._waiting[nonce] = (node, answered)
+        start = self.loop.time()
         try:
-            async with asyncio.timeout(timeout):
-                await self.worker.run(self.lane.mlx_send, node, Probe(nonce))
-                await answered
-            return True
+            async with asyncio.timeout(min(timeout, PROBE_TIMEOUT_S)):
+                opening = await self.worker.run(self._mlx_send, node, Probe(nonce))
+                if opening is not None:  # its link is being opened: a dial that fails is a peer unreachable
+                    await asyncio.wrap_future(opening)
+            if await _within(answered, min(timeout, PROBE_TIMEOUT_S) - (self.loop.time() - start)):
+                return True
+            why = f"it did not answer a probe within {timeout:.0f} s"
+            if timeout > PROBE_TIMEOUT_S and self.ask_round is not None:
+                busy = await self.ask_round(node, ASK_TIMEOUT_S)
+                if busy is not None and busy < LONG_ROUND_S:
+                    timeout = min(timeout, self.loop.time() - start + TURNOVER_GRACE_S)
+                    why = (f"it did not answer a probe within {timeout:.0f} s, and its MLX thread is "
+                           f"computing nothing that holds it back")
+            if await _within(answered, timeout - (self.loop.time() - start)):
+                return True
         except PeerUnreachable:
             return False
         except TimeoutError:
-            await self.worker.run(self.lane.mlx_break, node, f"it did not answer a probe within {timeout:.0f} s")
-            return False
+            why = f"it did not take a probe within {min(timeout, PROBE_TIMEOUT_S):.0f} s"
         finally:
             self._waiting.pop(nonce, None)
+        await self.worker.run(self.lane.mlx_break, node, why)
+        return False
+
+    def _mlx_send(self, node: str, probe: Probe):
+        self.lane.mlx_send(node, probe)
+        return self.lane.mlx_opening(node)
 
     def mlx_answered(self, sender: str, nonce: int) -> None:
         """A Probed from `sender` (MLX thread)."""
@@ -49,3 +82,10 @@ class LaneProbe:
         node, answered = self._waiting.get(nonce, (None, None))
         if node == sender and not answered.done():  # (a nonce is only good from the node it went to)
             answered.set_result(None)
+
+
+async def _within(answered: asyncio.Future, seconds: float) -> bool:
+    """Whether `answered` is done within `seconds` (it is not cancelled either way)."""
+    if not answered.done() and seconds > 0:
+        await asyncio.wait({answered}, timeout=seconds)
+    return answered.done()

@@ -155,9 +155,10 @@ class Coordinator:
         self.loader.plan_changed()
 
     async def _slow_changed(self) -> None:
-        """A member was left out for taking no data, or taken back: say so (peers check it too), replan."""
-        await self.discovery.update_profile(**{PROFILE_FIELD: self.slow.profile_field() or None})
+        """A member was left out for taking no data, or taken back: replan (the new plan's layers load
+        meanwhile), and say so (peers check it too)."""
         await self.replan()
+        await self.discovery.update_profile(**{PROFILE_FIELD: self.slow.profile_field() or None})
         await self._notify()
 
     def overdue_after(self, plan: Plan, positions: int) -> float:

@@ -12,7 +12,8 @@ clear the record of a stage that announces the plan. So slowness has its own rec
   make the swarm drop honest members: the node is probed over the data lane (transport/
   probe_messages.py), and left out only if the probe is not answered within PROBE_TIMEOUT_S plus
   the longest pass its stage may be computing (`busy_for`: a stage reads between passes only, and a
-  long prompt's pass on a CPU takes seconds).
+  long prompt's pass on a CPU takes seconds). The probe itself (node/lane_probe.py) gives up sooner
+  on a node whose MLX thread, by its own word, computed no long pass meanwhile.
 
 A member left out is probed again every RETRY_S and taken back when it answers (it reads again), or
 at once when a peer that listed it lists it no more (it was taken back there: one view again). Each
@@ -78,6 +79,7 @@ class SlowMembers:
                 continue
             if now - self._last_probe.get(node, -HEARSAY_GAP_S) < HEARSAY_GAP_S:
                 continue
+            log.info("probing node %s (%s): it must answer within %.1f s", node, why, self._timeout(node))
             self._start(node, self._check(node, why))
 
     def heard(self, peer: str, field: str | None, members: set[str]) -> None:
@@ -127,7 +129,7 @@ class SlowMembers:
     async def _check(self, node: str, why: str) -> None:
         if not await self._answers(node) and node not in self._out:
             self._checks.pop(node, None)
-            self._leave_out(node, f"{why}, and it did not answer a probe within {self._timeout(node):.0f} s")
+            self._leave_out(node, f"{why}, and it did not answer a probe")
 
     def _timeout(self, node: str) -> float:
         return PROBE_TIMEOUT_S + self.busy_for(node)

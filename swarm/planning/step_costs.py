@@ -13,8 +13,9 @@ from partitioner import Plan
 
 from ..engine.input_limits import MAX_CHUNK
 
-# A sampled step is overdue after this, plus OVERDUE_FACTOR times what its positions cost.
-OVERDUE_FLOOR_S = 2.0
+# A sampled step is overdue after this, plus OVERDUE_FACTOR times what its positions cost. Being
+# overdue only has the stages probed (an honest one answers), so the floor may be short.
+OVERDUE_FLOOR_S = 1.0
 OVERDUE_FACTOR = 4.0
 MAX_S = 60.0
 # A prompt's position costs a stage at least this many times less than a decoded token's: measured

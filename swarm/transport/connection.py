@@ -141,6 +141,15 @@ class PeerConnection:
                 self._queue.popleft()
         return True
 
+    def flush_within(self, stall_timeout: float) -> None:
+        """Send the whole queue, waiting for room as long as the peer takes bytes: TimeoutError once it
+        took none for `stall_timeout` (for a sender with no selector of its own)."""
+        while not self.flush():
+            poller = select.poll()
+            poller.register(self.sock, select.POLLOUT)
+            if self.stalled_for(time.monotonic()) >= stall_timeout or not poller.poll(stall_timeout * 1000):
+                raise TimeoutError(f"the peer took no data for {stall_timeout:g} s")
+
     @property
     def queued(self) -> int:
         """Bytes waiting for the socket to take them."""

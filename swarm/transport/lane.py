@@ -11,10 +11,12 @@ its input and writes its output: a decode step arrives, is computed and leaves
 without waking another thread (benchmarks/lean_pipeline.py measures the floor).
 
 - One connection per peer, in both directions (links.py): sending uses the one
-  there is, whoever opened it, and dials (connect + hello, blocking, within the
-  connect timeout: handshake.dial) only when there is none. Connections the peer
-  opened come from the listener (listener.py: accepted and answered on the event
-  loop) through `take_over`.
+  there is, whoever opened it, and dials (connect + hello, within the connect
+  timeout) only when there is none: on a thread of its own (link_opener.py), while
+  that peer's frames wait in order and every other peer's go on; a dial that fails
+  is reported like a link that broke (`on_broken`). Connections the peer opened come
+  from the listener (listener.py: accepted and answered on the event loop) through
+  `take_over`.
 - Every frame that comes in is decoded into a typed message here (messages.py),
   once, with the sender's node id known from the hello; a malformed one closes its
   connection with one log line, and nobody else notices.
@@ -38,22 +40,7 @@ without waking another thread (benchmarks/lean_pipeline.py measures the floor).
 Runs on the MLX thread (engine/worker.py), except `take_over` (any thread): hence
 the `mlx_` names. Not thread-safe and does not need to be; links.py is.
 
-RDMA (Thunderbolt 5 via MLX's jaccl backend): what a lane over RDMA would need;
-the stage service must not change:
-  * Connection setup/teardown at run time. `mx.distributed` groups are fixed when
-    the group is initialised (all ranks, at once), but our plans change whenever
-    nodes join or leave. Either re-form the group on each plan change (a barrier
-    across all nodes; in-flight requests drained first), or, better, set up a queue
-    pair per peer when a link is made (links.py) and tear it down in `mlx_drop`.
-  * Registered (pinned) memory for activations: RDMA reads/writes only into memory
-    registered with the NIC. Keep a small pool of registered buffers sized for the
-    largest activation (1 x max_prefill x hidden x itemsize), receive into them, and
-    let Forward carry a view of the buffer (back to the pool once copied into MLX).
-  * A side channel for headers and control: the small msgpack headers, the hello
-    and liveness could stay on TCP; only payloads above a threshold go over RDMA,
-    with the header naming the buffer/sequence number the payload landed in.
-  * The same failure semantics: a dead link must surface as PeerUnreachable on
-    `mlx_send`, not as a hang in a collective.
+An RDMA lane would plug in here: docs/accelerators.md says what it would need.
 """
 
 from __future__ import annotations
@@ -61,17 +48,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import select
 import socket
 import time
+from concurrent.futures import Future
 from typing import Callable, Protocol
 
 from . import hop_trace
 from .connection import DEFAULT_QUEUE_LIMIT, PeerConnection, QueueFull
-from .errors import HandshakeRejected, PeerUnreachable, ProtocolError
+from .errors import PeerUnreachable, ProtocolError
 from .frames import DEFAULT_MAX_PAYLOAD_BYTES
-from .handshake import dial
 from .link_handshake import LinkAuth
+from .link_opener import HeldFrames, LinkOpener, Opened, open_link
 from .links import PeerLinks
 from .handshake_messages import HANDSHAKE_MESSAGES, Rejection
 from .messages import Forward, Message, Token, decode
@@ -108,8 +95,9 @@ class DataLane:
                  writes: WriteWatch | None = None, queue_limit: int = DEFAULT_QUEUE_LIMIT) -> None:
         """`key`: the stretched swarm secret (link_crypto.stretch_secret); None: an open swarm. `auth`: the
         node's (one for all its handshakes), else one of the lane's own from `key`. `writes`: the MLX
-        thread's selector, for sends the socket could not take at once; None: such a send waits for room
-        (at most `stall_timeout`) on the spot (tools that send from one loop of their own)."""
+        thread's selector, for sends the socket could not take at once and links being opened; None: such a
+        send waits for room (at most `stall_timeout`), and a dial for its hello, on the spot (tools that send
+        from one loop of their own)."""
         self.node_id, self.swarm, self.links = node_id, swarm, links
         self.auth = auth or LinkAuth(node_id, swarm, key)
         self._on_broken = on_broken
@@ -118,6 +106,8 @@ class DataLane:
         self.connect_timeout, self.stall_timeout, self.queue_limit = connect_timeout, stall_timeout, queue_limit
         self._writes = writes
         self._backlogged: set[PeerConnection] = set()  # links with bytes waiting for their socket
+        self._opener = LinkOpener(links, self.auth, connect_timeout, max_payload, post)
+        self._opening: dict[str, HeldFrames] = {}  # peers whose link is being opened, and what waits for it
         if writes is not None:
             writes.after_events(self._mlx_check_stalls)
         self._on_message: OnMessage | None = None
@@ -152,7 +142,22 @@ class DataLane:
             self._deliver(node_id, message, message.to_frame()[0] if _TRACING else None)
             return
         header, payload = message.to_frame()
-        conn = self._link(node_id)
+        held = self._opening.get(node_id)
+        if held is None:
+            conn = self._link(node_id)
+            if conn is None:
+                held = self._opening[node_id] = HeldFrames(self.queue_limit)
+        if held is not None:
+            try:
+                held.hold(header, payload)
+            except QueueFull as exc:
+                raise PeerUnreachable(node_id, f"its connection is being opened: {exc}") from None
+        else:
+            self._write(node_id, conn, header, payload)
+        if _TRACING:
+            hop_trace.mark(hop_trace.STEP_START if self._starts_a_step(message) else "sent", header)
+
+    def _write(self, node_id: str, conn: PeerConnection, header: dict, payload: bytes | memoryview) -> None:
         if self._corked is not None and conn not in self._corked:
             conn.cork(True)
             self._corked.append(conn)
@@ -167,16 +172,17 @@ class DataLane:
             problem = f"connection broke: {type(exc).__name__}: {exc}"
             self._close(conn, problem)
             raise PeerUnreachable(node_id, problem) from exc
-        if _TRACING:
-            hop_trace.mark(hop_trace.STEP_START if self._starts_a_step(message) else "sent", header)
+
+    def mlx_opening(self, node_id: str) -> Future[None] | None:
+        """While the link to `node_id` is being opened: its dial's outcome (None, or PeerUnreachable),
+        for a sender that must know whether what it sent there left (lane_probe.py)."""
+        held = self._opening.get(node_id)
+        return held.opened if held is not None else None
 
     def _wait_for_room(self, conn: PeerConnection) -> None:
         """Bytes wait in `conn`'s queue: they leave when its socket has room (or it stalls: broken)."""
         if self._writes is None:  # no selector of ours: wait here, as long as the peer takes bytes
-            while not conn.flush():
-                if conn.stalled_for(time.monotonic()) >= self.stall_timeout or \
-                        not _wait_writable(conn.sock, self.stall_timeout):
-                    raise TimeoutError(f"the peer took no data for {self.stall_timeout:g} s")
+            conn.flush_within(self.stall_timeout)
             return
         self._backlogged.add(conn)
         self._writes.watch_writable(conn.sock, functools.partial(self._mlx_writable, conn))
@@ -232,12 +238,14 @@ class DataLane:
 
     def mlx_break(self, node_id: str, problem: str) -> None:
         """Our link to `node_id` is of no use (what waits on it may never be read): closed as broken."""
+        self._forget_held(node_id)
         conn = self.links.link(node_id)
         if conn is not None:
             self._close(conn, problem)
 
     def mlx_drop(self, node_id: str) -> None:
         """The peer left: close our connection to it."""
+        self._forget_held(node_id)
         conn = self.links.link(node_id)
         if conn is not None:
             self._close(conn, None)
@@ -247,7 +255,13 @@ class DataLane:
         for conn in {*self._watched, *self.links.all()}:
             self._close(conn, None)
 
-    def _link(self, node_id: str) -> PeerConnection:
+    def _forget_held(self, node_id: str) -> None:
+        held = self._opening.get(node_id)
+        if held is not None:  # (its link, once open, carries nothing of what was held)
+            held.clear()
+
+    def _link(self, node_id: str) -> PeerConnection | None:
+        """The link to `node_id`; None: it is being opened (off this thread, see link_opener.py)."""
         address = self._address_of(node_id)
         if address is None:
             raise PeerUnreachable(node_id, "not in this node's view of the swarm")
@@ -257,36 +271,43 @@ class DataLane:
             # link broke (frames on it may be lost), a clean end that it was retired.
             self._close(conn, conn.hangup())
             conn = None
-        return conn or self._dial(node_id, address)
-
-    def _dial(self, node_id: str, address: tuple[str, int]) -> PeerConnection:
-        where = f"{address[0]}:{address[1]}"
-        try:
-            conn = self.links.begin_dial(node_id, self.connect_timeout)
-        except TimeoutError as exc:
-            raise PeerUnreachable(node_id, str(exc)) from None
         if conn is not None:
-            return conn  # it connected to us meanwhile
-        conn = None
-        try:
-            conn = dial(address, self.auth, node_id, self.connect_timeout, self.max_payload)
-        except HandshakeRejected as exc:
-            if exc.kind != "duplicate":
-                raise PeerUnreachable(node_id, f"{where}: {exc}") from None
-        except (OSError, ProtocolError) as exc:
-            raise PeerUnreachable(node_id, f"{where}: {type(exc).__name__}: {exc}") from None
-        finally:
-            replaced = self.links.end_dial(node_id, conn)
-        if conn is None:  # refused as a duplicate: the lower id is connecting to us, and its connection stays
-            conn = self.links.wait_arrival(node_id, self.connect_timeout)
-            if conn is None:
-                raise PeerUnreachable(node_id, f"{where} is connecting to us instead and did not arrive in time")
             return conn
-        self._read(conn)
-        if replaced is not None:
-            log.warning("two connections to %s: keeping the newer one", node_id)
-            self._retire(replaced)
-        return conn
+        if self._writes is None:  # a tool's own loop: nothing else waits on this thread
+            return self._mlx_opened(node_id, open_link(self.links, self.auth, node_id, address, self.connect_timeout,
+                                                       self.max_payload))
+        self._opener.start(node_id, address, self._mlx_dialed)
+        return None
+
+    def _mlx_dialed(self, node_id: str, opened: Opened | None, problem: str | None) -> None:
+        """A dial is over: send what waited for it, or report the link broken (its frames are lost)."""
+        held = self._opening.pop(node_id, None) or HeldFrames(0)
+        if self._closed:
+            if opened is not None and opened.ours:
+                self._close(opened.conn, None)
+            held.settle(PeerUnreachable(node_id, "the node is stopping"))
+            return
+        if opened is None:
+            log.warning("could not connect to %s: %s", node_id, problem)
+            held.settle(PeerUnreachable(node_id, problem))
+            if held.frames:
+                self._report_broken(node_id, f"could not connect: {problem}")
+            return
+        conn = self._mlx_opened(node_id, opened)
+        held.settle(None)
+        for header, payload in held.frames:
+            try:
+                self._write(node_id, conn, header, payload)
+            except PeerUnreachable:
+                return  # the link was closed as broken, and on_broken told
+
+    def _mlx_opened(self, node_id: str, opened: Opened) -> PeerConnection:
+        if opened.ours:
+            self._read(opened.conn)
+            if opened.replaced is not None:
+                log.warning("two connections to %s: keeping the newer one", node_id)
+                self._retire(opened.replaced)
+        return opened.conn
 
     # -- MLX thread: receiving --------------------------------------------------------------
     def _take_over_on_mlx_thread(self, conn: PeerConnection, replaced: PeerConnection | None) -> None:
@@ -375,15 +396,12 @@ class DataLane:
             except (KeyError, ValueError):
                 pass  # already closed
         conn.close(abort=bool(problem))
-        if problem and was_link and self._on_broken is not None:
+        if problem and was_link:
+            self._report_broken(conn.peer, problem)
+
+    def _report_broken(self, peer: str, problem: str) -> None:
+        if self._on_broken is not None:
             try:
-                self._on_broken(conn.peer, problem)
+                self._on_broken(peer, problem)
             except Exception:
-                log.exception("on_broken(%s)", conn.peer)
-
-
-
-def _wait_writable(sock: socket.socket, timeout: float) -> bool:
-    poller = select.poll()
-    poller.register(sock, select.POLLOUT)
-    return bool(poller.poll(timeout * 1000))
+                log.exception("on_broken(%s)", peer)

@@ -1,0 +1,110 @@
+"""Opening the link to a peer (connect + hello), and the frames that wait for it: off the MLX thread.
+
+A connect waits on the peer: on a host that is slow to accept or to answer the hello, up to
+the connect timeout. The MLX thread computes every stage's pass and carries every other
+peer's frames (lane.py), so it must never wait there: `open_link` runs on a thread of its own
+(`LinkOpener.start`), the frames for that peer wait in order (`HeldFrames`), and the result
+is posted back to the MLX thread, which sends them.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from typing import Callable, NamedTuple
+
+from .connection import PeerConnection, QueueFull
+from .errors import HandshakeRejected, PeerUnreachable, ProtocolError
+from .handshake import dial
+from .link_handshake import LinkAuth
+from .links import PeerLinks
+
+
+class Opened(NamedTuple):
+    conn: PeerConnection
+    replaced: PeerConnection | None  # the link it replaces: retire it
+    ours: bool  # we dialed it (else the peer's arrived: the listener hands it over, read from there)
+
+
+def open_link(links: PeerLinks, auth: LinkAuth, node_id: str, address: tuple[str, int], timeout: float,
+              max_payload: int) -> Opened:
+    """The link to `node_id`: one that arrives meanwhile, or one we dial. Waits (any thread but the
+    MLX thread's); PeerUnreachable when there is none within `timeout` (twice, if the peer is
+    dialing us at the same moment)."""
+    where = f"{address[0]}:{address[1]}"
+    try:
+        conn = links.begin_dial(node_id, timeout)
+    except TimeoutError as exc:
+        raise PeerUnreachable(node_id, str(exc)) from None
+    if conn is not None:
+        return Opened(conn, None, False)  # it connected to us meanwhile
+    replaced = None
+    try:
+        conn = dial(address, auth, node_id, timeout, max_payload)
+    except HandshakeRejected as exc:
+        if exc.kind != "duplicate":
+            raise PeerUnreachable(node_id, f"{where}: {exc}") from None
+    except (OSError, ProtocolError) as exc:
+        raise PeerUnreachable(node_id, f"{where}: {type(exc).__name__}: {exc}") from None
+    finally:
+        replaced = links.end_dial(node_id, conn)
+    if conn is None:  # refused as a duplicate: the lower id is connecting to us, and its connection stays
+        conn = links.wait_arrival(node_id, timeout)
+        if conn is None:
+            raise PeerUnreachable(node_id, f"{where} is connecting to us instead and did not arrive in time")
+        return Opened(conn, None, False)
+    return Opened(conn, replaced, True)
+
+
+class HeldFrames:
+    """The frames for one peer whose link is being opened, in the order they were sent, bounded; `opened`
+    resolves when the dial is over (to None, or PeerUnreachable), for a sender that must know."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.frames: list[tuple[dict, bytes]] = []
+        self.size = 0
+        self.opened: Future[None] = Future()
+
+    def hold(self, header: dict, payload: bytes | memoryview) -> None:
+        """QueueFull past `limit` bytes."""
+        size = memoryview(payload).nbytes
+        if self.size + size > self.limit:
+            raise QueueFull(f"{self.size} bytes wait for its connection already")
+        self.frames.append((header, bytes(payload)))  # a copy: a payload's buffer may be reused once we return
+        self.size += size
+
+    def settle(self, failed: PeerUnreachable | None) -> None:
+        if not self.opened.done():  # (a sender that stopped waiting cancelled it)
+            if failed is None:
+                self.opened.set_result(None)
+            else:
+                self.opened.set_exception(failed)
+
+    def clear(self) -> None:
+        self.frames, self.size = [], 0
+
+
+Done = Callable[[str, Opened | None, str | None], None]  # (peer, the link or None, what failed), MLX thread
+
+
+class LinkOpener:
+    """Opens links on threads of their own and posts each result to the MLX thread."""
+
+    def __init__(self, links: PeerLinks, auth: LinkAuth, timeout: float, max_payload: int,
+                 post: Callable[..., None]) -> None:
+        self.links, self.auth, self.timeout, self.max_payload, self._post = links, auth, timeout, max_payload, post
+
+    def start(self, node_id: str, address: tuple[str, int], done: Done) -> None:
+        threading.Thread(target=self._open_on_dial_thread, args=(node_id, address, done), daemon=True,
+                         name=f"dial {node_id}").start()
+
+    def _open_on_dial_thread(self, node_id: str, address: tuple[str, int], done: Done) -> None:
+        try:
+            opened = open_link(self.links, self.auth, node_id, address, self.timeout, self.max_payload)
+        except PeerUnreachable as exc:
+            self._post(done, node_id, None, exc.reason)
+        except Exception as exc:  # a bug: reported as a failed dial, not a frame lost without a word
+            self._post(done, node_id, None, f"dialing failed: {exc!r}")
+        else:
+            self._post(done, node_id, opened, None)
