@@ -186,20 +186,26 @@ def _bound_connect(ip: str, port: int, source: str, timeout: float = 2.0) -> soc
     return s
 
 
+OPEN_GRACE_S = 60.0  # how much longer held_connections may go on to open what it was asked to
+
+
 def held_connections(targets: list[tuple[str, int]], sources: list[str], per_source: int, seconds: float,
-                     first_bytes: bytes, trickle: bytes = b"", trickle_every: float = 5.0) -> dict:
+                     first_bytes: bytes, trickle: bytes = b"", trickle_every: float = 5.0,
+                     until_opened: int = 0) -> dict:
     """From every source address, hold `per_source` connections to every target for `seconds`, each having
     sent `first_bytes` (and `trickle` every `trickle_every` s); a connection the node closes is opened
-    again. Bounded in count (len(sources) * per_source * len(targets) at once) and time. Counts back."""
+    again. Goes on past `seconds` until `until_opened` connections were opened (a loaded machine connects
+    slowly), at most OPEN_GRACE_S longer. Bounded in count (len(sources) * per_source * len(targets) at
+    once) and time. Counts back."""
     held: dict[tuple[int, int], socket.socket] = {}
     opened = failed = closed_by_node = 0
     deadline = time.monotonic() + seconds
     next_trickle = time.monotonic() + trickle_every
     slots = [(t, s) for t in range(len(targets)) for s in range(len(sources) * per_source)]
     try:
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline or (opened < until_opened and time.monotonic() < deadline + OPEN_GRACE_S):
             for slot in slots:
-                if time.monotonic() > deadline:
+                if time.monotonic() > deadline and opened >= until_opened:
                     break
                 sock = held.get(slot)
                 if sock is not None and not _closed(sock):

@@ -117,7 +117,7 @@ def test_http_slowloris_from_40_addresses_splits_nothing(swarm):
     plan_before = target.topology()["plan"]["id"]
     result, samples = watch_during(
         cluster, lambda: in_netns(stranger.ns, held_connections, [(target.host.ip, API_PORT)], sources[:40], 64,
-                                  FLOOD_S, SLOW_HEADERS, b"X-a: b\r\n", 5.0), FLOOD_S)
+                                  FLOOD_S, SLOW_HEADERS, b"X-a: b\r\n", 5.0, until_opened=40 * 64), FLOOD_S)
     print("slowloris:", result, f"{len(samples)} samples")
     assert_one_view_and_plan(cluster, plan_before, samples)
     assert result["opened"] >= 40 * 64, result
