@@ -107,7 +107,6 @@ class Coordinator:
             self.events.emit(event.kind, {"node_id": event.node_id, "name": event.profile.name})
         if event.kind == "leave":
             self._break_plans_with(event.node_id)
-        if event.kind == "leave":
             self.slow.forget(event.node_id)
         elif event.kind in ("join", "update"):
             self.slow.heard(event.node_id, event.profile.extra.get(PROFILE_FIELD),
