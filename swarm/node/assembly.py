@@ -206,7 +206,7 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
                                hop_timing, run_ahead, own, PromptIndex() if cfg.prompt_cache != 0 else None,
                                watch=coordinator)
     service = InferenceService(tokenizer, model.context_length, pipelines, stats, cfg.default_max_tokens,
-                               cfg.recovery_timeout, grammar_vocab, cfg.prefill_chunk or backend.prefill_chunk)
+                               cfg.recovery_timeout, grammar_vocab, cfg.prefill_chunk)
 
     # What the node tells: /health, /v1/topology, and the HTTP API over it all.
     peer_stats = PeerStats(discovery)
