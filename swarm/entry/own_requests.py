@@ -38,5 +38,9 @@ class OwnRequests:
         """The request left its plan (released, or about to replay elsewhere)."""
         self._requests.pop(rid, None)
 
+    def others_than(self, rid: str) -> bool:
+        """Does this entry run a request besides `rid`? (event loop)"""
+        return len(self._requests) > (rid in self._requests)
+
     def get(self, rid: str) -> OwnRequest | None:
         return self._requests.get(rid)

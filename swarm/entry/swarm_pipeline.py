@@ -4,11 +4,14 @@ Every message leaves through the outbox: the entry's inbox posts it to the MLX
 thread, whose data lane sends it (or queues it for our own stage 0). A send that
 fails comes back as an Error message for the request, like any stage's failure.
 
-A prompt goes out in chunks (entry/generate.py), at most PROMPT_CHUNKS_OUT of a request's at a
-time: the last stage answers each chunk it has read, and the next one leaves then. So a stage
-never holds a long prompt's backlog ahead of other requests' work (a release stops it at the
-chunk under way), and the token timeout bounds the wait for one chunk, not for the whole prompt:
-a prompt that is being read is alive however long it is.
+A prompt goes out in chunks (entry/generate.py), a few of a request's at a time: the last stage
+answers each chunk it has read, and the next one leaves then. So a stage never holds a long
+prompt's backlog ahead of other requests' work (a release stops it at the chunk under way), and
+the token timeout bounds the wait for one chunk, not for the whole prompt: a prompt that is being
+read is alive however long it is. A prompt alone at its entry keeps one chunk per stage out and
+one travelling: every stage has a chunk to read while the answers travel, and a prompt of a few
+chunks goes out whole. Beside another request of this entry it keeps PROMPT_CHUNKS_OUT out, so
+that request's steps meet fewer chunks at the stages.
 
 A stage may take our frames and return nothing (it reads none of them): a sampled step, or a
 request's first prompt chunk, whose answer is overdue (StepWatch) has its plan's stages checked,
@@ -33,7 +36,7 @@ from .pending_tokens import PendingTokens
 from .prompt_index import PromptIndex, RoutePrompts, route_of
 from .run_ahead import RunAhead
 
-PROMPT_CHUNKS_OUT = 2  # one being read while the next travels: no stage waits for the entry
+PROMPT_CHUNKS_OUT = 2  # beside other requests: one being read while the next travels
 
 
 class StepWatch(Protocol):
@@ -110,17 +113,22 @@ class SwarmPipeline:
         return token.token if token.logprobs is None else SampledToken(token.token, token.logprobs)
 
     async def _prompt_chunk_out(self, request_id: str, answered, positions: int, watched: bool) -> None:
-        """A prompt chunk left: wait until at most PROMPT_CHUNKS_OUT of the request's are unanswered.
+        """A prompt chunk left: wait until fewer of the request's are unanswered than may be out now.
         `watched`: the request's first chunk, which no stage holds back (stage/chunk_hold.py), is
         watched like a sampled step; a later one may be held while others decode, and is not."""
         out = self._chunks_out.setdefault(request_id, deque())
         out.append((answered, positions, watched))
-        while len(out) > PROMPT_CHUNKS_OUT - 1:
+        while len(out) >= self._chunks_allowed_out(request_id):
             fut, n, watch = out.popleft()
             if watch:
                 await self._wait_watched(request_id, fut, n, "prompt chunk read")
             else:
                 await self.pending.wait(request_id, fut, self.token_timeout, "prompt chunk read")
+
+    def _chunks_allowed_out(self, request_id: str) -> int:
+        """Alone at this entry: a chunk at every stage and one travelling. Beside another of its requests:
+        PROMPT_CHUNKS_OUT (asked again after each answer, so a newcomer drains the surplus)."""
+        return PROMPT_CHUNKS_OUT if self.own.others_than(request_id) else len(self.plan.stages) + 1
 
     async def _wait_watched(self, request_id: str, fut, positions: int, what: str = "token"):
         """The answer's arrival (pending.wait); when it is overdue, the watch is told, and we wait on."""
