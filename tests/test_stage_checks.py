@@ -6,6 +6,7 @@ anything; releases free only the sender's own requests."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import mlx.core as mx
 import numpy as np
@@ -135,3 +136,16 @@ async def test_a_prompt_chunk_is_answered_once_read_with_its_attempt(stage):
     assert prev.nothing_received()
     await prev.send("us", Release("long", attempt=2))
     await eventually(lambda: service.host.stage.active_requests == 0, 10, "the request freed")
+
+
+async def test_a_new_prompt_waits_for_one_chunk_of_a_prompt_whose_chunks_are_queued(stage):
+    """An entry keeps several chunks of a prompt out (entry/swarm_pipeline.py): however many of them are
+    queued here, a new request's first chunk goes right after the chunk under way, then the rest."""
+    service, prev, _ = stage
+    chunks = [hidden("long", pos, 64, length=4)._replace(sampling=None) for pos in range(0, 16, 4)]
+    newcomer = hidden("new", 0, 64, length=4)._replace(sampling=None)
+    service.worker.post(time.sleep, 1.0)  # (all of them queue while our MLX thread is busy)
+    for frame in chunks + [newcomer]:
+        await prev.send("us", frame)
+    answers = [m for _, m in await prev.received_async(len(chunks) + 1, 20.0)]
+    assert [(m.rid, m.at) for m in answers] == [("long", 4), ("new", 4), ("long", 8), ("long", 12), ("long", 16)]
