@@ -33,6 +33,8 @@ from .node.ports import PortError, check_port  # noqa: E402
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         """One line, naming the flag (argparse's usage block buries it)."""
+        if message.endswith("expected one argument"):
+            message += " (a value that begins with '-' goes as --flag=VALUE)"
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 

@@ -104,3 +104,9 @@ def test_help_explains_the_flags():
 def test_bad_sampling_defaults_are_refused_by_flag(tmp_path, flag, value):
     r = run_node(flag, value, "--no-mdns", tmp_path=tmp_path)
     assert r.returncode == 2 and flag in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_secret_that_begins_with_a_dash_is_refused_with_how_to_give_it(tmp_path):
+    r = run_node("--secret", "-Zm9vYmFy", "--no-mdns", tmp_path=tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "--secret" in r.stderr and "--flag=VALUE" in r.stderr, r.stderr

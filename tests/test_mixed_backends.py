@@ -12,7 +12,7 @@ import json
 from swarm.bench.client import stream_completion
 from swarm.bench.cluster import LocalCluster, get_json
 from swarm.bench.measure import Expected, MlxLmAlone
-from swarm.backend import STANDIN_ENV
+from swarm.backend import CPU_PREFILL_CHUNK, GPU_PREFILL_CHUNK, STANDIN_ENV
 
 MiB = 2**20
 CARD = {"kind": "cuda", "device_name": "stand-in RTX", "total_memory": 1024 * MiB, "free_memory": 900 * MiB}
@@ -34,6 +34,9 @@ def test_cpu_cuda_and_metal_nodes_plan_by_their_own_memory_and_answer_exactly(tm
         card = health[cluster.nodes[1].node_id]
         assert card["backend"] == "cuda" and card["device"]["device"] == "stand-in RTX"
         assert card["device"]["memory_offered"] == 900 * MiB and not card["device"]["cpu_tuning"]
+        # each entry reads prompts in its own backend's chunks
+        chunks = {h["backend"]: h["decode_batching"]["prompt_chunk"] for h in health.values()}
+        assert chunks == {"cpu": CPU_PREFILL_CHUNK, "cuda": GPU_PREFILL_CHUNK, "metal": GPU_PREFILL_CHUNK}, chunks
         # the start line and the plan's line say it too
         card_log = cluster.nodes[1].log.read_text()
         assert "backend cuda (stand-in RTX, 1.0 GiB GPU memory), offering 0.9 GiB of GPU memory" in card_log

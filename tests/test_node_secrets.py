@@ -31,3 +31,13 @@ def test_a_new_secret_is_private_and_never_overwritten(tmp_path):
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and not readable_by_others(path)
     with pytest.raises(FileExistsError):
         new_secret_file(tmp_path / "state")
+
+
+def test_a_new_secret_can_be_given_as_the_flag_it_tells_a_user_to_pass(tmp_path):
+    # A secret that began with "-" would be read by swarm-node as an option (`--secret -x...`: "expected
+    # one argument"); url-safe base64 begins with one once in 64 draws.
+    from swarm.cli import build_parser
+    texts = [new_secret_file(tmp_path / f"state{i}")[1] for i in range(400)]
+    assert len(set(texts)) == len(texts)
+    for text in texts:
+        assert build_parser().parse_args(["--secret", text]).secret == text

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime
 import os
 import platform
-import secrets
 import statistics
 import sys
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from discovery.memory import measure_memory
 from .. import environment
 from . import ring
 from ..node.config import DEFAULT_BATCH_DECODE
+from ..node.secrets import new_secret_text
 from .cluster import LocalCluster
 from .measure import Expected, MlxLmAlone, measure_swarm, measure_swarm_pair
 from .prompts import PROMPT
@@ -189,7 +189,7 @@ def _open_and_secret(n: int, workdir: Path, model: str, memory_limit: str, promp
                      mlx_batch_tps: Callable[[int], float] | None, common: tuple[str, ...] = ()) -> list[SetupResult]:
     """The open swarm of n nodes and one with a swarm secret, both up at once, in alternating rounds."""
     progress(f"swarm with {n} node(s), open and with a secret side by side: starting")
-    secret = (*common, "--secret", secrets.token_urlsafe(32))
+    secret = (*common, f"--secret={new_secret_text()}")
     for sub in ("open", "secret"):
         (workdir / sub).mkdir(exist_ok=True)
     # each swarm its own state dirs: two nodes of one index may not share one

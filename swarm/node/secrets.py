@@ -17,6 +17,7 @@ import hmac
 import os
 import secrets
 import stat
+import string
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -27,6 +28,7 @@ SECRET_ENV, API_KEY_ENV = environment.SECRET.name, environment.API_KEY.name
 SECRET_FILE, API_KEY_FILE = "secret", "api-key"
 API_KEY_FROM_SECRET = "the swarm secret"  # a derived key's source
 _API_KEY_LABEL = b"swarm api key v1"
+_SECRET_ALPHABET = string.ascii_letters + string.digits  # 62 ** 43 > 2 ** 256
 
 
 @dataclass(frozen=True)
@@ -77,12 +79,18 @@ def effective_api_key(explicit: Secret, stretched: bytes | None) -> Secret:
     return Secret(api_key_from_secret(stretched), API_KEY_FROM_SECRET)
 
 
+def new_secret_text() -> str:
+    """256 random bits in letters and digits: pasted after `--secret` or into a file as it is
+    (url-safe base64 may begin with "-", which a command line reads as an option)."""
+    return "".join(secrets.choice(_SECRET_ALPHABET) for _ in range(43))
+
+
 def new_secret_file(state_dir: Path) -> tuple[Path, str]:
     """Write a fresh random swarm secret (readable by this user only); refuses to overwrite one."""
     path = Path(state_dir) / SECRET_FILE
     if path.exists():
         raise FileExistsError(f"{path} already holds a secret; delete it first to make a new one")
-    text = secrets.token_urlsafe(32)
+    text = new_secret_text()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, stat.S_IRUSR | stat.S_IWUSR)
     with os.fdopen(fd, "w") as f:

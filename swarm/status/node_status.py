@@ -30,13 +30,14 @@ class NodeStatus:
     def __init__(self, model: LocalModel, backend: Backend, discovery: Discovery, coordinator: Coordinator,
                  host: StageHost, stage_service: StageService, links: PeerLinks, stats: RequestStats,
                  hop_timing: HopTiming, peer_stats: PeerStats, weights: PeerWeights, *, api_key: bool = False,
-                 peers: dict | None = None):
+                 peers: dict | None = None, prompt_chunk: int = 0):
         self.model, self.backend, self.discovery, self.coordinator = model, backend, discovery, coordinator
         self.peers_security = peers or {"peers": "open"}  # node/peer_security.py, describe
         self.host, self.stage_service, self.links = host, stage_service, links
         self.stats, self.hop_timing, self.peer_stats = stats, hop_timing, peer_stats
         self.weights = weights
         self.api_key = api_key
+        self.prompt_chunk = prompt_chunk  # positions per chunk of the prompts this entry sends
 
     def can_serve(self) -> tuple[bool, str]:
         return self.coordinator.status()
@@ -67,7 +68,7 @@ class NodeStatus:
                                     "kept_passes": stage.batches.reused if stage else 0,
                                     "ahead_taken": stage.ahead.taken if stage else 0,
                                     "ahead_undone": stage.ahead.undone if stage else 0,
-                                    "prompt_chunks_held": service.hold.held},
+                                    "prompt_chunk": self.prompt_chunk, "prompt_chunks_held": service.hold.held},
                 "peer_connections": self.links.snapshot(), "fetch": self.weights.status.to_dict()}
 
     def _device(self) -> dict:
