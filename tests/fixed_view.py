@@ -19,3 +19,7 @@ class FixedView:
         return [PeerInfo(NodeProfile(n, n, "default", 8800, 8801, memory_available=8 << 30, speed=0.002,
                                      model_fingerprint="fp", extra=self.extras[n]), ("10.0.0.1",), "mdns")
                 for n in ids if include_self or n != self.own]
+
+    async def update_profile(self, **changes) -> None:
+        """Our own profile's extras change (what the coordinator announces, e.g. the members it leaves out)."""
+        self.extras[self.own] = {**self.extras.get(self.own, {}), **changes}

@@ -127,6 +127,11 @@ class SwarmCluster:
                 node.start()
         return self.wait_serving(stages=len(self.nodes), timeout=timeout)
 
+    def log_tails(self, nodes: list[SwarmNode] | None = None, tail: int = 80) -> str:
+        """The last `tail` lines each given node (default: every one) logged, its process's state first."""
+        return "\n".join(f"=== node{n.index} (pid {n.proc.pid}, rc {n.proc.popen.poll()})\n{n.proc.logs(tail)}"
+                         for n in nodes or self.nodes if n.proc is not None)
+
     def close(self) -> None:
         self.network.close()
 

@@ -10,8 +10,9 @@ From the event loop, `post` and `post_release` hand the entry's own messages to 
 thread (swarm_pipeline.py's Outbox), which sends them through `send`: a send that fails
 becomes an Error for the request, like any stage's failure.
 
-A link that breaks may have lost our frames: if its peer is a stage of the plan, our requests
-replay at once (`mlx_link_broken`) rather than wait out the token timeout.
+A link that breaks may have lost our frames: our requests through its peer, on whichever plan,
+replay at once (`mlx_link_broken`: planning knows which plans it is a stage of) rather than wait out
+the token timeout.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from typing import Callable, ContextManager
-
-from partitioner import Plan
 
 from ..engine.worker import MlxWorker
 from ..transport.errors import PeerUnreachable
@@ -36,13 +35,14 @@ class EntryInbox:
     def __init__(self, node_id: str, worker: MlxWorker, pending: PendingTokens, run_ahead: RunAhead,
                  loop: asyncio.AbstractEventLoop, send: SendOrFail, send_release: Callable[[str, Release], None],
                  sending_together: Callable[[], ContextManager] = contextlib.nullcontext,
-                 current_plan: Callable[[], Plan | None] = lambda: None):
+                 stage_lost: Callable[[str, str], None] = lambda node, reason: None):
         """`send`: the stage's send-or-fail (every forward this node sends goes one way); `send_release`:
         the lane's send (PeerUnreachable: that stage is gone); `sending_together`: the lane's cork, so
-        that steps sent at once arrive side by side; `current_plan`: the plan planning serves now."""
+        that steps sent at once arrive side by side; `stage_lost(node, reason)`: breaks the requests on
+        every plan `node` is a stage of (event loop; planning/coordinator.py)."""
         self.node_id, self.worker, self.pending, self.run_ahead, self.loop = node_id, worker, pending, run_ahead, loop
         self.send, self.send_release, self.sending_together = send, send_release, sending_together
-        self.current_plan = current_plan
+        self.stage_lost = stage_lost
         self.joins = CohortJoin(node_id)  # our requests' first decode steps join the cohort out; MLX thread
 
     # -- event loop: the entry's outbox (swarm_pipeline.py) ---------------------------------
@@ -73,14 +73,11 @@ class EntryInbox:
         self._mlx_send_steps(self.joins.mlx_flush_if_alone())
 
     def mlx_link_broken(self, peer: str, problem: str) -> None:
-        self.loop.call_soon_threadsafe(self._on_link_broken, peer, problem)
-
-    def _on_link_broken(self, peer: str, problem: str) -> None:
-        """A link to `peer` broke (event loop): frames on it may be lost, so if `peer` is a stage of the plan,
-        the requests this node is the entry of replay now rather than wait out the token timeout."""
-        plan = self.current_plan()
-        if plan is not None and peer in {s.node_id for s in plan.stages}:
-            self.pending.break_all(f"the link to {peer} broke ({problem})")
+        """A link to `peer` broke: frames on it may be lost, so the requests this node is the entry of
+        through `peer` replay now rather than wait out the token timeout. Which plans those are is asked
+        on the event loop, not here: planning may have left `peer` out of its newest plan already (a probe
+        of a dead stage fails as its link breaks), while requests still run on a plan with it."""
+        self.loop.call_soon_threadsafe(self.stage_lost, peer, f"the link to {peer} broke ({problem})")
 
     def _mlx_send(self, node_id: str, forward: Forward) -> None:
         if self.send(node_id, forward):

@@ -58,23 +58,27 @@ class PendingTokens:
                     fut.set_exception(broken(f"{message.kind}: {message.message}"))
 
     async def wait(self, rid: str, fut: asyncio.Future, timeout: float, what: str = "token",
-                   overdue: tuple[float, Callable[[], None]] | None = None) -> TokenArrival:
+                   overdue: tuple[float, Callable[[float], None]] | None = None) -> TokenArrival:
         """The answer `fut` brings; PipelineBroken when none came within `timeout` s. `overdue`: (s, call):
-        call() once if none came within s (sooner than `timeout`), and wait on."""
+        call(seconds waited) every s while none came (sooner than `timeout`), and wait on: a stage that
+        answered a check at the first call may stop reading after it."""
         # One timer per wait, failing the future itself: not wait_for (on Python 3.11 it loses a cancel
         # that lands as the token arrives, and then a request whose client has gone generates on to
         # max_tokens), and not a second timer or wait for `overdue` (a step's host cost, paid per token).
         loop = asyncio.get_running_loop()
+        waited = 0.0
 
         def expired() -> None:
             if not fut.done():
                 fut.set_exception(PipelineBroken(f"no {what} within {timeout:.0f}s"))
 
         def late() -> None:
-            nonlocal timer
+            nonlocal timer, waited
             if not fut.done():
-                timer = loop.call_later(timeout - overdue[0], expired)
-                overdue[1]()
+                waited += overdue[0]
+                left = timeout - waited
+                timer = loop.call_later(overdue[0], late) if overdue[0] < left else loop.call_later(left, expired)
+                overdue[1](waited)
 
         if overdue is not None and overdue[0] < timeout:
             timer = loop.call_later(overdue[0], late)

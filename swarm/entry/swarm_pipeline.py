@@ -12,7 +12,8 @@ a prompt that is being read is alive however long it is.
 
 A stage may take our frames and return nothing (it reads none of them): a sampled step, or a
 request's first prompt chunk, whose answer is overdue (StepWatch) has its plan's stages checked,
-and one that takes no data is left out, which moves the plan and replays the request around it.
+again each time as long again passes without it, and one that takes no data is left out, which
+breaks the request's plan and replays it around that stage.
 """
 
 from __future__ import annotations
@@ -123,14 +124,15 @@ class SwarmPipeline:
                 await self.pending.wait(request_id, fut, self.token_timeout, "prompt chunk read")
 
     async def _wait_watched(self, request_id: str, fut, positions: int, what: str = "token"):
-        """The answer's arrival (pending.wait); when it is overdue, the watch is told, and we wait on."""
+        """The answer's arrival (pending.wait); while it is overdue, the watch is told (again each time
+        the step's overdue time passed once more), and we wait on."""
         overdue_s = self.watch.overdue_after(self.plan, positions) if self.watch is not None else None
         if overdue_s is None:
             return await self.pending.wait(request_id, fut, self.token_timeout, what)
         watch, plan = self.watch, self.plan
 
-        def overdue() -> None:
-            watch.step_overdue(plan, f"no {what} of request {request_id} after {overdue_s:.1f} s")
+        def overdue(waited: float) -> None:
+            watch.step_overdue(plan, f"no {what} of request {request_id} after {waited:.1f} s")
 
         return await self.pending.wait(request_id, fut, self.token_timeout, what, (overdue_s, overdue))
 

@@ -191,7 +191,8 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
     pending, run_ahead, hop_timing, own = PendingTokens(), RunAhead(node_id), HopTiming(), OwnRequests()
     coordinator.on_plans_broken.append(pending.break_all)
     entry_inbox = EntryInbox(node_id, worker, pending, run_ahead, loop, stage_service.mlx_send_or_fail,
-                             lane.mlx_send, lane.mlx_sending_together, current_plan=lambda: coordinator.plan)
+                             lane.mlx_send, lane.mlx_sending_together,
+                             stage_lost=coordinator.break_plans_through)
 
     # The node's inbox: every peer message, checked first against who may send it (sender_rules.py),
     # to the stage or to the entry.

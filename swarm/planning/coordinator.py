@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import OrderedDict
 from typing import Callable
 
 from discovery import Discovery
@@ -51,6 +52,9 @@ log = logging.getLogger(__name__)
 # declares a dead peer gone within 3 s) over replaying into the same broken plan.
 NEW_PLAN_GRACE_S = 3.5
 SUSPICION_RECHECK_S = 0.25  # how often a request waiting out a probe of its broken plan's stage looks again
+# Plans remembered with their stages, so that a lost stage breaks every request through it, on whichever
+# plan (plan ids recur as members come and go: a swarm makes few distinct plans).
+PLANS_KEPT = 256
 
 
 async def _always_answers(_node: str, _timeout: float) -> bool:
@@ -77,6 +81,10 @@ class Coordinator:
         self.gate = ProofGate(node_id, spec.n_layers, fingerprint, discovery, proofs, weights)
         self.plan: Plan | None = None
         self.before: Plan | None = None  # the last plan seen whole: used while the newest is fetched for
+        # Every plan made, newest last (plan id -> its stages): requests may still run on one that is
+        # neither of those two, as agreement moves on without breaking them.
+        self._made: OrderedDict[str, frozenset[str]] = OrderedDict()
+        self._slow_out: set[str] = set()  # the members left out for taking no data, as last replanned
         self.plan_error: str | None = None
         self._watch_task: asyncio.Task | None = None
         self._changed = asyncio.Condition()  # the view, the plan or our layers changed
@@ -106,8 +114,9 @@ class Coordinator:
             self.loader.membership_changed()
             self.events.emit(event.kind, {"node_id": event.node_id, "name": event.profile.name})
         if event.kind == "leave":
-            self._break_plans_with(event.node_id)
+            self.break_plans_through(event.node_id, f"node {event.node_id} left")
             self.slow.forget(event.node_id)
+            self._slow_out.discard(event.node_id)
         elif event.kind in ("join", "update"):
             self.slow.heard(event.node_id, event.profile.extra.get(PROFILE_FIELD),
                             {p.node_id for p in self.discovery.view()})
@@ -147,6 +156,7 @@ class Coordinator:
         log.info("plan %s -> %s: %s", _id(self.plan), _id(plan), self._describe(plan) if plan else error)
         self._note_agreement()
         self.plan = plan
+        self._remember(plan)
         self.deadlines.adopt(plan)
         self._plans_broken("the plan changed", frozenset(p.plan_id for p in (plan, self.before) if p is not None))
         self.events.emit("plan", {"plan": plan.to_dict() if plan else None, "error": error})
@@ -155,8 +165,13 @@ class Coordinator:
 
     async def _slow_changed(self) -> None:
         """A member was left out for taking no data, or taken back: replan (the new plan's layers load
-        meanwhile), and say so (peers check it too)."""
+        meanwhile), break the requests through one left out (it may stay alive, so no leave would break
+        them, and the plan before, kept whole, is one of theirs), and say so (peers check it too)."""
+        out, newly_out = self.slow.left_out(), self.slow.left_out() - self._slow_out
+        self._slow_out = out
         await self.replan()
+        for node in sorted(newly_out):
+            self.break_plans_through(node, f"node {node} takes no data")
         await self.discovery.update_profile(**{PROFILE_FIELD: self.slow.profile_field() or None})
         await self._notify()
 
@@ -178,13 +193,22 @@ class Coordinator:
         """A step through `plan` is overdue: its stages may take no data (probed: slow_members.py)."""
         self.slow.suspect([s.node_id for s in plan.stages], why)
 
-    def _break_plans_with(self, node: str) -> None:
-        """`node` is gone: requests through it break, on the plan before too (kept whole when the node was
-        only left out, in case it was merely slow); requests on a plan without it go on."""
-        held = [p for p in (self.plan, self.before) if p is not None]
-        if any(node in {s.node_id for s in p.stages} for p in held):
-            self._plans_broken(f"node {node} left",
-                               frozenset(p.plan_id for p in held if node not in {s.node_id for s in p.stages}))
+    def break_plans_through(self, node: str, reason: str) -> None:
+        """`node` is lost to our requests (it left, takes no data, or our link to it broke): those through it
+        break, on every plan it is a stage of, not only the newest and the one before (agreement may have
+        moved past a request's plan, and a replan, which keeps those two whole, broke nothing); requests on
+        a plan without it go on."""
+        self._remember(self.plan)
+        self._remember(self.before)
+        if any(node in stages for stages in self._made.values()):
+            self._plans_broken(reason, frozenset(pid for pid, stages in self._made.items() if node not in stages))
+
+    def _remember(self, plan: Plan | None) -> None:
+        if plan is not None:
+            self._made[plan.plan_id] = frozenset(s.node_id for s in plan.stages)
+            self._made.move_to_end(plan.plan_id)
+            while len(self._made) > PLANS_KEPT:
+                self._made.popitem(last=False)
 
     def _plans_broken(self, reason: str, whole: frozenset[str] = frozenset()) -> None:
         for listener in self.on_plans_broken:
