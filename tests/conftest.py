@@ -10,6 +10,9 @@
     default_swarm         three nodes on hosts of their own serving the default model, started once for
                           every module that uses it (serving with all three at each module's start)
 
+A test marked `node_blas` runs under the BLAS a node runs under: in a pytest of its own with that BLAS
+preloaded, where a node would re-execute itself with it (see reference.py).
+
 Plain helper functions are in helpers.py (imported normally); real harnesses in their own modules
 (node_process.py, swarm_cluster.py, netns.py, peer_nodes.py, ...).
 """
@@ -17,6 +20,9 @@ Plain helper functions are in helpers.py (imported normally); real harnesses in 
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -165,3 +171,29 @@ def node(request: pytest.FixtureRequest, tmp_path_factory, llama):
 def client(node):
     """The official openai client for the module's `node`."""
     return openai_client(node.url)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "node_blas: run under the BLAS a node runs under (a pytest of its own "
+                                       "with it preloaded, where a node would re-execute itself with it)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """A `node_blas` test whose BLAS this process lacks runs again in a pytest that has it. Only that
+    test: the others here compare computations of this process bit for bit under its own BLAS."""
+    if pyfuncitem.get_closest_marker("node_blas") is None:
+        return None
+    from reference import _node_blas
+    from swarm.engine.blas import reexec_env
+    blas = _node_blas()
+    if blas is None:
+        return None  # this process runs under it already (or a node would keep this one)
+    env = reexec_env(blas, dict(os.environ))
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")  # as every test node runs (swarm_cluster.py)
+    run = subprocess.run([sys.executable, "-m", "pytest", pyfuncitem.nodeid, "-q", "-p", "no:cacheprovider"],
+                         cwd=pyfuncitem.config.rootpath, env=env, capture_output=True, text=True, timeout=1800)
+    if run.returncode != 0 or not re.search(r"^1 passed", run.stdout, re.MULTILINE):  # (not skipped)
+        pytest.fail(f"under {blas} (exit {run.returncode}):\n{run.stdout[-6000:]}\n{run.stderr[-3000:]}",
+                    pytrace=False)
+    return True

@@ -1,12 +1,24 @@
-"""What one machine produces: greedy tokens from mlx-lm on the whole model, in this process.
+"""What one machine produces: greedy tokens from mlx-lm on the whole model.
 
 mlx-lm reads the prompt in chunks of the swarm's default `--prefill-chunk` (its prefill_step_size), the
 backend's (a node of a test runs where this process does): the same schedule, so a prompt longer than
 one chunk gives the same text to the last bit.
+
+reference_chat, the text a node's answer is compared with, runs under the BLAS the nodes of this machine
+run under: where a node re-executes itself with an optimized BLAS preloaded (engine/blas.py), it runs in
+a worker process started the same way (reference_worker.py), several times faster on a CPU than the
+bundled reference BLAS this process keeps for the tests that compare computations of its own bit for
+bit. The other functions run in this process.
 """
 
 from __future__ import annotations
 
+import atexit
+import json
+import os
+import subprocess
+import sys
+import threading
 from functools import lru_cache
 from pathlib import Path
 
@@ -33,7 +45,16 @@ def chat_prompt(model_dir, messages: list[dict]) -> list[int]:
 
 
 def reference_chat(model_dir, messages: list[dict], max_tokens: int) -> tuple[str, int]:
-    """(text, completion tokens) of a greedy chat completion, stopping at end-of-sequence."""
+    """(text, completion tokens) of a greedy chat completion, stopping at end-of-sequence, under the BLAS
+    a node started now would run under (SWARM_BLAS as it is set now)."""
+    blas = _node_blas()
+    if blas is None:
+        return local_reference_chat(model_dir, messages, max_tokens)
+    return _worker(blas).ask({"model": str(model_dir), "messages": messages, "max_tokens": max_tokens})
+
+
+def local_reference_chat(model_dir, messages: list[dict], max_tokens: int) -> tuple[str, int]:
+    """reference_chat in this process, under its BLAS."""
     model, tok = _load(str(model_dir))
     prompt = chat_prompt(model_dir, messages)
     tokens = []
@@ -76,3 +97,61 @@ def reference_with_penalties(model_dir, prompt: list[int], n: int, bias: dict, p
         logits -= presence * (counts > 0) + frequency * counts
         tokens.append(int(np.argmax(logits)))
     return tokens
+
+
+def _node_blas() -> Path | None:
+    """The optimized BLAS a node re-executes itself with here (blas.maybe_reexec_with_blas's rule), or None
+    when it keeps the one this process has."""
+    from swarm import environment
+    from swarm.backend import this_backend
+    from swarm.engine.blas import find_optimized_blas
+    if not sys.platform.startswith("linux") or environment.BLAS.is_off(dict(os.environ)):
+        return None
+    if environment.BLAS_ACTIVE.get(dict(os.environ)) or not this_backend().cpu_tuning:
+        return None  # this process runs under it already / MLX computes on a GPU
+    return find_optimized_blas()
+
+
+class _Worker:
+    """reference_worker.py under `blas`: one JSON line in, one out, a request at a time."""
+
+    def __init__(self, blas: Path):
+        from swarm.engine.blas import reexec_env
+        env = reexec_env(blas, dict(os.environ))
+        env.setdefault("OPENBLAS_NUM_THREADS", "1")  # as every test node runs (swarm_cluster.py)
+        here = str(Path(__file__).resolve().parent)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
+        self.proc = subprocess.Popen([sys.executable, str(Path(here) / "reference_worker.py")], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.lock = threading.Lock()
+        atexit.register(self.close)
+
+    def ask(self, request: dict) -> tuple[str, int]:
+        with self.lock:
+            assert self.proc.stdin and self.proc.stdout
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"reference_worker.py exited with {self.proc.wait()}")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"reference_worker.py: {reply['error']}")
+        return reply["text"], reply["n"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+_workers: dict[Path, _Worker] = {}
+_workers_lock = threading.Lock()
+
+
+def _worker(blas: Path) -> _Worker:
+    with _workers_lock:
+        worker = _workers.get(blas)
+        if worker is None or worker.proc.poll() is not None:
+            worker = _workers[blas] = _Worker(blas)
+        return worker

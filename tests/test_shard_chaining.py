@@ -63,6 +63,7 @@ def test_tiny_families_match_mlx_lm_for_1_to_4_stages(tiny_models, family):
 DEFAULT_SPLITS = [[30], [7, 23], [1, 14, 15], [3, 9, 11, 7]]
 
 
+@pytest.mark.node_blas  # (the whole model, four times: several times faster than under the bundled BLAS)
 def test_default_model_matches_mlx_lm_for_1_to_4_stages(default_model):
     from mlx_lm.utils import load_tokenizer
     tok = load_tokenizer(default_model.path)
@@ -83,6 +84,7 @@ def test_seeded_sampling_is_the_same_across_splits(tiny_models):
     assert other_seed != one
 
 
+@pytest.mark.node_blas
 def test_a_prompt_of_several_chunks_matches_mlx_lm_at_the_same_prefill_step(default_model):
     """A prompt longer than one chunk (`--prefill-chunk`) is read chunk by chunk by every stage, as
     mlx-lm reads it at that prefill_step_size: the same tokens (tests/reference.py). The smallest chunk
