@@ -184,15 +184,12 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     test: the others here compare computations of this process bit for bit under its own BLAS."""
     if pyfuncitem.get_closest_marker("node_blas") is None:
         return None
-    from reference import _node_blas
-    from swarm.engine.blas import reexec_env
-    blas = _node_blas()
+    from reference import node_blas, node_blas_env
+    blas = node_blas()
     if blas is None:
         return None  # this process runs under it already (or a node would keep this one)
-    env = reexec_env(blas, dict(os.environ))
-    env.setdefault("OPENBLAS_NUM_THREADS", "1")  # as every test node runs (swarm_cluster.py)
     run = subprocess.run([sys.executable, "-m", "pytest", pyfuncitem.nodeid, "-q", "-p", "no:cacheprovider"],
-                         cwd=pyfuncitem.config.rootpath, env=env, capture_output=True, text=True, timeout=1800)
+                         cwd=pyfuncitem.config.rootpath, env=node_blas_env(blas), capture_output=True, text=True, timeout=1800)
     if run.returncode != 0 or not re.search(r"^1 passed", run.stdout, re.MULTILINE):  # (not skipped)
         pytest.fail(f"under {blas} (exit {run.returncode}):\n{run.stdout[-6000:]}\n{run.stderr[-3000:]}",
                     pytrace=False)

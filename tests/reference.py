@@ -47,7 +47,7 @@ def chat_prompt(model_dir, messages: list[dict]) -> list[int]:
 def reference_chat(model_dir, messages: list[dict], max_tokens: int) -> tuple[str, int]:
     """(text, completion tokens) of a greedy chat completion, stopping at end-of-sequence, under the BLAS
     a node started now would run under (SWARM_BLAS as it is set now)."""
-    blas = _node_blas()
+    blas = node_blas()
     if blas is None:
         return local_reference_chat(model_dir, messages, max_tokens)
     return _worker(blas).ask({"model": str(model_dir), "messages": messages, "max_tokens": max_tokens})
@@ -99,26 +99,25 @@ def reference_with_penalties(model_dir, prompt: list[int], n: int, bias: dict, p
     return tokens
 
 
-def _node_blas() -> Path | None:
-    """The optimized BLAS a node re-executes itself with here (blas.maybe_reexec_with_blas's rule), or None
-    when it keeps the one this process has."""
-    from swarm import environment
-    from swarm.backend import this_backend
-    from swarm.engine.blas import find_optimized_blas
-    if not sys.platform.startswith("linux") or environment.BLAS.is_off(dict(os.environ)):
-        return None
-    if environment.BLAS_ACTIVE.get(dict(os.environ)) or not this_backend().cpu_tuning:
-        return None  # this process runs under it already / MLX computes on a GPU
-    return find_optimized_blas()
+def node_blas() -> Path | None:
+    """The optimized BLAS a node started now re-executes itself with (engine/blas.py), or None when it
+    keeps the one this process has."""
+    from swarm.engine.blas import blas_to_preload
+    return blas_to_preload(dict(os.environ))
+
+
+def node_blas_env(blas: Path) -> dict[str, str]:
+    """This process's environment as a node's re-exec under `blas` has it, one BLAS thread as every test
+    node runs (swarm_cluster.py)."""
+    from swarm.engine.blas import reexec_env
+    return {"OPENBLAS_NUM_THREADS": "1", **reexec_env(blas, dict(os.environ))}
 
 
 class _Worker:
     """reference_worker.py under `blas`: one JSON line in, one out, a request at a time."""
 
     def __init__(self, blas: Path):
-        from swarm.engine.blas import reexec_env
-        env = reexec_env(blas, dict(os.environ))
-        env.setdefault("OPENBLAS_NUM_THREADS", "1")  # as every test node runs (swarm_cluster.py)
+        env = node_blas_env(blas)
         here = str(Path(__file__).resolve().parent)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
         self.proc = subprocess.Popen([sys.executable, str(Path(here) / "reference_worker.py")], env=env,

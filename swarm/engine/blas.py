@@ -93,29 +93,32 @@ def reexec_env(blas: Path, env: dict[str, str]) -> dict[str, str]:
     return new
 
 
+def blas_to_preload(env: dict[str, str]) -> Path | None:
+    """The optimized BLAS a process started with `env` would re-execute itself with, or None: not on
+    Linux, SWARM_BLAS=off, this process is the re-exec, none is installed, it is preloaded already, or
+    MLX computes on a GPU here (CPU-only tuning: backend.py)."""
+    if not sys.platform.startswith("linux") or environment.BLAS.is_off(env):
+        return None
+    if environment.BLAS_ACTIVE.get(env):
+        return None  # already re-executed once; never loop even if LD_PRELOAD was dropped
+    blas = find_optimized_blas()
+    if blas is None or os.path.realpath(blas) in {os.path.realpath(p) for p in _preloaded(env)}:
+        return None
+    from ..backend import this_backend  # (imports MLX: the re-exec wastes that import, ~0.1 s)
+    return blas if this_backend().cpu_tuning else None
+
+
 def maybe_reexec_with_blas(argv: list[str], module: str = "swarm.cli") -> None:
     """Re-exec `python -m <module> *argv` with an optimized BLAS preloaded, if useful.
 
-    Returns (does nothing) when not on Linux, SWARM_BLAS=off, no optimized BLAS
-    is installed, it is already preloaded, this process is the re-exec, or MLX
-    computes on a GPU here (CPU-only tuning: backend.py).
+    Returns (does nothing) when there is none to preload (blas_to_preload).
     Call it before importing mlx: it works after, too (execve replaces the
     whole image), but the first import is then wasted. The re-exec starts with
     SIGINT held: `module` calls release_interrupt() once it has its handler.
     """
     env = dict(os.environ)
-    if not sys.platform.startswith("linux") or environment.BLAS.is_off(env):
-        return
-    if environment.BLAS_ACTIVE.get(env):
-        return  # already re-executed once; never loop even if LD_PRELOAD was dropped
-    blas = find_optimized_blas()
+    blas = blas_to_preload(env)
     if blas is None:
-        return
-    preloaded = {os.path.realpath(p) for p in _preloaded(env)}
-    if os.path.realpath(blas) in preloaded:
-        return
-    from ..backend import this_backend  # (imports MLX: the re-exec wastes that import, ~0.1 s)
-    if not this_backend().cpu_tuning:
         return
     for stream in (sys.stdout, sys.stderr):
         stream.flush()  # execve discards unflushed Python buffers
