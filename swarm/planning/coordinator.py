@@ -167,8 +167,8 @@ class Coordinator:
         """A member was left out for taking no data, or taken back: replan (the new plan's layers load
         meanwhile), break the requests through one left out (it may stay alive, so no leave would break
         them, and the plan before, kept whole, is one of theirs), and say so (peers check it too)."""
-        out, newly_out = self.slow.left_out(), self.slow.left_out() - self._slow_out
-        self._slow_out = out
+        out = self.slow.left_out()
+        newly_out, self._slow_out = out - self._slow_out, out
         await self.replan()
         for node in sorted(newly_out):
             self.break_plans_through(node, f"node {node} takes no data")
