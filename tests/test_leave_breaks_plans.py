@@ -69,7 +69,6 @@ async def test_a_leave_of_a_node_in_no_plan_breaks_nothing():
     await coord.slow.stop()
 
 
-
 def coordinator(view: FixedView, monkeypatch, probe=None) -> tuple[Coordinator, PendingTokens]:
     """Node a's coordinator, its entry's pending tokens broken as the node wires them (node/assembly.py)."""
     coord = Coordinator("a", SPEC, "fp", view, SimpleNamespace(plan_id=None), EventBus(), deadlines=LoadDeadlines("a"),
