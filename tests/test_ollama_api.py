@@ -24,6 +24,8 @@ WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
     "parameters": {"type": "object", "required": ["city"], "properties": {"city": {"enum": ["Paris", "Rome"]}}}}}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+# The tiny llama's greedy answer to this runs past 1,000 tokens: a stream that outlasts a client.
+LONG_ASK = [{"role": "user", "content": "Count to a thousand."}]
 GREEDY = {"temperature": 0, "num_predict": 12}
 
 
@@ -250,8 +252,8 @@ def test_the_node_keeps_serving_after_bad_bodies(node, ollama_client):
 
 
 def test_a_client_gone_mid_stream_frees_the_request(node):
-    assert_gone_mid_stream_frees(node, "/api/chat", {"model": "llama", "messages": ASK,
-                                                     "options": {"num_predict": 4000, "temperature": 0.8}},
+    assert_gone_mid_stream_frees(node, "/api/chat", {"model": "llama", "messages": LONG_ASK,
+                                                     "options": {"num_predict": 4000, "temperature": 0}},
                                  b'"done":false')
 
 
