@@ -111,19 +111,25 @@ async def eventually(predicate: Callable[[], Any], timeout: float = 10.0, what: 
         await asyncio.sleep(0.02)
 
 
+def read_stream_events(sock: socket.socket, marker: bytes, count: int) -> bytes:
+    """What a streamed HTTP answer sent on `sock` until `marker` was seen `count` times; fails, with the
+    end of what it saw, when the answer ends first (a long answer is the test's to ask for)."""
+    sock.settimeout(120)
+    seen = b""
+    while seen.count(marker) < count:
+        got = sock.recv(4096)
+        seen += got
+        assert got and not seen.endswith(b"\r\n0\r\n\r\n"), f"the stream ended early: {seen[-600:]!r}"
+    return seen
+
+
 def assert_gone_mid_stream_frees(node, path: str, body: dict, marker: bytes) -> None:
     """A client that reads a few events and hangs up: the node forgets the request on every stage."""
     raw = json.dumps(body).encode()
     with socket.create_connection(("127.0.0.1", node.api_port)) as s:
         s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
                   + f"Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
-        s.settimeout(120)
-        seen = b""
-        while seen.count(marker) < 5:
-            got = s.recv(4096)
-            seen += got
-            # A closed socket or the stream's last chunk before 5 events: the answer ended on its own.
-            assert got and not seen.endswith(b"\r\n0\r\n\r\n"), f"the stream ended early: {seen[-600:]!r}"
+        read_stream_events(s, marker, 5)
         assert node.health()[1]["active_requests"] == 1
 
     def freed() -> bool:

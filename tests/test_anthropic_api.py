@@ -16,6 +16,7 @@ import anthropic
 import jsonschema
 import openai
 import pytest
+from helpers import read_stream_events
 
 KEY = "sk-swarm-anthropic-0123456789"
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -315,14 +316,13 @@ def test_the_node_keeps_serving_after_bad_bodies(node, claude, llama):
 
 
 def test_a_full_node_is_anthropics_429_and_a_client_gone_mid_stream_frees_its_request(node, llama):
-    body = json.dumps({"model": llama.name, "max_tokens": 4000, "messages": ASK, "stream": True,
-                       "temperature": 1.0}).encode()
+    # The tiny llama's greedy answer to this runs past 1,000 tokens: a stream that outlasts a client.
+    body = json.dumps({"model": llama.name, "max_tokens": 4000, "stream": True, "temperature": 0,
+                       "messages": [{"role": "user", "content": "Count to a thousand."}]}).encode()
     with socket.create_connection(("127.0.0.1", node.api_port)) as s:
         s.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                   + f"x-api-key: {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
-        seen = b""
-        while seen.count(b"content_block_delta") < 3:
-            seen += s.recv(4096)
+        seen = read_stream_events(s, b"content_block_delta", 3)
         assert seen.index(b"event: message_start") < seen.index(b"event: ping") < seen.index(b"content_block_start")
         status, payload, headers = post(node, "/v1/messages", {"max_tokens": 2, "messages": ASK})
         assert status == 429 and payload["error"]["type"] == "rate_limit_error", payload
