@@ -169,6 +169,28 @@ async def test_proofs_pass_fail_back_off_and_start_at_a_capped_rate(monkeypatch)
         await proofs.stop()
 
 
+async def test_claims_seen_together_are_asked_in_no_order_their_ids_choose():
+    """The view lists records by node id; a flood whose ids sort low must not go before the rest."""
+    asked: list[str] = []
+
+    async def challenge_(claim: Claim) -> None:
+        asked.append(claim.node_id)
+        raise ProofFailed("refused")
+
+    async def on_change() -> None:
+        pass
+
+    proofs = LayerProofs(challenge_, on_change, rate_per_s=200.0)
+    proofs.start()
+    try:
+        claims = [Claim(f"{i:04d}", "i", (0, 6)) for i in range(30)]
+        proofs.consider(claims)
+        await asyncio.wait_for(_until(lambda: len(asked) == len(claims)), TIMEOUT)
+        assert sorted(asked) == [c.node_id for c in claims] and asked != sorted(asked), asked
+    finally:
+        await proofs.stop()
+
+
 async def test_a_new_claim_is_proved_while_the_proof_before_keeps_the_node_planned():
     results: dict[tuple[int, int], bool] = {(0, 3): True, (0, 6): False}
     asked: list[tuple[int, int]] = []

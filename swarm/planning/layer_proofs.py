@@ -11,7 +11,8 @@ node whose layers move does not leave and re-enter the plans.
 Bounded work whatever the number of claimants: challenges start at most RATE_PER_S a second
 (MAX_IN_FLIGHT at once), a candidate that failed waits FIRST_BACKOFF_S, doubling up to
 MAX_BACKOFF_S, and the order is renewals first, then candidates by fewest failures, newest first
-(a node that just joined is not queued behind a flood of records that keep failing).
+(a node that just joined is not queued behind a flood of records that keep failing), and those seen
+together in a random order (a record cannot buy an earlier challenge with the node id it picks).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,7 @@ class _Record:
     failures: int = 0
     next_try: float = 0.0
     in_flight: bool = False
+    draw: float = field(default_factory=random.random)  # its place among records seen at once
 
 
 # (claim) -> None when proved; raises when not (any exception: a failed proof)
@@ -129,7 +132,7 @@ class LayerProofs:
         if not due:
             return None
         # Renewals of nodes planned now first, then the fewest failures, the newest first.
-        return min(due, key=lambda r: (r.proven_until <= now, r.failures, -r.first_seen))
+        return min(due, key=lambda r: (r.proven_until <= now, r.failures, -r.first_seen, r.draw))
 
     def _next_wake(self, now: float) -> float | None:
         times = []
