@@ -9,6 +9,7 @@ the outside, as peers do.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import queue
 import socket
@@ -175,6 +176,32 @@ def answer_hello_and_read(server: socket.socket, node_id: str, count: int) -> tu
         assert data, "closed before its frames came"
         got += [decode(frame) for frame in parser.feed(data)]
     return conn, got
+
+
+async def test_a_link_whose_hello_is_answered_after_the_node_stopped_is_closed_by_it() -> None:
+    """A dial runs on a thread of its own: one that ends after the node stopped must close what it opened,
+    not leave the peer's connection open until garbage collection."""
+    addresses: dict[str, tuple[str, int]] = {}
+    with socket.create_server((HOST, 0)) as slow:
+        addresses["node-s"] = (HOST, slow.getsockname()[1])
+        a = await PeerNode("node-a", addresses, connect_timeout=30.0).start()
+        accepted = asyncio.get_running_loop().run_in_executor(None, slow.accept)
+        await asyncio.wait_for(a.worker.run(a.lane.mlx_send, "node-s", token(0)), 20)
+        conn, _ = await asyncio.wait_for(accepted, 20)
+        with conn:
+            conn.settimeout(10)
+            conn.recv(4096)  # the dialer's hello, while the node stops
+            await a.stop()
+            gc.disable()  # (the node object and its links stay referenced: only the node may close it)
+            try:
+                conn.sendall(hello_bytes("node-s"))
+                start = time.monotonic()
+                data = b"x"
+                while data:
+                    data = conn.recv(65536)  # raises after 10 s if it stays open
+                assert time.monotonic() - start < 5
+            finally:
+                gc.enable()
 
 
 async def test_a_peer_slow_to_answer_its_hello_holds_up_no_frames_to_others() -> None:

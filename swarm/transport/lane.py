@@ -252,6 +252,10 @@ class DataLane:
 
     def mlx_close(self) -> None:
         self._closed = True
+        self._opener.close()
+        for node_id, held in self._opening.items():  # (their dials' results may never be run)
+            held.settle(PeerUnreachable(node_id, "the node is stopping"))
+        self._opening.clear()
         for conn in {*self._watched, *self.links.all()}:
             self._close(conn, None)
 

@@ -89,11 +89,20 @@ Done = Callable[[str, Opened | None, str | None], None]  # (peer, the link or No
 
 
 class LinkOpener:
-    """Opens links on threads of their own and posts each result to the MLX thread."""
+    """Opens links on threads of their own and posts each result to the MLX thread; once closed, a dial
+    that ends closes what it opened (the MLX thread that would have may have stopped)."""
 
     def __init__(self, links: PeerLinks, auth: LinkAuth, timeout: float, max_payload: int,
                  post: Callable[..., None]) -> None:
         self.links, self.auth, self.timeout, self.max_payload, self._post = links, auth, timeout, max_payload, post
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def close(self) -> None:
+        """Dials that end from now on close their links. (A link a dial registered before this is among
+        the links the caller closes next.)"""
+        with self._lock:
+            self._closed = True
 
     def start(self, node_id: str, address: tuple[str, int], done: Done) -> None:
         threading.Thread(target=self._open_on_dial_thread, args=(node_id, address, done), daemon=True,
@@ -107,4 +116,12 @@ class LinkOpener:
         except Exception as exc:  # a bug: reported as a failed dial, not a frame lost without a word
             self._post(done, node_id, None, f"dialing failed: {exc!r}")
         else:
-            self._post(done, node_id, opened, None)
+            with self._lock:
+                if not self._closed:
+                    self._post(done, node_id, opened, None)
+                    return
+            if opened.ours:
+                for conn in (opened.conn, opened.replaced):
+                    if conn is not None:
+                        self.links.remove(conn)
+                        conn.close()
