@@ -186,7 +186,7 @@ def test_a_stage_whose_layers_change_drops_its_prompts(llama, worker):
         host = StageHost(llama, None, worker, prompt_cache=PromptCacheSize(16 << 20))
         spec = ModelSpec(6, 1)
         await host.assign(Plan(spec, "balanced", (Stage("me", 0, 6),), (), 0.0, "p1"), (0, 6))
-        first = host.stage
+        first = host.runner
 
         def fill():
             first.forward("r", mx.array([TURNS[0]]), 0)
@@ -194,9 +194,9 @@ def test_a_stage_whose_layers_change_drops_its_prompts(llama, worker):
         await worker.run(fill)
         assert first.prompt_stats().entries == 1
         await host.assign(Plan(spec, "balanced", (Stage("me", 0, 6),), (), 0.0, "p2"), (0, 6))
-        assert host.stage is first and first.prompt_stats().entries == 1  # same layers: kept
+        assert host.runner is first and first.prompt_stats().entries == 1  # same layers: kept
         await host.assign(Plan(spec, "balanced", (Stage("me", 0, 3), Stage("you", 3, 6)), (), 0.0, "p3"), (0, 3))
-        assert host.stage is not first and host.stage.prompt_stats().entries == 0
+        assert host.runner is not first and host.runner.prompt_stats().entries == 0
     asyncio.run(run())
 
 

@@ -99,7 +99,7 @@ async def test_the_same_frames_from_anyone_else_earn_nobody_anything(stage):
     await eventually(lambda: service.refusals.count >= before + 3, 10, "the stranger's frames refused")
     await asyncio.sleep(0.2)
     assert prev.nothing_received() and stranger.nothing_received()
-    assert service.host.stage.active_requests == 0
+    assert service.host.runner.active_requests == 0
 
 
 async def test_releases_free_only_the_senders_own_requests(stage):
@@ -135,7 +135,7 @@ async def test_a_prompt_chunk_is_answered_once_read_with_its_attempt(stage):
     assert isinstance(token, Token) and (token.at, token.attempt) == (5, 2)
     assert prev.nothing_received()
     await prev.send("us", Release("long", attempt=2))
-    await eventually(lambda: service.host.stage.active_requests == 0, 10, "the request freed")
+    await eventually(lambda: service.host.runner.active_requests == 0, 10, "the request freed")
 
 
 async def test_a_new_prompt_waits_for_one_chunk_of_a_prompt_whose_chunks_are_queued(stage):

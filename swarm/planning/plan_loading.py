@@ -100,7 +100,7 @@ class PlanLoader:
                 await self._wait_until_ready(plan)
                 if plan is not self._newest():
                     continue
-                held = self.host.stage.range if self.host.stage else None
+                held = self.host.runner.range if self.host.runner else None
                 if layers and (held is None or (held.start, held.end) != layers):
                     log.info("loading layers [%d, %d) for plan %s", *layers, plan.plan_id)
                 await self.discovery.update_profile(extra={

@@ -50,8 +50,8 @@ class StageHost:
         self.dequantize = dequantize  # quantized layers loaded as `dtype` floats
         self.context, self.layer_caches = context, tuple(layer_caches)
         self.prompt_cache = prompt_cache or PromptCacheSize(0)
-        self.stage: ShardRunner | None = None
-        self.plan: Plan | None = None  # the plan `stage` serves; None while loading
+        self.runner: ShardRunner | None = None
+        self.plan: Plan | None = None  # the plan `runner` serves; None while loading
         self._known: OrderedDict[str, Plan] = OrderedDict()  # written on the event loop, read on the MLX thread
 
     def known_plan(self, plan_id: str) -> Plan | None:
@@ -69,10 +69,10 @@ class StageHost:
         return self.plan.plan_id if self.plan else None
 
     def stage_index(self) -> int | None:
-        if self.plan is None or self.stage is None:
+        if self.plan is None or self.runner is None:
             return None
         for i, s in enumerate(self.plan.stages):
-            if s.start == self.stage.range.start:
+            if s.start == self.runner.range.start:
                 return i
         return None
 
@@ -82,15 +82,15 @@ class StageHost:
         if plan is not None:
             self._remember(plan)
         if layers is None:
-            self.stage = None  # its memory is freed with the last reference
-        elif self.stage is None or (self.stage.range.start, self.stage.range.end) != layers:
-            old = self.stage.shard if self.stage else None
-            self.stage = None
+            self.runner = None  # its memory is freed with the last reference
+        elif self.runner is None or (self.runner.range.start, self.runner.range.end) != layers:
+            old = self.runner.shard if self.runner else None
+            self.runner = None
             shard = await self.worker.run(load_shard, self.model_dir, layers[0], layers[1], self.dtype, old,
                                           self.dequantize, self.outlined)
             del old
             await self.worker.run(mlx_warm_up, shard, this_backend().warm_batch_widths)
-            self.stage = ShardRunner(shard, self._limits(*layers), self.context, self.vocab,
+            self.runner = ShardRunner(shard, self._limits(*layers), self.context, self.vocab,
                                      prompt_cache_bytes=self.prompt_cache.for_layers(
                                          shard.weight_bytes(), self.layer_caches[layers[0]:layers[1]]),
                                      decode_ahead=this_backend().decode_ahead)
@@ -104,4 +104,4 @@ class StageHost:
 
     @property
     def weight_bytes(self) -> int:
-        return self.stage.shard.weight_bytes() if self.stage else 0
+        return self.runner.shard.weight_bytes() if self.runner else 0

@@ -146,7 +146,7 @@ class StageService:
     def _mlx_serve_queue(self) -> None:
         """Compute every message queued for our stage (called after each round of socket events),
         taking in what arrived meanwhile between passes."""
-        runner = self.host.stage
+        runner = self.host.runner
         if runner is not None and runner.shard.takes_padded_batches:  # (only a pass of several prompts is worth a wait)
             until = self.gather.wait_until(self._queue, runner.range.start == 0, self.max_batch)
             if until is not None:
@@ -172,9 +172,9 @@ class StageService:
                 self.worker.mlx_take_in()  # this thread: new requests' prompts would wait for its stream to end
         self.gather.served()  # (what came meanwhile was served in this run too)
         now = time.monotonic()
-        if now - self._last_gc > GC_EVERY_S and self.host.stage is not None:
+        if now - self._last_gc > GC_EVERY_S and self.host.runner is not None:
             self._last_gc = now
-            self.host.stage.release_idle(IDLE_CACHE_S)
+            self.host.runner.release_idle(IDLE_CACHE_S)
 
     def _held_chunks_behind(self) -> float | None:
         """Put prompt chunks that are held (chunk_hold.py) behind other requests' frames; when nothing but
@@ -202,7 +202,7 @@ class StageService:
         return bool(others)
 
     def _mlx_release(self, sender: str, message: Release) -> None:
-        runner = self.host.stage
+        runner = self.host.runner
         if runner is None or runner.release(message.rid, sender, message.kept_ids(), message.attempt):
             self.carried.forget(message.rid)
             return
@@ -239,7 +239,7 @@ class StageService:
         right behind it), never a message of their own request: each request's order is kept.
         """
         steps = [first]
-        if self.max_batch < 2 or self.host.stage is None or not self.host.stage.shard.takes_padded_batches:
+        if self.max_batch < 2 or self.host.runner is None or not self.host.runner.shard.takes_padded_batches:
             return steps
         seen, width, prefix = {(first.entry, first.rid)}, first.length, first.pos
         kept: deque = deque()
@@ -261,7 +261,7 @@ class StageService:
         return steps
 
     def _mlx_forward(self, steps: list[Forward]) -> None:
-        runner, plan, index = self.host.stage, self.host.plan, self.host.stage_index()
+        runner, plan, index = self.host.runner, self.host.plan, self.host.stage_index()
         accepted = [f for f in steps if self._mlx_accept(f, runner, plan)]
         if not accepted:
             return

@@ -51,23 +51,23 @@ class NodeStatus:
         if not authorized:
             return {"status": "ok" if ok else "unavailable", "security": self.security(), **self.stats.to_dict(),
                     "prompt_cache": self.prompt_cache()}
-        stage, plan, service = self.host.stage, self.coordinator.plan, self.stage_service
+        runner, plan, service = self.host.runner, self.coordinator.plan, self.stage_service
         return {"status": "ok" if ok else reason, "security": self.security(), "node_id": self.discovery.node_id,
                 "model": self.model.model_id,
                 "backend": self.backend.kind, "device": self._device(), "blas": blas_in_use(), "plan_id": plan.plan_id if plan else None,
-                "layers": [stage.range.start, stage.range.end] if stage else None,
-                "weights": stage.shard.weights_run_as if stage else None,
-                "cached_requests": stage.active_requests if stage else 0,
-                "cached_kv_bytes": stage.kv_bytes if stage else 0,
+                "layers": [runner.range.start, runner.range.end] if runner else None,
+                "weights": runner.shard.weights_run_as if runner else None,
+                "cached_requests": runner.active_requests if runner else 0,
+                "cached_kv_bytes": runner.kv_bytes if runner else 0,
                 "prompt_cache": self.prompt_cache(),
                 "refused_frames": service.refusals.count, **self.stats.to_dict(),
                 "decode_timing": self.hop_timing.to_dict(),
                 "decode_batching": {"max_batch": service.max_batch, "batched_passes": service.batched_passes,
                                     "batched_rows": service.batched_rows, "prompt_passes": service.prompt_passes,
                                     "prompt_rows": service.prompt_rows,
-                                    "kept_passes": stage.batches.reused if stage else 0,
-                                    "ahead_taken": stage.ahead.taken if stage else 0,
-                                    "ahead_undone": stage.ahead.undone if stage else 0,
+                                    "kept_passes": runner.batches.reused if runner else 0,
+                                    "ahead_taken": runner.ahead.taken if runner else 0,
+                                    "ahead_undone": runner.ahead.undone if runner else 0,
                                     "prompt_chunk": self.prompt_chunk, "prompt_chunks_held": service.hold.held},
                 "peer_connections": self.links.snapshot(), "fetch": self.weights.status.to_dict()}
 
@@ -79,10 +79,10 @@ class NodeStatus:
     def prompt_cache(self) -> dict:
         """This node's stage's prompt cache (engine/prompt_cache.py): its budget, entries, bytes, hits,
         misses and the positions hits did not compute. Counters only: no tokens, no entry's name."""
-        stage = self.host.stage
-        if stage is None:
+        runner = self.host.runner
+        if runner is None:
             return {"max_bytes": 0, "entries": 0, "bytes": 0, "hits": 0, "misses": 0, "tokens_saved": 0}
-        return {"max_bytes": stage.prompts.max_bytes, **stage.prompt_stats().to_dict()}
+        return {"max_bytes": runner.prompts.max_bytes, **runner.prompt_stats().to_dict()}
 
     def topology(self) -> dict:
         coordinator, discovery, model = self.coordinator, self.discovery, self.model
