@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable
 import openai
 
 from discovery import Discovery, NodeProfile, serve_liveness_port
+from swarm.bench.cluster import free_port
 
 # The families of the session's tiny random-weight models (conftest's `tiny_models`).
 TINY_FAMILIES = ("llama", "qwen2", "qwen3")
@@ -139,14 +140,8 @@ def assert_gone_mid_stream_frees(node, path: str, body: dict, marker: bytes) -> 
 
 
 def free_ports(n: int) -> list[int]:
-    """`n` loopback ports free a moment ago (all held at once while picked, so they differ)."""
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+    """`n` loopback ports free a moment ago, none handed out before in this process (bench's free_port)."""
+    return [free_port() for _ in range(n)]
 
 
 async def start_static_discovery(profile: NodeProfile, peers: list[int], on_event=None) -> tuple[Discovery,

@@ -87,3 +87,11 @@ def test_concurrent_clients_that_cannot_connect_say_why_at_once() -> None:
     from swarm.bench.cluster import free_port
     with pytest.raises(ConnectionRefusedError):  # not the start barrier's error after its 60 s
         concurrent_completions(f"http://127.0.0.1:{free_port()}", "hi", 4, 4)
+
+
+def test_free_ports_are_never_handed_out_twice() -> None:
+    """The kernel may give a port it gave a moment ago (closed, not yet bound by the node it was for):
+    two nodes of one cluster, or a node's API and peer port, must not both get it."""
+    from swarm.bench.cluster import free_port
+    ports = [free_port() for _ in range(2000)]
+    assert len(set(ports)) == len(ports)

@@ -18,6 +18,7 @@ from discovery.profile import NodeProfile
 from discovery.profile_exchange import fetch_profile
 from helpers import eventually
 from peer_nodes import HOST, SWARM, PeerNode, established_to, frame_bytes, hello_bytes, token, transport_warnings
+from swarm.bench.cluster import free_port
 from swarm.transport.arrays import decode_array, encode_array
 from swarm.transport.errors import PeerUnreachable, ProtocolError
 from swarm.transport.frames import MAGIC, read_frame
@@ -336,12 +337,6 @@ async def test_handler_failure_closes_only_that_connection(caplog) -> None:
 
 
 # -- reaching peers -----------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
 async def test_send_to_dead_port_raises_peer_unreachable() -> None:
     sender = await PeerNode("node-b", {"node-x": (HOST, free_port())}, connect_timeout=0.5).start()
     try:

@@ -18,16 +18,29 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
 HOST = "127.0.0.1"
 
 
+_GIVEN_KEPT = 4096
+_given: OrderedDict[int, None] = OrderedDict()  # the ports handed out last, oldest first
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+    """A loopback port free now and not handed out lately by this process: the kernel may give again a
+    port it gave a moment ago, which the node it was for has not bound yet."""
+    while True:
+        with socket.socket() as s:
+            s.bind((HOST, 0))
+            port = s.getsockname()[1]
+        if port not in _given:
+            _given[port] = None
+            if len(_given) > _GIVEN_KEPT:
+                _given.popitem(last=False)
+            return port
 
 
 def get_json(url: str, timeout: float = 5.0) -> tuple[int, dict]:
