@@ -35,6 +35,7 @@ FLOOD_S = 15.0
 QUESTION = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 12,
             "temperature": 0}
 SLOW_HEADERS = b"GET /health HTTP/1.1\r\nHost: swarm\r\n"
+NO_ANSWER = "(no answer)"  # a sample whose topology request got none within its 5 s
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +66,10 @@ def watch_during(cluster, attack, seconds: float) -> tuple[dict, list]:
     def watch() -> None:
         while not stop.is_set():
             for node in cluster.nodes:
-                top = node.topology() or {}
+                top = node.topology()
+                if top is None:  # no answer in 5 s (this test's own request, in the attack's crowd)
+                    samples.append((time.monotonic(), node.index, NO_ANSWER, 0))
+                    continue
                 samples.append((time.monotonic(), node.index, (top.get("plan") or {}).get("id"),
                                 len(top.get("nodes", []))))
             time.sleep(1.0)
@@ -82,8 +86,12 @@ def watch_during(cluster, attack, seconds: float) -> tuple[dict, list]:
 
 
 def assert_one_view_and_plan(cluster, plan_before: str, samples: list) -> None:
-    changed = [(round(t, 1), i, p, n) for t, i, p, n in samples if p != plan_before or n != len(cluster.nodes)]
+    answered = [s for s in samples if s[2] is not NO_ANSWER]
+    changed = [(round(t, 1), i, p, n) for t, i, p, n in answered if p != plan_before or n != len(cluster.nodes)]
     assert not changed, f"a view or plan changed under the flood: {changed[:10]}"
+    for node in cluster.nodes:
+        mine = [s for s in samples if s[1] == node.index]
+        assert len([s for s in mine if s[2] is not NO_ANSWER]) * 2 >= len(mine), f"node{node.index} seldom answered"
     for node in cluster.nodes:
         gone = [line for line in node.proc.stderr_log.read_text().splitlines() if ": gone" in line]
         assert not gone, f"node{node.index} declared a peer gone: {gone[:3]}"
