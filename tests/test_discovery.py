@@ -284,7 +284,8 @@ async def test_static_peers_join_update_leave_and_view():
         server_b.close()
         await server_b.wait_closed()
         await next_event(events_a, "leave", "b")
-        assert time.monotonic() - t0 <= 3.0
+        # Three failed probes 0.75 s apart: 1.5-2.75 s by design; the rest is a loaded machine's margin.
+        assert time.monotonic() - t0 <= 5.0
         assert a.view() == []
         assert [e.kind for e in seen_by_b if e.node_id == "a"][:1] == ["join"]
     finally:

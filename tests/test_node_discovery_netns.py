@@ -25,7 +25,8 @@ def test_nodes_find_each_other_and_notice_a_crash(tmp_path, llama):
         victim = cluster.nodes[2]
         victim.proc.kill9()
         killed = time.monotonic()
-        noticed = wait_until(lambda: all(ids[2] not in known_ids(n) for n in cluster.nodes[:2]), 5, "crash noticed")
+        # Three failed probes 0.75 s apart: under 3 s by design; the rest is a loaded machine's margin.
+        noticed = wait_until(lambda: all(ids[2] not in known_ids(n) for n in cluster.nodes[:2]), 8, "crash noticed")
         print(f"crash noticed in {noticed - killed:.2f}s")
         victim.start()
         wait_until(lambda: all(known_ids(n) == set(ids) for n in cluster.nodes), 30, "rejoined")
