@@ -14,7 +14,8 @@ One place says per backend:
   on a GPU, where a chunk is fast and a bigger pass keeps the device busy;
 - whether the CPU-only tuning runs: the optimized-BLAS re-exec (engine/blas.py), prompt rows across CPU
   streams with BLAS thread switching (engine/row_streams.py), the heap tidy when the MLX thread falls idle
-  (engine/worker.py). Each tunes MLX's CPU device; on a GPU they only cost.
+  (engine/worker.py), no MLX buffer cache (node/node.py). Each tunes MLX's CPU device; on a GPU they only
+  cost.
 
 `SWARM_DEVICE_STANDIN` (a JSON device description with a "kind") makes this process describe its device
 as given instead of asking MLX: tests run a stand-in node of another backend with it. The arithmetic

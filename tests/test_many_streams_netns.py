@@ -96,11 +96,13 @@ def test_64_streams_at_one_entry_complete_equal_or_get_429(tmp_path, default_mod
             assert r["status"] == 429 and int(r["retry_after"]) >= 1, r
             assert set(r["error"]["error"]) == {"message", "type", "param", "code"}, r
             assert r["error"]["error"]["code"] == "overloaded"
-        # Bounded memory: the 64 streams' peak stays within a small margin of the node's resident
-        # size before (the KV caches of at most 16 short requests are a few MB; the queue holds ids).
+        # Bounded memory: the 64 streams' peak stays within a margin of the node's resident size before.
+        # The KV caches of at most 16 short requests are a few MB and the queue holds ids; the margin is
+        # the allocator's working set for batches of up to 16 rows (its peak rose 120-350 MB here, more
+        # the more loaded the machine: batches are wider when steps are slow).
         for n in cluster.nodes:
             grew_mib = (after[n.index]["VmHWM"] - before[n.index]["VmRSS"]) / 1024
-            assert grew_mib < 400, (n.index, grew_mib)
+            assert grew_mib < 600, (n.index, grew_mib)
         status, health = entry.get("/health")
         assert health["admission"]["refused"] == len(refused)
         assert health["admission"]["active"] == 0 and health["admission"]["queued"] == 0

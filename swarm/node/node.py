@@ -18,6 +18,7 @@ import contextlib
 import logging
 import time
 
+import mlx.core as mx
 from aiohttp import web
 from mlx_lm.utils import load_tokenizer
 
@@ -195,6 +196,11 @@ class Node:
     async def start(self) -> None:
         """Build every part (assembly.py) and start it; what was started is in `_stops`."""
         self.worker = MlxWorker(tidy_heap=self.backend.cpu_tuning)
+        if self.backend.cpu_tuning:
+            # MLX keeps freed buffers by size for reuse, up to the whole memory by default: a burst of passes
+            # of many batch widths left hundreds of MB a stage's budget never counted. On the CPU they go
+            # back to the allocator at no measured cost; a GPU's allocations are dear, so its cache stays.
+            mx.set_cache_limit(0)
         self._stops = []
         cfg, model, worker = self.config, self.model, self.worker
         loop = asyncio.get_running_loop()
