@@ -91,9 +91,9 @@ class StageHost:
             del old
             await self.worker.run(mlx_warm_up, shard, this_backend().warm_batch_widths)
             self.runner = ShardRunner(shard, self._limits(*layers), self.context, self.vocab,
-                                     prompt_cache_bytes=self.prompt_cache.for_layers(
-                                         shard.weight_bytes(), self.layer_caches[layers[0]:layers[1]]),
-                                     decode_ahead=this_backend().decode_ahead)
+                                      prompt_cache_bytes=self.prompt_cache.for_layers(
+                                          shard.weight_bytes(), self.layer_caches[layers[0]:layers[1]]),
+                                      decode_ahead=this_backend().decode_ahead)
             log.info("now holding layers [%d, %d): %.1f MB", *layers, shard.weight_bytes() / 1e6)
         self.plan = plan
 
