@@ -189,7 +189,8 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     if blas is None:
         return None  # this process runs under it already (or a node would keep this one)
     run = subprocess.run([sys.executable, "-m", "pytest", pyfuncitem.nodeid, "-q", "-p", "no:cacheprovider"],
-                         cwd=pyfuncitem.config.rootpath, env=node_blas_env(blas), capture_output=True, text=True, timeout=1800)
+                         cwd=pyfuncitem.config.rootpath, env=node_blas_env(blas), capture_output=True, text=True,
+                         timeout=1800)
     if run.returncode != 0 or not re.search(r"^1 passed", run.stdout, re.MULTILINE):  # (not skipped)
         pytest.fail(f"under {blas} (exit {run.returncode}):\n{run.stdout[-6000:]}\n{run.stderr[-3000:]}",
                     pytrace=False)
