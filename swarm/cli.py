@@ -28,6 +28,7 @@ from .node.config import (DEFAULT_API_PORT, DEFAULT_BATCH_DECODE, DEFAULT_MAX_AC
                           DEFAULT_PEER_PORT, DEFAULT_PROMPT_GATHER_MS, DEFAULT_TOKEN_TIMEOUT,
                           MAX_PREFILL_CHUNK, MIN_PREFILL_CHUNK, NodeConfig, default_state_dir)
 from .node.ports import PortError, check_port  # noqa: E402
+from .api.origins import parse_allowed  # noqa: E402
 
 
 class _Parser(argparse.ArgumentParser):
@@ -137,6 +138,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="require 'Authorization: Bearer KEY' for chat, models and topology (/health stays open); "
                         "default: $SWARM_API_KEY, else the file api-key in the state dir, else with a swarm "
                         "secret a key derived from it (not asked of clients on this machine), else no key")
+    p.add_argument("--allowed-origins", action="append", default=None, metavar="ORIGIN[,ORIGIN...]",
+                   help="web pages that may call the API from a browser, as scheme://host[:port] (port * for any; "
+                        "* for every page, which lets any site you visit use this node); repeatable; default: "
+                        "$SWARM_ALLOWED_ORIGINS, else none beyond pages served from this machine's loopback "
+                        "(localhost, 127.0.0.1, [::1], any port) and the node's own API address")
+    p.add_argument("--allowed-hosts", action="append", default=None, metavar="NAME[,NAME...]",
+                   help="more names clients may reach this node's API by (the Host header), beside loopback, this "
+                        "machine's addresses, hostname and hostname.local (* for any, behind a proxy that checks "
+                        "it); repeatable; default: $SWARM_ALLOWED_HOSTS")
     p.add_argument("--http-timeout", type=_seconds, default=30.0, metavar="SECONDS",
                    help="an HTTP request's headers and body must arrive within this, and an idle connection "
                         "closes after it (default: %(default)s)")
@@ -229,7 +239,15 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
                       token_timeout=args.token_timeout, prefill_chunk=args.prefill_chunk, peer_host=args.peer_host,
                       batch_decode=args.batch_decode, prompt_gather_ms=args.prompt_gather,
                       max_active=args.max_active, max_queue=args.max_queue,
-                      api_key=args.api_key, http_timeout=args.http_timeout)
+                      api_key=args.api_key, http_timeout=args.http_timeout,
+                      allowed_origins=parse_allowed(_listed(args.allowed_origins, environment.ALLOWED_ORIGINS)),
+                      allowed_hosts=_listed(args.allowed_hosts, environment.ALLOWED_HOSTS))
+
+
+def _listed(flags: list[str] | None, variable: environment.Variable) -> list[str]:
+    """Comma-separated items of repeated flags, else of the environment variable (flags win)."""
+    given = flags if flags is not None else [variable.get() or ""]
+    return [item.strip() for value in given for item in value.split(",") if item.strip()]
 
 
 def new_secret(state_dir: Path) -> int:

@@ -51,8 +51,13 @@ DEVICE_STANDIN = Variable("SWARM_DEVICE_STANDIN", "for tests: a JSON device desc
                           "metal, cpu) that this node describes its device as, instead of asking MLX (the arithmetic "
                           "still runs where MLX runs)", "backend.py")
 
+ALLOWED_ORIGINS = Variable("SWARM_ALLOWED_ORIGINS", "web pages that may call the API, comma-separated "
+                           "(--allowed-origins wins; api/origins.py)", "cli.py")
+ALLOWED_HOSTS = Variable("SWARM_ALLOWED_HOSTS", "more names the API answers to, comma-separated "
+                         "(--allowed-hosts wins; api/hosts.py)", "cli.py")
+
 VARIABLES = (SECRET, API_KEY, CACHE_DIR, XDG_CACHE_HOME, XDG_STATE_HOME, STATE_DIR, BLAS, BLAS_ACTIVE,
-             OPENBLAS_THREAD_TIMEOUT, SODIUM, HOP_TRACE, DEVICE_STANDIN)
+             OPENBLAS_THREAD_TIMEOUT, SODIUM, HOP_TRACE, DEVICE_STANDIN, ALLOWED_ORIGINS, ALLOWED_HOSTS)
 
 # Read by swarm-bench only (other programs' variables it reports or is started with).
 OPENBLAS_NUM_THREADS = Variable("OPENBLAS_NUM_THREADS", "OpenBLAS's threads: swarm-bench --blas-threads sets it "

@@ -30,20 +30,25 @@ from .request_gate import RequestGate
 from .request_parsing import BODY_TIMEOUT, BODY_TIMEOUT_S
 from .responses_routes import ResponsesRoutes
 from .topology_routes import TopologyRoutes
+from .web_guard import STRANGER, WebGuard, cors_headers
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 
 
 def make_app(service: InferenceService, status: NodeStatus, events: EventBus, model_id: str,
              admission: Admission, defaults: GenerationDefaults | None = None, gate: RequestGate | None = None,
-             *, api_key: ApiAccess | str | None = None, body_timeout: float = BODY_TIMEOUT_S) -> web.Application:
+             *, api_key: ApiAccess | str | None = None, body_timeout: float = BODY_TIMEOUT_S,
+             guard: WebGuard | None = None) -> web.Application:
     """The API sees the inference service (chat) and the status (health, topology), not the node."""
-    # The key first (a request without it learns nothing, not even that the node is stopping), then
-    # errors in OpenAI's shape, then the gate (a 503 once the node stops taking requests).
-    middlewares = [api_key_middleware(api_key), error_middleware] + ([gate.middleware] if gate else [])
+    # Web pages first (a stranger's page learns nothing and starts nothing: web_guard.py), then the key
+    # (a request without it learns nothing, not even that the node is stopping), then errors in
+    # OpenAI's shape, then the gate (a 503 once the node stops taking requests).
+    middlewares = (([guard.middleware] if guard else []) + [api_key_middleware(api_key), error_middleware]
+                   + ([gate.middleware] if gate else []))
     app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
     app[BODY_TIMEOUT] = body_timeout
     app.on_response_prepare.append(ignored_header)
+    app.on_response_prepare.append(cors_headers)
     generation = Generation(service, model_id, admission, defaults)
     CompletionRoutes(generation).add_to(app)
     AnthropicRoutes(generation).add_to(app)
@@ -63,6 +68,9 @@ def make_app(service: InferenceService, status: NodeStatus, events: EventBus, mo
         return web.json_response(model)
 
     async def health(request):
+        if request.get(STRANGER):  # a page of another site, or a re-pointed name: whether it serves, no more
+            ok = status.can_serve()[0]
+            return web.json_response({"status": "ok" if ok else "unavailable"}, status=200 if ok else 503)
         allowed = authorized(request, api_key)
         body = status.health(authorized=allowed)
         if allowed:  # like the rest of the details, only for a caller with the key

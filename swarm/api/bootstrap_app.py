@@ -16,16 +16,21 @@ from discovery import Discovery, NodeState
 
 from .auth import ApiAccess, api_key_middleware
 from .errors import error_response
+from .web_guard import STRANGER, WebGuard, cors_headers
 
 
 def make_bootstrap_app(state: Callable[[], dict], discovery: Discovery, model: str | None,
-                       api_key: ApiAccess | str | None = None) -> web.Application:
-    app = web.Application(middlewares=[api_key_middleware(api_key)])  # the topology is the key's, as later
+                       api_key: ApiAccess | str | None = None, guard: WebGuard | None = None) -> web.Application:
+    # web pages first and the topology the key's, as later (app.py)
+    app = web.Application(middlewares=([guard.middleware] if guard else []) + [api_key_middleware(api_key)])
+    app.on_response_prepare.append(cors_headers)
 
     def health() -> dict:
         return {**state(), "node_id": discovery.node_id, "model": model or "(whatever the swarm serves)"}
 
-    async def health_route(_request):
+    async def health_route(request):
+        if request.get(STRANGER):
+            return web.json_response({"status": "unavailable"}, status=503)
         return web.json_response(health(), status=503)
 
     async def topology(_request):

@@ -23,6 +23,7 @@ from ..api.app import make_app
 from ..api.auth import ApiAccess
 from ..api.connection_cap import CappedAppRunner
 from ..api.request_gate import RequestGate
+from ..api.web_guard import WebGuard
 from ..backend import Backend
 from ..engine.constraints import GrammarVocab
 from ..engine.model_bytes import ModelBytes
@@ -216,7 +217,8 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
                         peers=peer_security.describe(secret), prompt_chunk=service.prefill_step)
     admission = Admission(cfg.max_active, cfg.max_queue)
     app = make_app(service, status, events, model.model_id, admission, defaults, gate, api_key=api_access(api_key),
-                   body_timeout=cfg.http_timeout)
+                   body_timeout=cfg.http_timeout,
+                   guard=WebGuard.for_node(cfg.api_port, cfg.allowed_origins, cfg.allowed_hosts))
     # keepalive_timeout closes a connection idle between requests, and one that never completes
     # its headers (aiohttp's default keeps both for an hour). handler_cancellation: a client that
     # goes away cancels its handler, streaming or not, and leaving the handler frees the request on

@@ -74,4 +74,8 @@ class NodeConfig:
     # the HTTP API
     api_key: str | None = None  # --api-key; None: $SWARM_API_KEY, else the state dir's api-key, else none
     http_timeout: float = 30.0  # a request's headers and body must arrive within this; idle connections close
+    # web pages (origins) that may call the API besides loopback ones and names (Host) it answers to besides
+    # this machine's own (api/origins.py, api/hosts.py)
+    allowed_origins: list[str] = field(default_factory=list)
+    allowed_hosts: list[str] = field(default_factory=list)
     http_connections_per_address: int = 64

@@ -31,6 +31,7 @@ from discovery.view import PeerEvent
 from partitioner import ModelSpec
 
 from ..api.bootstrap_app import make_bootstrap_app
+from ..api.web_guard import WebGuard
 from ..api.request_gate import RequestGate
 from ..backend import describe_memory, this_backend
 from ..engine.blas import blas_in_use
@@ -307,7 +308,9 @@ class Node:
             await discovery.update_profile(extra={STATE_KEY: state})
 
         runner = web.AppRunner(make_bootstrap_app(lambda: {**waiting, "fetch": weights.status.to_dict()},
-                                                  discovery, cfg.model, self._api_access), access_log=None)
+                                                  discovery, cfg.model, self._api_access,
+                                                  WebGuard.for_node(cfg.api_port, cfg.allowed_origins,
+                                                                    cfg.allowed_hosts)), access_log=None)
         await runner.setup()
         try:
             await _bound("api", cfg.api_host, cfg.api_port, web.TCPSite(runner, cfg.api_host, cfg.api_port).start)
