@@ -13,6 +13,13 @@ if AS_PROGRAM:
     # A re-exec (engine/blas.py) starts with SIGINT held; a Ctrl-C it held arrives now, to the handler above.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
+if AS_PROGRAM:
+    # Before any module that imports MLX: a Linux install without an MLX build is one line, not a traceback.
+    from .mlx_build import missing_mlx_build
+    if (_missing := missing_mlx_build()) is not None:
+        print(f"swarm-node: error: {_missing}", file=sys.stderr)
+        sys.exit(2)
+
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
 import logging  # noqa: E402
