@@ -87,7 +87,7 @@ fi
 if [[ "$(uname -s)" == "Linux" && "$(id -u)" == "0" ]] && command -v apt-get >/dev/null; then
     pkgs=""
     [[ "$mlx_build" == "cpu" ]] && pkgs="libopenblas0-pthread"  # only MLX's CPU build calls a CPU BLAS
-    [[ -n "$extras" ]] && pkgs="$pkgs iproute2 tmux"
+    [[ -n "$extras" ]] && pkgs="$pkgs iproute2 tmux chromium"  # chromium: the browser tests (tests/browser.py)
     missing=$(for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
     if [[ -n "$missing" ]]; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null \
