@@ -82,7 +82,7 @@ def model_spec(b: ModelBytes, context_tokens: int) -> ModelSpec:
     return ModelSpec(n_layers=len(b.per_layer), bytes_per_layer=max(b.per_layer), embedding_bytes=b.embedding,
                      head_bytes=b.head, kv_bytes_per_token_per_layer=b.kv_per_token_per_layer,
                      context_tokens=context_tokens, layer_weight_bytes=b.per_layer,
-                     layer_kv_bytes=b.kv_reserve(context_tokens))
+                     layer_kv_bytes=b.kv_reserve(context_tokens), activation_bytes=b.activation)
 
 
 class Node:
