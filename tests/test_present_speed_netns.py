@@ -24,6 +24,7 @@ from swarm_cluster import SwarmCluster
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
 QUOTA = 0.2
 REACT_S = 60.0
+SETTLE_WATCH_S = 40.0
 
 
 def cgroup_unavailable() -> str | None:
@@ -123,9 +124,18 @@ def test_a_capped_node_is_advertised_slower_loses_layers_and_gets_them_back(tmp_
                  REACT_S, cluster, t0, timeline)
         wait_for("layers back", lambda: (s := stage_of(cluster, slow_id))[1] > layers1 and s,
                  REACT_S, cluster, t0, timeline)
-        speed2, layers2, _ = stage_of(cluster, slow_id)
+        speed2, layers2, plan2 = stage_of(cluster, slow_id)
         timeline.append(f"after: speed {speed2 * 1e3:.3f} ms, {layers2} layers")
+        # Under the same steady load, the plan then settles: no flapping between layouts.
+        plans = {plan2}
+        watch_until = time.monotonic() + SETTLE_WATCH_S
+        while time.monotonic() < watch_until:
+            plans.add(stage_of(cluster, slow_id)[2])
+            time.sleep(1.0)
+        plans.discard(None)
+        timeline.append(f"plans in the {SETTLE_WATCH_S:.0f} s after: {len(plans)}")
         print("\n" + "; ".join(timeline))
+        assert len(plans) <= 2, timeline
     finally:
         stop.set()
         if cap is not None:
