@@ -34,6 +34,8 @@ without waking another thread (benchmarks/lean_pipeline.py measures the floor).
   its last frames read): a peer, or a stranger in an open swarm, holds no idle
   connection for long; the next frame to that peer dials a new one. The listener's
   timer calls `retire_idle` (the MLX thread has no timers of its own).
+- For tests, frames to some peers can be held back a fixed time before they are written
+  (frame_hold.py, SWARM_HOLD_FRAMES): a slow link without netem, paid by every frame.
 - A message to this node itself is handed to the handler directly: the entry's own
   steps into its own stage 0, the last stage's token for its own request.
 
