@@ -62,3 +62,18 @@ def test_nonsense_samples_are_ignored():
     for t, bad in enumerate((float("nan"), float("inf"), -1.0, 0.0)):
         speed.sample(float(t), bad)
     assert speed.smoothed is None and speed.check(10.0) is None
+
+
+def test_a_cached_speed_is_trusted_for_an_hour_only(tmp_path):
+    from swarm.engine.speed_probe import CACHE_TTL_S, cached_speed
+    measured = []
+
+    def measure() -> float:
+        measured.append(1)
+        return 0.001 * len(measured)
+
+    assert cached_speed(tmp_path, "k", measure, now=1000.0) == 0.001
+    assert cached_speed(tmp_path, "k", measure, now=1000.0 + CACHE_TTL_S - 1) == 0.001  # a restart soon after
+    assert cached_speed(tmp_path, "k", measure, now=1000.0 + CACHE_TTL_S + 1) == 0.002  # stale: measured again
+    (tmp_path / "speed.json").write_text('{"k": 0.5}')  # an earlier build's entry: no age, not trusted
+    assert cached_speed(tmp_path, "k", measure, now=5000.0) == 0.003

@@ -24,7 +24,7 @@ from swarm_cluster import SwarmCluster
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
 QUOTA = 0.2
 REACT_S = 60.0
-SETTLE_WATCH_S = 40.0
+SETTLE_WATCH_S = 30.0
 
 
 def cgroup_unavailable() -> str | None:

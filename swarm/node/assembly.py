@@ -28,6 +28,7 @@ from ..engine.constraints import GrammarVocab
 from ..engine.model_bytes import ModelBytes
 from ..engine.model_outline import Outline
 from ..engine.prompt_cache import PromptCacheSize
+from ..engine.speed_probe import SpeedProbe
 from ..engine.worker import MlxWorker
 from ..entry.entry_inbox import EntryInbox
 from ..entry.hop_timing import HopTiming
@@ -47,7 +48,6 @@ from ..stage.stage_host import StageHost
 from ..stage.stage_service import StageService
 from ..status.node_status import NodeStatus
 from ..status.peer_stats import PeerStats
-from ..engine.speed_probe import SpeedProbe
 from ..transport.frame_hold import FrameHold
 from ..transport.handshake import dial_stream
 from ..transport.lane import DataLane
@@ -65,8 +65,8 @@ from .inbox import NodeInbox
 from .lane_probe import LaneProbe
 from .link_meter import LinkMeter
 from .mlx_rounds import ROUND_MAX_PAYLOAD, ROUND_PURPOSE, ask_round, serve_round
-from .secrets import API_KEY_FROM_SECRET, Secret
 from .present_speed import PresentSpeed
+from .secrets import API_KEY_FROM_SECRET, Secret
 from .sender_rules import SenderRules
 from .speed_follower import SpeedFollower
 

@@ -9,8 +9,8 @@ only when the measurement has clearly moved and stayed moved:
   value by more than REL_CHANGE of it (and ABS_CHANGE_S) at every check for HOLD_S;
 - bandwidth: a padded ping's time beyond the least round trip is what its padding took on the link
   (capped at BW_CAP: a bounded probe cannot tell faster links apart, their times are all noise); the
-  most of the first BW_SAMPLES such estimates is advertised, then changed (to the median of the last BW_SAMPLES) only when
-  each of those differs from it by more than BW_FACTOR, all in the same direction.
+  most of the first BW_SAMPLES such estimates is advertised, then changed (to the median of the last
+  BW_SAMPLES) only when each of those differs from it by more than BW_FACTOR, all in the same direction.
 
 Pure: times come from the caller's clock.
 """

@@ -2,8 +2,8 @@
 
 Every peer in the view that serves our model could be handed our activations, so each is pinged
 (transport/ping_messages.py) on the data link the lane holds to it (the one activations take: sealed in
-a closed swarm, and held by the frame-hold switch like any frame), about every PING_EVERY_S; every
-BW_EVERY-th ping (and the three after the first few) carries PAD_BYTES of padding, which gives the link's bandwidth (a bounded probe:
+a closed swarm, and held by the frame-hold switch like any frame), about every PING_EVERY_S; pings 4-6
+and every BW_EVERY-th carry PAD_BYTES of padding, which gives the link's bandwidth (a bounded probe:
 link_estimate.py). A peer that does not answer within PONG_TIMEOUT_S is asked less and less often
 (up to MAX_EVERY_S apart). What link_estimate.py makes of the samples is published in the profile's
 `links` when it changes (discovery/link_costs.py).
