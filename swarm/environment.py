@@ -51,8 +51,12 @@ DEVICE_STANDIN = Variable("SWARM_DEVICE_STANDIN", "for tests: a JSON device desc
                           "metal, cpu) that this node describes its device as, instead of asking MLX (the arithmetic "
                           "still runs where MLX runs)", "backend.py")
 
+HOLD_FRAMES = Variable("SWARM_HOLD_FRAMES", "for tests: `PEER_ID:MS,...` (or `*:MS`): this node's data lane holds "
+                       "every frame to those peers that long before sending it (a slow link without netem)",
+                       "transport/frame_hold.py")
+
 VARIABLES = (SECRET, API_KEY, CACHE_DIR, XDG_CACHE_HOME, XDG_STATE_HOME, STATE_DIR, BLAS, BLAS_ACTIVE,
-             OPENBLAS_THREAD_TIMEOUT, SODIUM, HOP_TRACE, DEVICE_STANDIN)
+             OPENBLAS_THREAD_TIMEOUT, SODIUM, HOP_TRACE, DEVICE_STANDIN, HOLD_FRAMES)
 
 # Read by swarm-bench only (other programs' variables it reports or is started with).
 OPENBLAS_NUM_THREADS = Variable("OPENBLAS_NUM_THREADS", "OpenBLAS's threads: swarm-bench --blas-threads sets it "

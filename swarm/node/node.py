@@ -217,7 +217,7 @@ class Node:
         # fetches its model names only the model it looks for until it has the model's small files.
         if model is not None:
             log.info("measuring the model's layers%s",
-                     "" if cfg.speed else " and this machine's speed (cached after once)")
+                     "" if cfg.speed else " and this machine's speed (cached for an hour)")
         sizes, speed = await self._measure(model) if model is not None else (None, 0.0)
         profile = build_local_profile(
             state_dir=cfg.state_dir, swarm=cfg.swarm, name=cfg.name, api_port=cfg.api_port,
@@ -280,6 +280,9 @@ class Node:
                         cfg.api_host, cfg.api_port)
         coordinator = serving.coordinator
         await self._start(coordinator.start, coordinator.stop)
+        await self._start(serving.link_meter.start, serving.link_meter.stop)
+        if serving.speed is not None:
+            await self._start(serving.speed.start, serving.speed.stop)
         consumer = asyncio.create_task(_consume_peer_events(peers.peer_events, serving.inbox, coordinator),
                                        name="peer-events")
         self._stops.append(lambda: _cancel(consumer))
