@@ -15,7 +15,7 @@ def members_links(profiles: Iterable, members: set[str]) -> dict[tuple[str, str]
     for node_id, profile in profiles:
         if node_id not in members:
             continue
-        for peer, (rtt_s, bytes_per_s) in (getattr(profile, "links", None) or {}).items():
+        for peer, (rtt_s, bytes_per_s) in profile.links.items():
             if peer in members and peer != node_id:
                 out[(node_id, peer)] = Link(float(rtt_s), float(bytes_per_s))
     return out
