@@ -55,8 +55,12 @@ HOLD_FRAMES = Variable("SWARM_HOLD_FRAMES", "for tests: `PEER_ID:MS,...` (or `*:
                        "every frame to those peers that long before sending it (a slow link without netem)",
                        "transport/frame_hold.py")
 
+PLAN_LINKS = Variable("SWARM_PLAN_LINKS", "`off`: plan as if no link had been measured (the plan of the "
+                      "network-blind partitioner; benchmarks/link_aware_plan.py compares the two)",
+                      "planning/link_view.py")
+
 VARIABLES = (SECRET, API_KEY, CACHE_DIR, XDG_CACHE_HOME, XDG_STATE_HOME, STATE_DIR, BLAS, BLAS_ACTIVE,
-             OPENBLAS_THREAD_TIMEOUT, SODIUM, HOP_TRACE, DEVICE_STANDIN, HOLD_FRAMES)
+             OPENBLAS_THREAD_TIMEOUT, SODIUM, HOP_TRACE, DEVICE_STANDIN, HOLD_FRAMES, PLAN_LINKS)
 
 # Read by swarm-bench only (other programs' variables it reports or is started with).
 OPENBLAS_NUM_THREADS = Variable("OPENBLAS_NUM_THREADS", "OpenBLAS's threads: swarm-bench --blas-threads sets it "

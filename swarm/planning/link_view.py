@@ -8,10 +8,14 @@ from typing import Iterable
 
 from partitioner import Link
 
+from ..environment import PLAN_LINKS
+
 
 def members_links(profiles: Iterable, members: set[str]) -> dict[tuple[str, str], Link]:
     """`profiles`: (node id, profile) pairs; only links between `members` count."""
     out: dict[tuple[str, str], Link] = {}
+    if PLAN_LINKS.is_off():
+        return out
     for node_id, profile in profiles:
         if node_id not in members:
             continue
