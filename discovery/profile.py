@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from . import link_costs
 from .node_state import NodeState
 from .profile_keys import HINT_KEY, STATE_KEY
 
@@ -80,10 +81,17 @@ class NodeProfile:
     started_at: float = 0.0  # unix time of process start; the earlier wins id conflicts
     # Free-form fields the caller sets later (plan id, layer range "start-end", ...).
     extra: Mapping[str, str] = field(default_factory=dict, hash=False)
+    # What this node measured of its links: peer id -> (round-trip s, bytes/s; 0.0 unknown), snapped to
+    # the advertised grid and bounded (link_costs.py).
+    links: Mapping[str, tuple[float, float]] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))
         problems = []
+        try:
+            object.__setattr__(self, "links", MappingProxyType(link_costs.checked(self.links, self.node_id)))
+        except link_costs.BadLinks as exc:
+            problems.append(str(exc))
         if not self.node_id:
             problems.append("empty node_id")
         if not self.swarm:
@@ -119,6 +127,7 @@ class NodeProfile:
             value = getattr(self, field_name)
             pairs.append((key, repr(value) if isinstance(value, float) else str(value)))
         pairs.extend((EXTRA_PREFIX + k, v) for k, v in sorted(self.extra.items()))
+        pairs.extend(link_costs.to_txt(self.links))
         return pairs
 
     def to_txt(self) -> dict[str, str]:
@@ -130,6 +139,7 @@ class NodeProfile:
         """Parse a TXT record; raises MalformedProfile for anything that is not ours."""
         values: dict[str, Any] = {}
         extra: dict[str, str] = {}
+        links: dict[str, str] = {}
         try:
             for raw_key, raw_value in txt.items():
                 key = raw_key.decode() if isinstance(raw_key, bytes) else raw_key
@@ -138,17 +148,24 @@ class NodeProfile:
                 value = raw_value.decode() if isinstance(raw_value, bytes) else raw_value
                 if key.startswith(EXTRA_PREFIX):
                     extra[key[len(EXTRA_PREFIX):]] = value
+                elif link_costs.is_txt_key(key):
+                    links[key] = value
                 elif key in _FIELD_BY_TXT_KEY:
                     values[_FIELD_BY_TXT_KEY[key]] = value
         except UnicodeDecodeError as exc:
             raise MalformedProfile(f"undecodable TXT record: {exc}") from exc
         values["extra"] = extra
+        try:
+            values["links"] = link_costs.to_json(link_costs.from_txt(links))
+        except link_costs.BadLinks as exc:
+            raise MalformedProfile(str(exc)) from exc
         return cls.from_dict(values)
 
     # -- JSON -----------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["extra"] = dict(self.extra)
+        data["links"] = link_costs.to_json(self.links)
         return data
 
     def to_json(self) -> str:
@@ -172,6 +189,9 @@ class NodeProfile:
                     if not isinstance(value, Mapping):
                         raise MalformedProfile("extra must be an object")
                     kwargs[name] = _known_state_only({str(k): str(v) for k, v in value.items()}, data)
+                elif name == "links":
+                    kwargs[name] = {peer: tuple(v) if isinstance(v, list) else v
+                                    for peer, v in link_costs.from_json(value).items()}
                 elif name in ("api_port", "peer_port", "memory_total", "memory_available", "protocol_version"):
                     kwargs[name] = int(value)
                 elif name in ("speed", "started_at"):
@@ -180,6 +200,8 @@ class NodeProfile:
                     kwargs[name] = str(value)
         except MalformedProfile:
             raise
+        except link_costs.BadLinks as exc:
+            raise MalformedProfile(str(exc)) from exc
         except (TypeError, ValueError) as exc:
             raise MalformedProfile(f"bad field value: {exc}") from exc
         return cls(**kwargs)

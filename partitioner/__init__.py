@@ -5,12 +5,14 @@ the same Plan, whatever order the nodes were listed in.
 """
 
 from .errors import InsufficientMemoryError
+from .links import Link
 from .model import IdleNode, ModelSpec, NodeCapacity, Plan, Stage
 from .planner import STRATEGIES, make_plan
 
 __all__ = [
     "IdleNode",
     "InsufficientMemoryError",
+    "Link",
     "ModelSpec",
     "NodeCapacity",
     "Plan",

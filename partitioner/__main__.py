@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .examples import EXAMPLES
+from .examples import EXAMPLES, LINK_EXAMPLES
 from .markdown import render_examples
 
 
@@ -15,7 +15,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.examples:
         parser.print_help()
         return 2
-    print(render_examples(EXAMPLES), end="")
+    print(render_examples(EXAMPLES + LINK_EXAMPLES), end="")
     return 0
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
+from .links import Link
 from .model import ModelSpec, NodeCapacity
 
 MB, GB = 10**6, 10**9
@@ -15,6 +16,8 @@ class Example:
     model_name: str
     model: ModelSpec
     nodes: tuple[NodeCapacity, ...]
+    links: dict[tuple[str, str], Link] = field(default_factory=dict)
+    links_note: str = ""
 
 
 def smollm2_135m(context_tokens: int = 2048) -> ModelSpec:
@@ -169,3 +172,43 @@ EXAMPLES: tuple[Example, ...] = (
         (NodeCapacity("mini-a", 16 * GB, 0.0004, 0.001), NodeCapacity("mini-b", 16 * GB, 0.0004, 0.001)),
     ),
 )
+
+
+THUNDERBOLT = Link(0.0002, 5e9)
+ETHERNET_10G = Link(0.0005, 1.25e9)
+WIFI = Link(0.026, 5e7)  # 13 ms a hop, as mesh-llm measured over Wi-Fi
+
+
+def _all_pairs(ids: list[str], link_of) -> dict[tuple[str, str], Link]:
+    return {(a, b): link_of(a, b) for a in ids for b in ids if a != b}
+
+
+def _macs_and_a_wifi_laptop() -> Example:
+    macs = [NodeCapacity(f"mac-{i}", 450 * MB, 0.00012) for i in range(3)]
+    laptop = NodeCapacity("laptop", 1 * GB, 0.00012)
+    ids = [n.node_id for n in (*macs, laptop)]
+    return Example(
+        "SmolLM2-135M on three Macs on Thunderbolt and a laptop on Wi-Fi",
+        SMOLLM2,
+        replace(smollm2_135m(), activation_bytes=576 * 4),
+        (*macs, laptop),
+        _all_pairs(ids, lambda a, b: WIFI if "laptop" in (a, b) else THUNDERBOLT),
+        "Thunderbolt between the Macs (0.2 ms round trip, 5 GB/s); Wi-Fi to the laptop (26 ms, 50 MB/s).",
+    )
+
+
+def _studios_on_two_hubs() -> Example:
+    nodes = _studios(8, 56 * GB)
+    hub = {n.node_id: int(n.node_id.split("-")[1]) % 2 for n in nodes}
+    return Example(
+        "DeepSeek-V3-class on 8 x 64 GB on two Thunderbolt hubs joined by 10 Gbit Ethernet",
+        "DeepSeek-V3 4-bit",
+        replace(deepseek_v3_4bit(), activation_bytes=7168 * 2),
+        nodes,
+        _all_pairs(list(hub), lambda a, b: THUNDERBOLT if hub[a] == hub[b] else ETHERNET_10G),
+        "Even-numbered studios on one Thunderbolt hub, odd ones on the other (0.2 ms, 5 GB/s within a hub); "
+        "10 Gbit Ethernet between the hubs (0.5 ms, 1.25 GB/s).",
+    )
+
+
+LINK_EXAMPLES: tuple[Example, ...] = (_macs_and_a_wifi_laptop(), _studios_on_two_hubs())

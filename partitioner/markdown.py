@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from .errors import InsufficientMemoryError
 from .examples import Example
+from .links import HopCosts
 from .planner import STRATEGIES, make_plan
+from .stage_order import TripCosts
 
 
 def human_bytes(n: int) -> str:
@@ -39,10 +41,12 @@ def render_example(example: Example) -> str:
         f"| {n.node_id} | {human_bytes(n.memory_bytes)} | {ms(n.seconds_per_layer)} | {ms(n.hop_latency_s)} |"
         for n in nodes
     ]
+    if example.links:
+        lines += ["", f"Links: {example.links_note}"]
     for strategy in STRATEGIES:
         lines += ["", f"**{strategy}**", ""]
         try:
-            plan = make_plan(model, nodes, strategy)
+            plan = make_plan(model, nodes, strategy, links=example.links)
         except InsufficientMemoryError as err:
             lines.append(f"`InsufficientMemoryError: {err}`")
             continue
@@ -59,8 +63,20 @@ def render_example(example: Example) -> str:
                 f"| {human_bytes(used)} / {human_bytes(memory)} | {human_bytes(memory - used)} |"
             )
         lines += ["", f"Bottleneck stage: {ms(plan.bottleneck_s)}; plan_id `{plan.plan_id}`."]
+        if example.links:
+            lines.append(_trip_line(example, strategy, plan))
         lines += [f"Idle: {idle.node_id}, {idle.reason}." for idle in plan.idle]
     return "\n".join(lines)
+
+
+def _trip_line(example: Example, strategy: str, plan) -> str:
+    """A token's trip through the plan, against the plan made without the links."""
+    costs = TripCosts(example.model, example.nodes, HopCosts([n.node_id for n in example.nodes], example.links))
+    blind = make_plan(example.model, example.nodes, strategy)
+    split = [(s.node_id, s.n_layers) for s in plan.stages]
+    blind_split = [(s.node_id, s.n_layers) for s in blind.stages]
+    return (f"A token's trip (compute and hops, a token and a prompt position alike): {ms(costs.trip(split) / 2)}; "
+            f"the plan made without the links: {ms(costs.trip(blind_split) / 2)}.")
 
 
 def render_examples(examples: tuple[Example, ...]) -> str:

@@ -36,6 +36,8 @@ class ModelSpec:
     context_tokens: int = 0
     layer_weight_bytes: tuple[int, ...] = ()
     layer_kv_bytes: tuple[int, ...] = ()
+    # What a stage sends the next one per position (hidden size x activation dtype): a hop's payload.
+    activation_bytes: int = 0
 
     @cached_property
     def layer_costs(self) -> tuple[int, ...]:
@@ -95,6 +97,8 @@ class ModelSpec:
             out["layer_weight_bytes"] = list(self.layer_weight_bytes)
         if self.layer_kv_bytes:
             out["layer_kv_bytes"] = list(self.layer_kv_bytes)
+        if self.activation_bytes:
+            out["activation_bytes"] = self.activation_bytes
         return out
 
 
@@ -103,7 +107,8 @@ class NodeCapacity:
     """What one node offers: memory for the model and its measured speed.
 
     `hop_latency_s` is the cost of sending activations out of this node to the
-    next stage (for the last stage: the sampled token back to the first).
+    next stage (for the last stage: the sampled token back to the first), used
+    where no link between the nodes was measured (links.py).
     """
 
     node_id: str

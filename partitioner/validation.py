@@ -22,7 +22,7 @@ def validate(model: ModelSpec, nodes: Sequence[NodeCapacity]) -> None:
             raise ValueError("layer_weight_bytes must hold a positive value")
     elif model.bytes_per_layer <= 0:
         raise ValueError(f"bytes_per_layer must be positive, got {model.bytes_per_layer}")
-    for field in ("bytes_per_layer", "embedding_bytes", "head_bytes", "kv_bytes_per_token_per_layer",
+    for field in ("bytes_per_layer", "activation_bytes", "embedding_bytes", "head_bytes", "kv_bytes_per_token_per_layer",
                   "context_tokens"):
         if getattr(model, field) < 0:
             raise ValueError(f"{field} must not be negative, got {getattr(model, field)}")

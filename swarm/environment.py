@@ -55,9 +55,16 @@ ALLOWED_ORIGINS = Variable("SWARM_ALLOWED_ORIGINS", "web pages that may call the
                            "(--allowed-origins wins; api/origins.py)", "cli.py")
 ALLOWED_HOSTS = Variable("SWARM_ALLOWED_HOSTS", "more names the API answers to, comma-separated "
                          "(--allowed-hosts wins; api/hosts.py)", "cli.py")
+HOLD_FRAMES = Variable("SWARM_HOLD_FRAMES", "for tests: `PEER_ID:MS,...` (or `*:MS`): this node's data lane holds "
+                       "every frame to those peers that long before sending it (a slow link without netem)",
+                       "transport/frame_hold.py")
+PLAN_LINKS = Variable("SWARM_PLAN_LINKS", "`off`: plan as if no link had been measured (the plan of the "
+                      "network-blind partitioner; benchmarks/link_aware_plan.py compares the two)",
+                      "planning/link_view.py")
 
 VARIABLES = (SECRET, API_KEY, CACHE_DIR, XDG_CACHE_HOME, XDG_STATE_HOME, STATE_DIR, BLAS, BLAS_ACTIVE,
-             OPENBLAS_THREAD_TIMEOUT, SODIUM, HOP_TRACE, DEVICE_STANDIN, ALLOWED_ORIGINS, ALLOWED_HOSTS)
+             OPENBLAS_THREAD_TIMEOUT, SODIUM, HOP_TRACE, DEVICE_STANDIN, ALLOWED_ORIGINS, ALLOWED_HOSTS,
+             HOLD_FRAMES, PLAN_LINKS)
 
 # Read by swarm-bench only (other programs' variables it reports or is started with).
 OPENBLAS_NUM_THREADS = Variable("OPENBLAS_NUM_THREADS", "OpenBLAS's threads: swarm-bench --blas-threads sets it "

@@ -35,7 +35,8 @@ class SwarmNode:
         """`program`: what runs instead of `-m swarm.cli` (a script taking its arguments, e.g. slow_member.py)."""
         # Equal stated speeds: N nodes give N equal stages, however loaded the machine is
         # (measured speeds of hosts sharing 2 cores are noise). A test may state its own.
-        speed = [] if "--speed" in self.cluster.common + self.extra else ["--speed", TEST_SPEED]
+        stated = self.cluster.stated_speed and "--speed" not in self.cluster.common + self.extra
+        speed = ["--speed", TEST_SPEED] if stated else []
         argv = [sys.executable, *(program or ["-m", "swarm.cli"]), "--interface", self.host.ip, "--name", f"node{self.index}",
                 "--state-dir", str(self.cluster.root / f"state{self.index}"), "--api-port", str(API_PORT),
                 "--peer-port", str(PEER_PORT), *speed, *self.cluster.common, *self.extra]
@@ -67,12 +68,14 @@ class SwarmNode:
 
 class SwarmCluster:
     def __init__(self, root: Path, n: int, common: list[str], per_node: list[list[str]] | None = None,
-                 secret: str | None = None, start: bool = True, api_key: str | None = None):
+                 secret: str | None = None, start: bool = True, api_key: str | None = None,
+                 stated_speed: bool = True):
         """`secret`: written into every node's state dir (the file a node reads its swarm secret from).
+        `stated_speed` False: the nodes measure their speeds and follow them (no --speed).
         `start` False: the hosts exist, the nodes are started by the test (`node.start()`).
         `api_key`: every node's (--api-key), which get and post send."""
         self.root = Path(root)
-        self.api_key = api_key
+        self.api_key, self.stated_speed = api_key, stated_speed
         self.common = common + (["--api-key", api_key] if api_key else [])
         if secret is not None:
             for i in range(n):

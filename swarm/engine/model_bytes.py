@@ -49,6 +49,7 @@ class ModelBytes:
     embedding: int  # what the first stage holds besides its layers
     head: int  # what the last stage holds besides its layers (the embedding again when tied)
     caches: tuple[LayerCache, ...]
+    activation: int = 0  # what one position's hidden state weighs between two stages (0: not known)
 
     @property
     def kv_per_token_per_layer(self) -> int:
@@ -139,4 +140,16 @@ def measure_model_bytes(model_dir: Path, dtype: mx.Dtype | None, dequantize: boo
     embedding = sum(b for p, b in outside.items() if outlined.phases(p) & {PRE, BETWEEN})
     head = sum(b for p, b in outside.items() if outlined.phases(p) & {POST, BETWEEN})
     act_bytes = (dtype or model_float_dtype(model)).size  # the caches hold what the layers compute in
-    return ModelBytes(per_layer, embedding, head, _layer_caches(model, outlined.cache_slots, act_bytes))
+    return ModelBytes(per_layer, embedding, head, _layer_caches(model, outlined.cache_slots, act_bytes),
+                      _hidden_size(model) * act_bytes)
+
+
+def _hidden_size(model: nn.Module) -> int:
+    """The width of the hidden state a stage hands on, from the model's arguments (0: not known)."""
+    args = getattr(model, "args", None)
+    for source in (args, getattr(args, "text_config", None)):
+        for name in ("hidden_size", "d_model", "n_embd", "dim"):
+            value = source.get(name) if isinstance(source, dict) else getattr(source, name, None)
+            if isinstance(value, int) and value > 0:
+                return value
+    return 0

@@ -29,6 +29,7 @@ from ..engine.constraints import GrammarVocab
 from ..engine.model_bytes import ModelBytes
 from ..engine.model_outline import Outline
 from ..engine.prompt_cache import PromptCacheSize
+from ..engine.speed_probe import SpeedProbe
 from ..engine.worker import MlxWorker
 from ..entry.entry_inbox import EntryInbox
 from ..entry.hop_timing import HopTiming
@@ -48,6 +49,7 @@ from ..stage.stage_host import StageHost
 from ..stage.stage_service import StageService
 from ..status.node_status import NodeStatus
 from ..status.peer_stats import PeerStats
+from ..transport.frame_hold import FrameHold
 from ..transport.handshake import dial_stream
 from ..transport.lane import DataLane
 from ..transport.link_handshake import LinkAuth
@@ -62,9 +64,12 @@ from . import peer_security
 from .config import AUTO_PROMPT_CACHE, NodeConfig
 from .inbox import NodeInbox
 from .lane_probe import LaneProbe
+from .link_meter import LinkMeter
 from .mlx_rounds import ROUND_MAX_PAYLOAD, ROUND_PURPOSE, ask_round, serve_round
+from .present_speed import PresentSpeed
 from .secrets import API_KEY_FROM_SECRET, Secret
 from .sender_rules import SenderRules
+from .speed_follower import SpeedFollower
 
 
 @dataclass
@@ -99,7 +104,7 @@ def build_peer_side(cfg: NodeConfig, profile: NodeProfile, worker: MlxWorker, li
     # goes to the node's inbox (Serving), and so does a link that breaks.
     links = PeerLinks(node_id)
     lane = DataLane(node_id, cfg.swarm, links, worker.watch, worker.post, discovery.endpoint_of, key=link_key,
-                    auth=auth, writes=worker)
+                    auth=auth, writes=worker, hold=FrameHold.from_environment())
     listener = PeerListener(node_id, cfg.swarm, cfg.peer_host, cfg.peer_port, links, lane,
                             lambda: discovery.profile, key=link_key, auth=auth, is_member=discovery.is_peer_address,
                             on_proved=discovery.heard_from)
@@ -151,6 +156,8 @@ class Serving:
     coordinator: Coordinator
     peer_stats: PeerStats
     runner: CappedAppRunner
+    link_meter: LinkMeter
+    speed: SpeedFollower | None  # None: the speed was stated (--speed), and stays
 
 
 def api_access(key: Secret) -> ApiAccess:
@@ -199,8 +206,30 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
     # to the stage or to the entry.
     sender_rules = SenderRules(node_id, host.known_plan, lambda peer: discovery.endpoint_of(peer) is not None, own,
                                vocab)
+    # What this node measures of its links and of itself, advertised in its profile: our own profile's
+    # change is no peer event, so we re-plan here (peers re-plan on its update).
+    async def publish_links(measured: dict) -> None:
+        await discovery.update_profile(links=measured)
+        await coordinator.replan()
+
+    def measured_peers() -> list[str]:
+        return [p.node_id for p in discovery.view() if p.profile.model_fingerprint == model.fingerprint]
+
+    link_meter = LinkMeter(node_id, lane, worker, loop, measured_peers, publish_links)
+    speed = None
+    if not cfg.speed:
+        async def publish_speed(value: float) -> None:
+            await discovery.update_profile(speed=value)
+            await coordinator.replan()
+
+        head_layers = sizes.head / max(1, sum(sizes.per_layer) / max(1, len(sizes.per_layer)))
+        speed = SpeedFollower(PresentSpeed(discovery.profile.speed), worker, head_layers, publish_speed,
+                              lambda: SpeedProbe(model.path, model.n_layers, dtype, dequantize, outlined))
+        stage_service.on_pass = speed.mlx_pass
+
     inbox = NodeInbox(lane, worker, sender_rules, stage_service, entry_inbox, probes,
-                      lambda peer, problem: loop.call_soon_threadsafe(coordinator.peer_stalled, peer, problem))
+                      lambda peer, problem: loop.call_soon_threadsafe(coordinator.peer_stalled, peer, problem),
+                      link_meter)
 
     # Requests through pipelines on agreed plans.
     stats = RequestStats(events.emit, entry=node_id)
@@ -226,4 +255,4 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
     # for nothing long; a restart under a new id cuts off what it finds within shutdown_timeout.
     runner = CappedAppRunner(app, per_address=cfg.http_connections_per_address, access_log=None,
                              keepalive_timeout=cfg.http_timeout, handler_cancellation=True, shutdown_timeout=1.0)
-    return Serving(inbox, coordinator, peer_stats, runner)
+    return Serving(inbox, coordinator, peer_stats, runner, link_meter, speed)

@@ -8,6 +8,8 @@ calls `mlx_on_message(sender, message)`, as it does for the messages this node s
   Token, Error     -> the entry (entry/entry_inbox.py): a request this node is the entry of
   Probe            -> answered with Probed at once, to anyone (it asks only: do you read?)
   Probed           -> the probe that waits for it (lane_probe.py)
+  Ping             -> answered with Pong at once, to anyone (link_meter.py)
+  Pong             -> the link meter (link_meter.py), which times it
 
 Who may send what is decided first, for every message (sender_rules.py): a frame from anyone
 else is dropped with one log line at a bounded rate (transport/log_limit.py), and nobody else
@@ -29,8 +31,10 @@ from ..transport.lane import DataLane
 from ..transport.log_limit import LogLimiter
 from ..transport.errors import PeerUnreachable
 from ..transport.messages import Error, Forward, Message, Release, Token
+from ..transport.ping_messages import Ping, Pong
 from ..transport.probe_messages import Probe, Probed
 from .lane_probe import LaneProbe
+from .link_meter import LinkMeter, answer_ping
 from .sender_rules import LATE, SenderRules, describe
 
 log = logging.getLogger(__name__)
@@ -39,10 +43,10 @@ log = logging.getLogger(__name__)
 class NodeInbox:
     def __init__(self, lane: DataLane, worker: MlxWorker, sender_rules: SenderRules, stage: StageService,
                  entry: EntryInbox, probes: LaneProbe | None = None,
-                 on_stalled: Callable[[str, str], None] | None = None):
+                 on_stalled: Callable[[str, str], None] | None = None, links: LinkMeter | None = None):
         """`on_stalled(peer, problem)`: a link took no data (MLX thread): planning leaves that peer out."""
         self.lane, self.worker, self.sender_rules, self.stage, self.entry = lane, worker, sender_rules, stage, entry
-        self.probes, self.on_stalled = probes, on_stalled
+        self.probes, self.on_stalled, self.links = probes, on_stalled, links
         self.refusals = stage.refusals  # one count per node: the stage refuses releases of others' requests
         self.failures = LogLimiter(log, logging.INFO)  # tokens a last stage got wrong (outside the vocabulary)
 
@@ -84,6 +88,11 @@ class NodeInbox:
         elif isinstance(message, Probed):
             if self.probes is not None:
                 self.probes.mlx_answered(sender, message.nonce)
+        elif isinstance(message, Ping):
+            answer_ping(self.lane, sender, message)
+        elif isinstance(message, Pong):
+            if self.links is not None:
+                self.links.mlx_pong(sender, message)
         else:  # the lane passes nothing else: a bug if it did
             log.error("no handler for a %s from %s", type(message).__name__, sender)
 

@@ -83,7 +83,7 @@ def model_spec(b: ModelBytes, context_tokens: int) -> ModelSpec:
     return ModelSpec(n_layers=len(b.per_layer), bytes_per_layer=max(b.per_layer), embedding_bytes=b.embedding,
                      head_bytes=b.head, kv_bytes_per_token_per_layer=b.kv_per_token_per_layer,
                      context_tokens=context_tokens, layer_weight_bytes=b.per_layer,
-                     layer_kv_bytes=b.kv_reserve(context_tokens))
+                     layer_kv_bytes=b.kv_reserve(context_tokens), activation_bytes=b.activation)
 
 
 class Node:
@@ -218,7 +218,7 @@ class Node:
         # fetches its model names only the model it looks for until it has the model's small files.
         if model is not None:
             log.info("measuring the model's layers%s",
-                     "" if cfg.speed else " and this machine's speed (cached after once)")
+                     "" if cfg.speed else " and this machine's speed (cached for an hour)")
         sizes, speed = await self._measure(model) if model is not None else (None, 0.0)
         profile = build_local_profile(
             state_dir=cfg.state_dir, swarm=cfg.swarm, name=cfg.name, api_port=cfg.api_port,
@@ -281,6 +281,9 @@ class Node:
                         cfg.api_host, cfg.api_port)
         coordinator = serving.coordinator
         await self._start(coordinator.start, coordinator.stop)
+        await self._start(serving.link_meter.start, serving.link_meter.stop)
+        if serving.speed is not None:
+            await self._start(serving.speed.start, serving.speed.stop)
         consumer = asyncio.create_task(_consume_peer_events(peers.peer_events, serving.inbox, coordinator),
                                        name="peer-events")
         self._stops.append(lambda: _cancel(consumer))

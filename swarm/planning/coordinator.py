@@ -40,6 +40,7 @@ from ..stage.stage_host import StageHost
 from ..weights.peer_weights import PeerWeights, parse_fetch
 from .errors import NoPipeline
 from .layer_proofs import LayerProofs
+from .link_view import members_links
 from .proof_gate import ProofGate
 from .load_deadlines import Announced, LoadDeadlines
 from .plan_loading import PlanLoader
@@ -130,6 +131,11 @@ class Coordinator:
                 if p.profile.model_fingerprint == self.fingerprint and p.profile.speed > 0
                 and p.node_id not in left_out and self.gate.plannable(p.profile, self.plan, self.before)]
 
+    def _make_plan(self, members: list[NodeCapacity]) -> Plan:
+        links = members_links(((p.node_id, p.profile) for p in self.discovery.view(include_self=True)),
+                              {m.node_id for m in members})
+        return make_plan(self.spec, members, self.strategy, links=links)
+
     def _describe(self, plan: Plan) -> str:
         """Each stage's layers and what it runs them on: "a[0,10) on cuda, 23.0 GiB gpu, ..."."""
         profiles = {p.node_id: p.profile for p in self.discovery.view(include_self=True)}
@@ -143,7 +149,7 @@ class Coordinator:
     async def replan(self) -> None:
         self.gate.ask_for_proofs()
         try:
-            plan, error = make_plan(self.spec, self.members(), self.strategy), None
+            plan, error = self._make_plan(self.members()), None
         except InsufficientMemoryError as e:
             plan, error = None, f"the swarm cannot hold the model: {e}"
         if error and error != self.plan_error:  # said once per new shortfall, not only in /health
@@ -238,7 +244,7 @@ class Coordinator:
 
     def _plan_id(self, left_out: set[str]) -> str | None:
         try:
-            return make_plan(self.spec, self.members(left_out), self.strategy).plan_id
+            return self._make_plan(self.members(left_out)).plan_id
         except InsufficientMemoryError:
             return None
 

@@ -43,10 +43,12 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from typing import Callable
 
 from ..engine.batch_rows import DecodeStep, PromptStart
 from ..engine.cache_budget import CacheFull
 from ..engine.prompt_cache import PromptCacheMiss
+from ..engine.shard import LayerRange
 from ..engine.shard_runner import CacheMismatch, ShardRunner
 from ..engine.token_logprobs import SampledToken
 from ..engine.worker import MlxWorker
@@ -89,6 +91,8 @@ class StageService:
         self._queue: deque[tuple[str, Forward | Release]] = deque()
         self.carried = LinkRequests(self.node_id)  # whose entry to tell when a link breaks; MLX thread only
         self._last_gc = time.monotonic()
+        # told of every pass (layers, positions, rows, seconds): node/speed_follower.py; MLX thread
+        self.on_pass: Callable[[LayerRange, int, int, float], None] | None = None
 
     def start(self) -> None:
         """Compute what is queued after each round of socket events, from now on."""
@@ -269,10 +273,14 @@ class StageService:
         if len(accepted) == 1 or not (runner.shard.takes_padded_batches if prompts else runner.shard.unrolls_decode):
             for forward in accepted:
                 out, took_s = _compute(runner, forward)
+                if self.on_pass is not None:
+                    self.on_pass(runner.range, forward.length, 1, took_s)
                 self._mlx_deliver(forward, out, took_s, runner, plan, index)
             return
         together = 0
         outs = _compute_together(runner, accepted, prompts)
+        if self.on_pass is not None and outs:
+            self.on_pass(runner.range, max(f.length for f in accepted), len(accepted), outs[0][1])
         if prompts:
             self.prompt_passes += 1
             self.prompt_rows += len(accepted)

@@ -99,7 +99,9 @@ class NodeStatus:
                 "peer_port": p.peer_port, "backend": p.backend, "memory_total": p.memory_total,
                 "memory_available": p.memory_available, "memory_kind": p.memory_kind,
                 "memory_used": self.host.weight_bytes if own else int(p.extra.get(MEM_USED_KEY) or 0),
-                "speed": p.speed, "state": (p.state or NodeState.JOINING).value, "plan_id": p.extra.get(PLAN_KEY) or None,
+                "speed": p.speed, "measured_links": {peer: {"rtt_s": rtt, "bytes_per_s": bw}
+                                                     for peer, (rtt, bw) in p.links.items()},
+                "state": (p.state or NodeState.JOINING).value, "plan_id": p.extra.get(PLAN_KEY) or None,
                 "layers": layers_of.get(p.node_id), "self": own, "model_id": p.model_id,
                 "stats": stats or {},
                 "fetch": self.weights.status.to_dict() if own else parse_fetch(p.extra.get(FETCH_KEY)),

@@ -34,6 +34,8 @@ without waking another thread (benchmarks/lean_pipeline.py measures the floor).
   its last frames read): a peer, or a stranger in an open swarm, holds no idle
   connection for long; the next frame to that peer dials a new one. The listener's
   timer calls `retire_idle` (the MLX thread has no timers of its own).
+- For tests, frames to some peers can be held back a fixed time before they are written
+  (frame_hold.py, SWARM_HOLD_FRAMES): a slow link without netem, paid by every frame.
 - A message to this node itself is handed to the handler directly: the entry's own
   steps into its own stage 0, the last stage's token for its own request.
 
@@ -56,6 +58,7 @@ from typing import Callable, Protocol
 from . import hop_trace
 from .connection import DEFAULT_QUEUE_LIMIT, PeerConnection, QueueFull
 from .errors import PeerUnreachable, ProtocolError
+from .frame_hold import FrameHold
 from .frames import DEFAULT_MAX_PAYLOAD_BYTES
 from .link_handshake import LinkAuth
 from .link_opener import HeldFrames, LinkOpener, Opened, open_link
@@ -92,12 +95,14 @@ class DataLane:
                  max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
                  stall_timeout: float = DEFAULT_STALL_TIMEOUT, key: bytes | None = None,
                  on_broken: OnBroken | None = None, auth: LinkAuth | None = None,
-                 writes: WriteWatch | None = None, queue_limit: int = DEFAULT_QUEUE_LIMIT) -> None:
+                 writes: WriteWatch | None = None, queue_limit: int = DEFAULT_QUEUE_LIMIT,
+                 hold: FrameHold | None = None) -> None:
         """`key`: the stretched swarm secret (link_crypto.stretch_secret); None: an open swarm. `auth`: the
         node's (one for all its handshakes), else one of the lane's own from `key`. `writes`: the MLX
         thread's selector, for sends the socket could not take at once and links being opened; None: such a
         send waits for room (at most `stall_timeout`), and a dial for its hello, on the spot (tools that send
-        from one loop of their own)."""
+        from one loop of their own). `hold`: frames to some peers held back a while (frame_hold.py, tests;
+        needs `writes`)."""
         self.node_id, self.swarm, self.links = node_id, swarm, links
         self.auth = auth or LinkAuth(node_id, swarm, key)
         self._on_broken = on_broken
@@ -110,6 +115,9 @@ class DataLane:
         self._opening: dict[str, HeldFrames] = {}  # peers whose link is being opened, and what waits for it
         if writes is not None:
             writes.after_events(self._mlx_check_stalls)
+        self._hold = hold if writes is not None else None
+        if self._hold is not None:
+            writes.after_events(self._mlx_release_held)
         self._on_message: OnMessage | None = None
         self._on_stalled: OnBroken | None = None
         self._watched: set[PeerConnection] = set()
@@ -141,6 +149,14 @@ class DataLane:
         if node_id == self.node_id:
             self._deliver(node_id, message, message.to_frame()[0] if _TRACING else None)
             return
+        if self._hold is not None and (delay := self._hold.delay_for(node_id)) > 0:
+            due = time.monotonic() + delay
+            self._hold.hold(due, node_id, message)
+            self._writes.mlx_recheck_at(due)
+            return
+        self._mlx_send_now(node_id, message)
+
+    def _mlx_send_now(self, node_id: str, message: Message) -> None:
         header, payload = message.to_frame()
         held = self._opening.get(node_id)
         if held is None:
@@ -156,6 +172,20 @@ class DataLane:
             self._write(node_id, conn, header, payload)
         if _TRACING:
             hop_trace.mark(hop_trace.STEP_START if self._starts_a_step(message) else "sent", header)
+
+    def _mlx_release_held(self) -> None:
+        """After each round of events: send the held frames that are due (frame_hold.py)."""
+        if self._closed:
+            return
+        after = self._hold.release_due(time.monotonic(), self._mlx_send_held)
+        if after is not None:
+            self._writes.mlx_recheck_at(after)
+
+    def _mlx_send_held(self, node_id: str, message: Message) -> None:
+        try:
+            self._mlx_send_now(node_id, message)
+        except PeerUnreachable as exc:  # its sender has moved on: told like a link that broke
+            self._report_broken(node_id, str(exc))
 
     def _write(self, node_id: str, conn: PeerConnection, header: dict, payload: bytes | memoryview) -> None:
         if self._corked is not None and conn not in self._corked:

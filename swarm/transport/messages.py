@@ -39,6 +39,7 @@ from .arrays import WIRE_DTYPES, decode_array
 from .errors import ProtocolError
 from .frames import Frame
 from .handshake_messages import HANDSHAKE_MESSAGES, Admitted, Hello, Proof, Rejection
+from .ping_messages import Ping, Pong
 from .probe_messages import Probe, Probed
 from .wire_fields import MAX_TEXT_CHARS, brief, int_error, int_field, is_id, text_error, text_field
 
@@ -367,8 +368,9 @@ class Release(NamedTuple):
         return cls(rid, bytes(keep), attempt)
 
 
-Message = Union[Forward, Token, Error, Release, Probe, Probed, Hello, Proof, Admitted, Rejection]
-_TYPES: dict[str, type] = {m.T: m for m in (Forward, Token, Error, Release, Probe, Probed, *HANDSHAKE_MESSAGES)}
+Message = Union[Forward, Token, Error, Release, Probe, Probed, Ping, Pong, Hello, Proof, Admitted, Rejection]
+_TYPES: dict[str, type] = {m.T: m for m in (Forward, Token, Error, Release, Probe, Probed, Ping, Pong,
+                                           *HANDSHAKE_MESSAGES)}
 
 
 def decode(frame: Frame) -> Message:

@@ -1,0 +1,149 @@
+"""Measure this node's links to its peers over the data lane, and advertise them with its profile.
+
+Every peer in the view that serves our model could be handed our activations, so each is pinged
+(transport/ping_messages.py) on the data link the lane holds to it (the one activations take: sealed in
+a closed swarm, and held by the frame-hold switch like any frame), about every PING_EVERY_S; pings 4-6
+and every BW_EVERY-th carry PAD_BYTES of padding, which gives the link's bandwidth (a bounded probe:
+link_estimate.py). A peer that does not answer within PONG_TIMEOUT_S is asked less and less often
+(up to MAX_EVERY_S apart). What link_estimate.py makes of the samples is published in the profile's
+`links` when it changes (discovery/link_costs.py).
+
+The ping's send time and its Pong's arrival are both read on the MLX thread, which also writes and
+reads the frames; the samples go to the event loop, where everything else here runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import secrets
+import time
+from typing import Awaitable, Callable
+
+from ..engine.worker import MlxWorker
+from ..transport.errors import PeerUnreachable
+from ..transport.lane import DataLane
+from ..transport.ping_messages import Ping, Pong
+from .link_estimate import LinkEstimate, advertised
+
+log = logging.getLogger(__name__)
+
+TICK_S = 0.5
+PING_EVERY_S = 2.0
+MAX_EVERY_S = 30.0
+PONG_TIMEOUT_S = 10.0
+PAD_BYTES = 256 * 1024
+FIRST_PADDED = (4, 5, 6)  # the first padded pings (they need round trips to compare with)
+BW_EVERY = 10  # then every 10th (about every 20 s)
+MAX_IN_FLIGHT = 4096
+
+
+class _Peer:
+    def __init__(self, due: float) -> None:
+        self.due = due
+        self.every = PING_EVERY_S
+        self.sent = 0
+        self.waiting: dict[int, float] = {}  # nonce -> when sent (event loop clock), unanswered
+        self.estimate = LinkEstimate()
+
+
+class LinkMeter:
+    def __init__(self, own_id: str, lane: DataLane, worker: MlxWorker, loop: asyncio.AbstractEventLoop,
+                 peers: Callable[[], list[str]], publish: Callable[[dict], Awaitable[None]],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """`peers()`: the node ids to measure now; `publish(links)`: advertise them (event loop)."""
+        self.own_id, self.lane, self.worker, self.loop = own_id, lane, worker, loop
+        self._peers_now, self._publish, self.clock = peers, publish, clock
+        self._peers: dict[str, _Peer] = {}  # event loop only
+        # MLX thread only: nonce -> (peer, sent at, padding, whether its link was being opened)
+        self._sent: dict[int, tuple[str, float, int, bool]] = {}
+        self.published: dict[str, tuple[float, float]] = {}
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="link-meter")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def snapshot(self) -> dict[str, dict]:
+        """What is measured of each peer now (for status and tests)."""
+        return {peer: {"rtt_least": p.estimate.least_rtt(), "rtt": p.estimate.rtt, "bw": p.estimate.bw,
+                       "every_s": p.every} for peer, p in sorted(self._peers.items())}
+
+    # -- event loop ------------------------------------------------------------------------
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            try:
+                await self._tick()
+            except Exception:
+                log.exception("measuring links")
+
+    async def _tick(self) -> None:
+        now = self.clock()
+        current = set(self._peers_now()) - {self.own_id}
+        for gone in set(self._peers) - current:
+            del self._peers[gone]
+        for peer in sorted(current):
+            state = self._peers.setdefault(peer, _Peer(now + random.random() * PING_EVERY_S))
+            for nonce, sent in list(state.waiting.items()):
+                if now - sent > PONG_TIMEOUT_S:  # no answer: ask less often
+                    del state.waiting[nonce]
+                    state.every = min(MAX_EVERY_S, state.every * 2)
+            if now >= state.due:
+                state.sent += 1
+                padded = state.sent in FIRST_PADDED or state.sent % BW_EVERY == 0
+                nonce = secrets.randbits(63)
+                state.waiting[nonce] = now
+                state.due = now + state.every * (0.75 + 0.5 * random.random())
+                self.worker.post(self._mlx_ping, peer, nonce, PAD_BYTES if padded else 0)
+            state.estimate.check(now)
+        links = advertised({peer: p.estimate for peer, p in self._peers.items()}, self.own_id)
+        if links != self.published:
+            self.published = links
+            await self._publish(links)
+
+    def _sampled(self, peer: str, nonce: int, seconds: float | None, pad: int) -> None:
+        state = self._peers.get(peer)
+        if state is None or state.waiting.pop(nonce, None) is None:
+            return  # a peer gone from the view, or an answer after we gave up on it
+        state.every = PING_EVERY_S
+        if seconds is None:
+            return  # it answered, but its round trip counted a dial
+        if pad:
+            state.estimate.padded_sample(self.clock(), seconds, pad)
+        else:
+            state.estimate.rtt_sample(self.clock(), seconds)
+
+    # -- MLX thread ------------------------------------------------------------------------
+    def _mlx_ping(self, peer: str, nonce: int, pad: int) -> None:
+        if len(self._sent) >= MAX_IN_FLIGHT:  # answers that never came: forget the oldest half
+            for old in list(self._sent)[:MAX_IN_FLIGHT // 2]:
+                del self._sent[old]
+        try:
+            self.lane.mlx_send(peer, Ping(nonce, pad))
+        except PeerUnreachable:
+            return  # the lane logged it; the ping goes unanswered and the peer is asked less often
+        # While its link is being opened the round trip counts the dial: an answer, not a sample.
+        self._sent[nonce] = (peer, time.monotonic(), pad, self.lane.mlx_opening(peer) is not None)
+
+    def mlx_pong(self, sender: str, pong: Pong) -> None:
+        """A Pong from `sender` (the node's inbox, MLX thread)."""
+        sent = self._sent.pop(pong.nonce, None)
+        if sent is None or sent[0] != sender:  # (a nonce is only good from the node it went to)
+            return
+        peer, at, pad, dialing = sent
+        seconds = None if dialing else time.monotonic() - at
+        self.loop.call_soon_threadsafe(self._sampled, peer, pong.nonce, seconds, pad)
+
+
+def answer_ping(lane: DataLane, sender: str, ping: Ping) -> None:
+    """A peer's Ping: answered at once (MLX thread)."""
+    with contextlib.suppress(PeerUnreachable):  # it asked and went: nobody waits for the answer
+        lane.mlx_send(sender, Pong(ping.nonce))

@@ -1,0 +1,25 @@
+"""The links the planner sees: what each member measured of its links to the others (its profile's
+`links`), as the partitioner's Links keyed (from, to). Every node reads the same profiles, so every
+node plans from the same links."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from partitioner import Link
+
+from ..environment import PLAN_LINKS
+
+
+def members_links(profiles: Iterable, members: set[str]) -> dict[tuple[str, str], Link]:
+    """`profiles`: (node id, profile) pairs; only links between `members` count."""
+    out: dict[tuple[str, str], Link] = {}
+    if PLAN_LINKS.is_off():
+        return out
+    for node_id, profile in profiles:
+        if node_id not in members:
+            continue
+        for peer, (rtt_s, bytes_per_s) in profile.links.items():
+            if peer in members and peer != node_id:
+                out[(node_id, peer)] = Link(float(rtt_s), float(bytes_per_s))
+    return out

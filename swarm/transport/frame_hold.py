@@ -1,0 +1,61 @@
+"""For tests: hold every outgoing data frame to some peers for a fixed time before it is written.
+
+This kernel has no netem, so a test that wants a 30 ms link between two nodes on one machine sets
+SWARM_HOLD_FRAMES on one of them: its data lane (lane.py) really keeps each frame to those peers
+back that long, activations, tokens, probes and pings alike, in order, so what is measured of the
+link (node/link_meter.py) and what requests pay on it are the same.
+
+    SWARM_HOLD_FRAMES="PEER_ID:MS,OTHER_ID:MS"    or    SWARM_HOLD_FRAMES="*:MS"   (every peer)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Any, Callable, Mapping
+
+from ..environment import HOLD_FRAMES
+
+log = logging.getLogger(__name__)
+
+
+class FrameHold:
+    def __init__(self, delays_s: Mapping[str, float]) -> None:
+        self.delays_s = dict(delays_s)
+        self._held: deque[tuple[float, str, Any]] = deque()  # (due, peer, message), due in order per delay
+
+    @classmethod
+    def from_environment(cls, env: Mapping[str, str] | None = None) -> FrameHold | None:
+        """The hold SWARM_HOLD_FRAMES asks for; None when unset. ValueError names a malformed one."""
+        text = HOLD_FRAMES.get(env)
+        if not text:
+            return None
+        delays = {}
+        for item in text.split(","):
+            peer, sep, ms = item.strip().rpartition(":")
+            try:
+                delay = float(ms) / 1000
+            except ValueError:
+                delay = -1.0
+            if not sep or not peer or not 0 <= delay <= 60:
+                raise ValueError(f"{HOLD_FRAMES.name}: {item!r} is not PEER:MILLISECONDS (0-60000)")
+            delays[peer] = delay
+        log.warning("holding every data frame to %s before sending it (%s, for tests)",
+                    ", ".join(f"{p} {d * 1e3:.0f} ms" for p, d in delays.items()), HOLD_FRAMES.name)
+        return cls(delays)
+
+    def delay_for(self, peer: str) -> float:
+        return self.delays_s.get(peer, self.delays_s.get("*", 0.0))
+
+    def hold(self, due: float, peer: str, message: Any) -> None:
+        self._held.append((due, peer, message))
+
+    def release_due(self, now: float, send: Callable[[str, Any], None]) -> float | None:
+        """Send (`send(peer, message)`) what is due, in the order held; returns when the next is due."""
+        while self._held:
+            due, peer, message = self._held[0]
+            if due > now:
+                return min(d for d, _, _ in self._held)
+            self._held.popleft()
+            send(peer, message)
+        return None

@@ -1,0 +1,36 @@
+"""The coordinator plans from the links every member advertises (planning/link_view.py): a member
+whose links are slow is left out by every node alike; with no links the plan is today's."""
+
+from __future__ import annotations
+
+from fixed_view import FixedView
+
+from partitioner import ModelSpec
+from swarm.planning.coordinator import Coordinator
+from swarm.planning.load_deadlines import LoadDeadlines
+
+SPEC = ModelSpec(30, 10 << 20, activation_bytes=576 * 4)
+FAST, SLOW = (0.0005, 1.25e9), (0.030, 1.25e9)
+
+
+def coordinator(view: FixedView) -> Coordinator:
+    return Coordinator(view.own, SPEC, "fp", view, None, None, deadlines=LoadDeadlines(view.own))
+
+
+def links(me: str, ids: str, slow_to: set[str]) -> dict:
+    return {peer: (SLOW if peer in slow_to or me in slow_to else FAST) for peer in ids if peer != me}
+
+
+def test_every_node_leaves_out_the_member_whose_links_are_slow_and_plans_as_before_without_links():
+    ids = "abcd"
+    measured = {n: links(n, ids, {"d"}) for n in ids}
+    plans = set()
+    for own in ids:
+        coord = coordinator(FixedView(own, {n: {} for n in ids}, measured))
+        plan = coord._make_plan(coord.members(set()))
+        plans.add(plan.plan_id)
+        assert [s.node_id for s in plan.stages] == ["a", "b", "c"]
+        assert [i.node_id for i in plan.idle] == ["d"]
+    assert len(plans) == 1
+    without = coordinator(FixedView("a", {n: {} for n in ids}))
+    assert [s.node_id for s in without._make_plan(without.members(set())).stages] == list(ids)
