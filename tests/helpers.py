@@ -128,7 +128,7 @@ def assert_gone_mid_stream_frees(node, path: str, body: dict, marker: bytes) -> 
     """A client that reads a few events and hangs up: the node forgets the request on every stage."""
     raw = json.dumps(body).encode()
     with socket.create_connection(("127.0.0.1", node.api_port)) as s:
-        s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n".encode()
                   + f"Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
         read_stream_events(s, marker, 5)
         assert node.health()[1]["active_requests"] == 1

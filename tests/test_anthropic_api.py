@@ -320,7 +320,7 @@ def test_a_full_node_is_anthropics_429_and_a_client_gone_mid_stream_frees_its_re
     body = json.dumps({"model": llama.name, "max_tokens": 4000, "stream": True, "temperature": 0,
                        "messages": [{"role": "user", "content": "Count to a thousand."}]}).encode()
     with socket.create_connection(("127.0.0.1", node.api_port)) as s:
-        s.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        s.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                   + f"x-api-key: {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
         seen = read_stream_events(s, b"content_block_delta", 3)
         assert seen.index(b"event: message_start") < seen.index(b"event: ping") < seen.index(b"content_block_start")

@@ -36,7 +36,7 @@ def closed_by_server(sock: socket.socket, within: float) -> tuple[bool, bytes]:
 
 def test_unfinished_headers_are_closed_within_the_http_timeout(node):
     with socket.create_connection(("127.0.0.1", node.api_port)) as s:
-        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Trickle: ")  # and never the end of the headers
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Trickle: ")  # and never the end of the headers
         started = time.monotonic()
         closed, _ = closed_by_server(s, within=TIMEOUT_S * 12)  # generous: a loaded machine
         print(f"unfinished headers closed after {time.monotonic() - started:.1f} s")
@@ -49,7 +49,7 @@ def test_unfinished_headers_are_closed_within_the_http_timeout(node):
 def test_a_trickled_body_is_a_408(node):
     with socket.create_connection(("127.0.0.1", node.api_port)) as s:
         body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                   b"Content-Length: %d\r\n\r\n" % len(body))
         s.settimeout(1.0)
         answer = b""
@@ -116,7 +116,7 @@ def test_two_thousand_connections_from_one_address_leave_the_api_serving(node, l
     try:
         for i in range(2000):
             s = socket.create_connection(("127.0.0.1", node.api_port), timeout=10)
-            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # and never the end of the headers
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n")  # and never the end of the headers
             held.append(s)
             if i % 100 == 99:
                 peak = max(peak, proc.num_fds())

@@ -180,7 +180,7 @@ def test_a_client_gone_frees_its_non_streaming_request(tmp_path, llama):
         before = node.health()[1]["total_tokens"]
         body = json.dumps(request).encode()
         with socket.create_connection(("127.0.0.1", node.api_port)) as s:
-            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                       + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
             health = health_when(node, lambda h: h["total_tokens"] - before >= 20)
             assert health["active_requests"] == 1, health

@@ -210,3 +210,22 @@ def test_the_official_clients_send_no_origin_and_are_served(node):
     ollama_reply = ollama.Client(host=node.url).chat(model=model, messages=[{"role": "user", "content": "Hi"}],
                                                      options={"num_predict": 4})
     assert ollama_reply.message.role == "assistant"
+
+
+def test_a_closed_swarm_refuses_stranger_pages_before_its_key_and_serves_allowed_ones(tmp_path, llama):
+    """With a secret a local client needs no key, and a browser on this machine is a local client: the
+    page's origin is what tells the two apart."""
+    from node_process import running_node
+    with running_node(tmp_path, "--model", str(llama), env={"SWARM_SECRET": "a closed swarm, long enough 7f3a"}) as n:
+        before = total_requests(n)
+        for headers in ({"Origin": "http://evil.example"}, {"Host": "evil.example:8800"}):
+            for method, path, body in ROUTES:
+                status, got, answer = request(n, method, path, body, headers)
+                assert_refused_in_shape(path, status, answer)
+        asked = {"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "content-type, authorization"}
+        assert request(n, "OPTIONS", "/v1/chat/completions", headers=asked)[0] == 204
+        status, headers, body = request(n, "POST", "/v1/chat/completions", CHAT, {"Origin": "http://localhost:3000"},
+                                        content_type="application/json")
+        assert status == 200 and headers["access-control-allow-origin"] == "http://localhost:3000", body
+        assert total_requests(n) == before + 1
