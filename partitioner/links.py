@@ -4,7 +4,9 @@ A node measures its links to its peers (round trip, bandwidth) and advertises th
 gets them keyed by direction, (from, to). A hop that carries `n_bytes` costs half a round trip
 plus the bytes over the bandwidth. A pair measured in one direction only is taken as symmetric;
 a pair measured in neither costs the median of the measured links, so an unmeasured pair looks
-neither better nor worse than the swarm's typical link.
+neither better nor worse than the swarm's typical link. A link within SAME_RTT_S of the typical
+round trip and SAME_BANDWIDTH times its bandwidth counts as typical: loopback and LAN links wobble
+by a tenth of a millisecond and a good part of their bandwidth, and a plan that moves moves weights.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ import math
 from dataclasses import dataclass
 from statistics import median_low
 from typing import Mapping, Optional, Sequence
+
+SAME_RTT_S = 0.002
+SAME_BANDWIDTH = 4.0
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,15 @@ def validate_links(links: LinkMap) -> None:
                 raise ValueError(f"link {a!r}->{b!r}: {name} must be >= 0 and finite, got {value!r}")
 
 
+def _alike(link: Link, typical: Link) -> bool:
+    if abs(link.rtt_s - typical.rtt_s) >= SAME_RTT_S:
+        return False
+    if link.bytes_per_s <= 0 or typical.bytes_per_s <= 0:
+        return True
+    ratio = link.bytes_per_s / typical.bytes_per_s
+    return 1 / SAME_BANDWIDTH < ratio < SAME_BANDWIDTH
+
+
 class HopCosts:
     """Seconds for a hop between two of the given nodes, for a payload of a given size."""
 
@@ -54,6 +68,9 @@ class HopCosts:
         rates = sorted(link.bytes_per_s for link in known.values() if link.bytes_per_s > 0)
         self._default: Optional[Link] = (
             Link(median_low(rtts), median_low(rates) if rates else 0.0) if rtts else None)
+        if self._default is not None:
+            self._links = {pair: self._default if _alike(link, self._default) else link
+                           for pair, link in self._links.items()}
 
     @property
     def measured(self) -> bool:

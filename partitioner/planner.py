@@ -11,7 +11,7 @@ from .errors import InsufficientMemoryError
 from .links import HopCosts, LinkMap, validate_links
 from .model import IdleNode, ModelSpec, NodeCapacity, Plan, Stage
 from .plan_id import plan_id
-from .stage_order import TripCosts, best_order
+from .stage_order import MIN_GAIN_S, TripCosts, best_order
 from .validation import validate
 
 Split = Optional[list[tuple[str, int]]]
@@ -78,14 +78,14 @@ def _link_aware(model: ModelSpec, usable: list[NodeCapacity], clock: Clock, stra
                 split: list[tuple[str, int]]) -> tuple[list[tuple[str, int]], dict[str, str]]:
     """Order the split for the shortest trip; leave out, one at a time, the node whose links add
     the most to a token's trip beyond the swarm's typical link, while that is more than its layers
-    take and the rest still hold the model."""
+    take (and than MIN_GAIN_S) and the rest still hold the model."""
     costs = TripCosts(model, usable, hops)
     split = best_order(split, costs)
     left_out: dict[str, str] = {}
     kept = list(usable)
     while len(split) > 1:
         candidates = sorted(((extra - costs.compute(node, layers), node) for node, layers, extra
-                             in _extra_hops(split, costs) if extra > costs.compute(node, layers)
+                             in _extra_hops(split, costs) if extra > max(costs.compute(node, layers), MIN_GAIN_S)
                              and node not in left_out), reverse=True)
         for _, node in candidates:
             rest = [n for n in kept if n.node_id != node]

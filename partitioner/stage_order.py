@@ -31,6 +31,8 @@ PROMPT_CHUNK = 256
 TOKEN_BYTES = 8  # what goes back to the entry: a token id and its position
 EXACT_MAX = 7
 IMPROVE_ROUNDS = 32
+# A node is left out for its links only when they cost a token at least this much more than typical ones.
+MIN_GAIN_S = 0.001
 
 Split = list[tuple[str, int]]
 
@@ -91,9 +93,7 @@ def best_order(split: Split, costs: TripCosts) -> Split:
     """The split's stages in the order of the shortest trip; `split` itself on ties."""
     if len(split) < 3 and not _reverse_helps(split, costs):
         return list(split)
-    if len(split) <= EXACT_MAX:
-        return _exact(split, costs)
-    return _bounded(split, costs)
+    return _exact(split, costs) if len(split) <= EXACT_MAX else _bounded(split, costs)
 
 
 def _reverse_helps(split: Split, costs: TripCosts) -> bool:
