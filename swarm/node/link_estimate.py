@@ -3,14 +3,18 @@
 Every node plans from the same view, and a change of the view re-plans, so an advertised link changes
 only when the measurement has clearly moved and stayed moved:
 
-- round trip: the least of the samples of the last WINDOW_S (queueing, a peer busy with a pass and
-  reading our ping late, a loaded machine only ever add to a round trip: the least is the link's);
-  advertised once MIN_SAMPLES came, then changed only when that least differs from the advertised
-  value by more than REL_CHANGE of it (and ABS_CHANGE_S) at every check for HOLD_S;
+- round trip: the least of the samples (queueing, a peer busy with a pass and reading our ping late,
+  a loaded machine only ever add to a round trip: the least is the link's); advertised once
+  MIN_SAMPLES came, then changed only when that least differs from the advertised value by more than
+  REL_CHANGE of it (and ABS_CHANGE_S) at every check for HOLD_S: the least of the last WINDOW_S for a
+  faster link, of the last RISE_WINDOW_S for a slower one (a stretch of long passes at either end, a
+  long prompt's, must not look like a slow link);
 - bandwidth: a padded ping's time beyond the least round trip is what its padding took on the link
-  (capped at BW_CAP: a bounded probe cannot tell faster links apart, their times are all noise); the
-  most of the first BW_SAMPLES such estimates is advertised, then changed (to the median of the last
-  BW_SAMPLES) only when each of those differs from it by more than BW_FACTOR, all in the same direction.
+  (capped at BW_CAP: a bounded probe cannot tell faster links apart, their times are all noise). A
+  busy peer or a loaded machine only ever makes a link look slower (a pong read late after a pass of
+  a long prompt), so the most of the estimates of the last BW_WINDOW_S is the link's: advertised once
+  BW_SAMPLES came, then changed only when that most differs from it by more than BW_FACTOR (a link
+  that got slower shows once a whole window saw nothing faster).
 
 Pure: times come from the caller's clock.
 """
@@ -22,29 +26,36 @@ from collections import deque
 from discovery import link_costs
 
 WINDOW_S = 30.0
+RISE_WINDOW_S = 120.0
 MIN_SAMPLES = 3
 REL_CHANGE = 0.5
 ABS_CHANGE_S = 0.0005
 HOLD_S = 10.0
 BW_SAMPLES = 3
 BW_FACTOR = 2.0
+BW_WINDOW_S = 300.0
 BW_CAP = 2.0**28  # bytes/s (about 2 Gbit/s: 256 KiB in 1 ms, about the noise of a round trip on a busy host)
 
 
 class LinkEstimate:
     def __init__(self) -> None:
         self._rtts: deque[tuple[float, float]] = deque()  # (when, seconds)
-        self._bws: deque[float] = deque(maxlen=BW_SAMPLES)
+        self._bws: deque[tuple[float, float]] = deque()  # (when, bytes/s)
+        self._bw_count = 0
         self.rtt: float | None = None  # advertised (snapped to the grid), None: not yet
         self.bw = 0.0  # advertised bytes/s, 0: unknown
         self._off_since: float | None = None  # when the measured round trip left the advertised one's band
 
-    def least_rtt(self) -> float | None:
-        return min(s for _, s in self._rtts) if self._rtts else None
+    def least_rtt(self, window_s: float = WINDOW_S) -> float | None:
+        if not self._rtts:
+            return None
+        newest = self._rtts[-1][0]
+        recent = [s for t, s in self._rtts if t >= newest - window_s]
+        return min(recent) if len(recent) >= MIN_SAMPLES else min(s for _, s in self._rtts)
 
     def rtt_sample(self, now: float, seconds: float) -> None:
         self._rtts.append((now, seconds))
-        while self._rtts and self._rtts[0][0] < now - WINDOW_S and len(self._rtts) > MIN_SAMPLES:
+        while self._rtts and self._rtts[0][0] < now - RISE_WINDOW_S and len(self._rtts) > MIN_SAMPLES:
             self._rtts.popleft()
         self.check(now)
 
@@ -54,14 +65,17 @@ class LinkEstimate:
         if least is None or pad_bytes <= 0:
             return
         extra = seconds - least
-        self._bws.append(BW_CAP if extra <= pad_bytes / BW_CAP else pad_bytes / extra)
+        self._bws.append((now, BW_CAP if extra <= pad_bytes / BW_CAP else pad_bytes / extra))
+        self._bw_count += 1
+        while self._bws[0][0] < now - BW_WINDOW_S:
+            self._bws.popleft()
+        most = max(b for _, b in self._bws)
         if not self.bw:
-            if len(self._bws) == BW_SAMPLES:
-                self.bw = link_costs.quantize(least, max(self._bws))[1]
+            if self._bw_count >= BW_SAMPLES:
+                self.bw = link_costs.quantize(least, most)[1]
             return
-        if len(self._bws) == BW_SAMPLES and (all(b > self.bw * BW_FACTOR for b in self._bws)
-                                             or all(b < self.bw / BW_FACTOR for b in self._bws)):
-            self.bw = link_costs.quantize(least, sorted(self._bws)[BW_SAMPLES // 2])[1]
+        if most > self.bw * BW_FACTOR or (most < self.bw / BW_FACTOR and self._bws[0][0] <= now - BW_WINDOW_S / 2):
+            self.bw = link_costs.quantize(least, most)[1]
 
     def check(self, now: float) -> bool:
         """Apply the rule; True when the advertised round trip changed."""
@@ -73,6 +87,8 @@ class LinkEstimate:
                 return False
             self.rtt = link_costs.quantize(least, 0.0)[0]
             return True
+        if least > self.rtt:  # slower only when a longer window saw nothing faster
+            least = self.least_rtt(RISE_WINDOW_S)
         if abs(least - self.rtt) <= max(REL_CHANGE * self.rtt, ABS_CHANGE_S):
             self._off_since = None
             return False
