@@ -175,7 +175,7 @@ EXAMPLES: tuple[Example, ...] = (
 
 
 THUNDERBOLT = Link(0.0002, 5e9)
-ETHERNET_10G = Link(0.0005, 1.25e9)
+ETHERNET_1G = Link(0.001, 1.25e8)
 WIFI = Link(0.026, 5e7)  # 13 ms a hop, as mesh-llm measured over Wi-Fi
 
 
@@ -201,13 +201,13 @@ def _studios_on_two_hubs() -> Example:
     nodes = _studios(8, 56 * GB)
     hub = {n.node_id: int(n.node_id.split("-")[1]) % 2 for n in nodes}
     return Example(
-        "DeepSeek-V3-class on 8 x 64 GB on two Thunderbolt hubs joined by 10 Gbit Ethernet",
+        "DeepSeek-V3-class on 8 x 64 GB on two Thunderbolt hubs joined by 1 Gbit Ethernet",
         "DeepSeek-V3 4-bit",
         replace(deepseek_v3_4bit(), activation_bytes=7168 * 2),
         nodes,
-        _all_pairs(list(hub), lambda a, b: THUNDERBOLT if hub[a] == hub[b] else ETHERNET_10G),
+        _all_pairs(list(hub), lambda a, b: THUNDERBOLT if hub[a] == hub[b] else ETHERNET_1G),
         "Even-numbered studios on one Thunderbolt hub, odd ones on the other (0.2 ms, 5 GB/s within a hub); "
-        "10 Gbit Ethernet between the hubs (0.5 ms, 1.25 GB/s).",
+        "1 Gbit Ethernet between the hubs (1 ms, 125 MB/s).",
     )
 
 

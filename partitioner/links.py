@@ -17,7 +17,7 @@ from statistics import median_low
 from typing import Mapping, Optional, Sequence
 
 SAME_RTT_S = 0.002
-SAME_BANDWIDTH = 4.0
+SAME_BANDWIDTH = 8.0
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,10 @@ only when the measurement has clearly moved and stayed moved:
 - bandwidth: a padded ping's time beyond the least round trip is what its padding took on the link
   (capped at BW_CAP: a bounded probe cannot tell faster links apart, their times are all noise). A
   busy peer or a loaded machine only ever makes a link look slower (a pong read late after a pass of
-  a long prompt), so the most of the estimates of the last BW_WINDOW_S is the link's: advertised once
-  BW_SAMPLES came, then changed only when that most differs from it by more than BW_FACTOR (a link
-  that got slower shows once a whole window saw nothing faster).
+  a long prompt, or loading its layers at start), so the most of the estimates of the last
+  BW_WINDOW_S is the link's: advertised once BW_SAMPLES came over at least BW_FIRST_SPAN_S, then
+  changed only when that most differs from it by more than BW_FACTOR (a link that got slower shows
+  once a whole window saw nothing faster).
 
 Pure: times come from the caller's clock.
 """
@@ -34,6 +35,7 @@ HOLD_S = 10.0
 BW_SAMPLES = 3
 BW_FACTOR = 2.0
 BW_WINDOW_S = 300.0
+BW_FIRST_SPAN_S = 30.0
 BW_CAP = 2.0**28  # bytes/s (about 2 Gbit/s: 256 KiB in 1 ms, about the noise of a round trip on a busy host)
 
 
@@ -42,6 +44,7 @@ class LinkEstimate:
         self._rtts: deque[tuple[float, float]] = deque()  # (when, seconds)
         self._bws: deque[tuple[float, float]] = deque()  # (when, bytes/s)
         self._bw_count = 0
+        self._bw_first: float | None = None
         self.rtt: float | None = None  # advertised (snapped to the grid), None: not yet
         self.bw = 0.0  # advertised bytes/s, 0: unknown
         self._off_since: float | None = None  # when the measured round trip left the advertised one's band
@@ -67,11 +70,12 @@ class LinkEstimate:
         extra = seconds - least
         self._bws.append((now, BW_CAP if extra <= pad_bytes / BW_CAP else pad_bytes / extra))
         self._bw_count += 1
+        self._bw_first = now if self._bw_first is None else self._bw_first
         while self._bws[0][0] < now - BW_WINDOW_S:
             self._bws.popleft()
         most = max(b for _, b in self._bws)
         if not self.bw:
-            if self._bw_count >= BW_SAMPLES:
+            if self._bw_count >= BW_SAMPLES and now - self._bw_first >= BW_FIRST_SPAN_S:
                 self.bw = link_costs.quantize(least, most)[1]
             return
         if most > self.bw * BW_FACTOR or (most < self.bw / BW_FACTOR and self._bws[0][0] <= now - BW_WINDOW_S / 2):
