@@ -167,6 +167,19 @@ def test_the_nodes_own_api_origin_and_its_names_are_allowed(node):
         assert status == 200, (host, body)
 
 
+def test_the_address_the_node_says_it_listens_on_is_one_of_its_names(node):
+    """The node logs `API on 0.0.0.0:8800`, and `curl 0.0.0.0:8800` reaches it: served, as are the IPv6
+    any-address and IPv4-mapped forms of its addresses. No rebinding name can be one of them, and a page
+    that sends them is still refused for its Origin."""
+    for host in (f"0.0.0.0:{node.api_port}", f"[::]:{node.api_port}", f"[::ffff:127.0.0.1]:{node.api_port}"):
+        status, _, body = request(node, "GET", "/v1/models", headers={"Host": host})
+        assert status == 200, (host, body)
+    status, headers, body = request(node, "POST", "/v1/chat/completions", CHAT,
+                                    {"Host": f"0.0.0.0:{node.api_port}", "Origin": "http://evil.example"})
+    assert status == 403 and "access-control-allow-origin" not in headers
+    assert_refused_in_shape("/v1/chat/completions", status, body)
+
+
 def test_a_preflight_of_an_allowed_origin_is_answered_and_a_foreign_one_refused(node):
     asked = {"Origin": "http://localhost:5173", "Access-Control-Request-Method": "POST",
              "Access-Control-Request-Headers": "content-type, authorization, x-api-key, anthropic-version, "

@@ -6,7 +6,9 @@ says `Host: evil.example`, so a node that only answers to its own names is safe 
 CVE-2024-28224 and its fix). Allowed:
 - loopback names: `localhost`, `*.localhost`;
 - IP addresses of this machine (loopback, every interface's; the list is read again when an
-  address is not found, at most once a second, so a new DHCP lease is seen);
+  address is not found, at most once a second, so a new DHCP lease is seen), IPv4-mapped ones too,
+  and the any-address (0.0.0.0 and ::, since the node logs `API on 0.0.0.0:8800` and `curl 0.0.0.0:8800`
+  reaches it; no rebinding name is an address);
 - this machine's hostname, its fully qualified name, and `<hostname>.local` (mDNS);
 - names given with --allowed-hosts / SWARM_ALLOWED_HOSTS (`*` allows any: behind a proxy that
   checks Host itself).
@@ -70,10 +72,12 @@ class HostPolicy:
         if host in self.names or host.endswith(".localhost"):
             return True
         try:
-            address = ipaddress.ip_address(host)
+            address = ipaddress.ip_address(host.partition("%")[0])  # an IPv6 zone (fe80::1%eth0) aside
         except ValueError:
             return False
-        return address.is_loopback or self._is_own(str(address))
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+            address = address.ipv4_mapped
+        return address.is_loopback or address.is_unspecified or self._is_own(str(address))
 
     def _is_own(self, address: str) -> bool:
         if address in self._addresses:
