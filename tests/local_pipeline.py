@@ -33,7 +33,8 @@ class LocalPipeline:
         starts = start_pos == 0 or prefix is not None
         for stage in self.stages:
             x = stage.forward(request_id, x, start_pos, sampling, rules=rules if starts else None,
-                              ids=tokens if rules is not None else None, prefix=prefix)
+                              ids=tokens if rules is not None or len(tokens) > 1 and sampling else None,
+                              prefix=prefix)
         return x if sampling is not None else None
 
     async def forward(self, request_id, tokens, start_pos, sampling, continue_unless=None, rules=None, prefix=None,

@@ -12,7 +12,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 
-from mlx_lm.models.cache import BatchKVCache
+from mlx_lm.models.cache import BatchKVCache, can_trim_prompt_cache, trim_prompt_cache
 
 from .cache_budget import CacheBudget, CacheFull, CacheLimits
 from .kept_batches import KeptBatch, KeptBatches
@@ -55,6 +55,19 @@ class HeldRequests:
             raise CacheFull(f"request {key[1]}: {why}")
         self.budget.add(key[0], False, length)
         state.counted += length
+
+    def trim(self, key: Key, state: RequestState, to: int) -> bool:
+        """Forget the request's positions from `to` on (drafts its last stage did not accept): False when its
+        caches cannot be trimmed (mlx-lm's can_trim_prompt_cache: a rotating window past its size, a state)."""
+        n = state.offset - to
+        self.own(key, state)
+        caches = state.caches.unique()
+        if not can_trim_prompt_cache(caches) or trim_prompt_cache(caches, n) != n:
+            return False
+        state.offset = to
+        self.budget.add(key[0], False, -n)
+        state.counted -= n
+        return True
 
     def drop(self, key: Key) -> None:
         batch = self.batches.batch_of(key)

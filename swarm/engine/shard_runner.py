@@ -108,6 +108,9 @@ class ShardRunner:
                 except Exception as e:  # never expected: the entry checked the rules
                     self.held.drop(key)
                     raise CacheMismatch(f"request {request_id}: its decoding rules cannot apply here: {e}") from e
+        elif state is not None and start_pos < state.offset and not self._trimmed(key, state, start_pos):
+            raise CacheMismatch(f"request {request_id}: cache holds {state.offset} positions, cannot go back to "
+                                f"{start_pos}")
         elif state is None or state.offset != start_pos:
             if state is None and self.prompts.missed(key):
                 raise PromptCacheMiss(f"request {request_id} missed its prefix here", quiet=True)
@@ -118,6 +121,8 @@ class ShardRunner:
             self.held.own(key, state)
             self.held.grow(key, state, length)
         sampler = state.sampler
+        if sampling is not None and length > 1 and self.range.is_last and sampler is None:
+            return self._verify(key, state, x, start_pos, sampling, ids)
         prepared = None
         try:
             if sampler is not None:
@@ -153,6 +158,39 @@ class ShardRunner:
         if ahead:
             self.ahead.start(key, state, token, start_pos + length, sampling)
         return self.ahead.read(state, token)
+
+    def _trimmed(self, key: Key, state: RequestState, to: int) -> bool:
+        """A forward from below what the request's caches hold: its entry took back positions (drafts not
+        accepted). Trim them; False if these caches cannot be (the entry was told so at start)."""
+        if state.ahead is not None:
+            self.ahead.settle(key, state)
+        return self.held.trim(key, state, to)
+
+    def _verify(self, key: Key, state: RequestState, x: mx.array, start_pos: int, sampling: SamplingParams,
+                ids: list[int] | None) -> list[int]:
+        """A step that checks drafts: positions [start_pos, start_pos + L) are the request's last token and
+        L - 1 drafts. A token is drawn at every position by the request's own rule (keyed by position, as a
+        step of one would draw it); drafts are accepted while they equal the token drawn before them.
+        Returns the accepted drafts and the token after them. The caches keep all L positions: the
+        entry's next forward starts at the first one not accepted, which trims them (`_trimmed`)."""
+        length = x.shape[1]
+        if ids is None or len(ids) != length:
+            self.held.drop(key)
+            raise CacheMismatch(f"request {key[1]}: a step of {length} positions came without its token ids")
+        try:
+            logits = self.shard(x, state.caches, True)
+            drawn = mx.stack([sampled(logits[i], sampling, start_pos + i + 1) for i in range(length)])
+            mx.eval(drawn, state.caches.arrays())
+        except Exception:
+            self.held.drop(key)
+            raise
+        state.offset += length
+        tokens = []
+        for i, token in enumerate(drawn.tolist()):
+            tokens.append(token)
+            if i + 1 == length or token != ids[i + 1]:
+                break
+        return tokens
 
     def _start(self, key: Key, length: int, prefix: list[int] | None = None) -> RequestState:
         caches = self.prompts.start(key, prefix) if prefix else self.shard.make_caches()

@@ -33,6 +33,7 @@ from ..engine.token_logprobs import SampledToken, TokenLogprobs
 from ..planning.errors import NoPipeline
 from .pipeline import Pipeline, PipelineBroken, PrefixMissed
 from .prompt_index import Reuse
+from .speculation import RequestSpeculation
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ class GenerationJob:
     attempt: int = 0  # restarts so far (a replay, a miss): the stages tell attempts apart
     prefill_step: int = field(default_factory=default_prefill_step)  # positions per prompt chunk
     prefilling: bool = True  # its prompt (or a replay's history) is being read
+    speculation: RequestSpeculation | None = None  # its drafting (speculation.py); None: steps of one token
 
     def reusable_now(self) -> bool:
         """Prompt logprobs need every prompt position computed: such a request runs cold."""
@@ -95,7 +97,7 @@ async def generate_tokens(job: GenerationJob, get_pipeline: PipelineSource,
     try:
         while len(job.generated) < job.max_tokens:
             try:
-                token = await _next_token(job, pipeline)
+                tokens = await _next_tokens(job, pipeline)
             except PrefixMissed as e:
                 log.info("request %s: %s; running it cold", job.request_id, e)
                 if job.reused is not None:
@@ -122,16 +124,18 @@ async def generate_tokens(job: GenerationJob, get_pipeline: PipelineSource,
             if plan := getattr(pipeline, "plan", None):
                 job.route = {"entry": getattr(pipeline, "entry", None), "plan_id": plan.plan_id,
                              "path": [s.node_id for s in plan.stages]}
-            job.generated.append(token)
-            yield token
-            if token in job.eos_ids:
-                return
+            for token in tokens[:job.max_tokens - len(job.generated)]:  # (drafts never pass max_tokens)
+                job.generated.append(token)
+                yield token
+                if token in job.eos_ids:
+                    return
     finally:
         # (a request that stopped mid-prefill holds fewer positions on some stage: that stage keeps nothing)
         await _release_quietly(pipeline, job.request_id, (job.prompt + job.generated)[:job.cached])
 
 
-async def _next_token(job: GenerationJob, pipeline: Pipeline) -> int:
+async def _next_tokens(job: GenerationJob, pipeline: Pipeline) -> list[int]:
+    """The next token, or several when the step carried drafts that the last stage accepted."""
     history = job.prompt + job.generated
     rules = job.rules_now()
     step = ECHO_PREFILL_STEP if rules is not None and rules.echo_logprobs else job.prefill_step
@@ -149,12 +153,23 @@ async def _next_token(job: GenerationJob, pipeline: Pipeline) -> int:
                                prefix=prefix, attempt=job.attempt)
         job.cached += n
         prefix = None
-    more = len(job.generated) + 1 < job.max_tokens  # after this token, another step is wanted ...
-    token = await pipeline.forward(job.request_id, history[-1:], job.cached, job.sampling,
-                                   continue_unless=job.eos_ids if more else None,  # ... unless it is EOS
+    spec = job.speculation if rules is None and _alone(pipeline, job.request_id) else None
+    room = job.max_tokens - len(job.generated) - 1
+    drafts = spec.drafts(history, room) if spec is not None and prefix is None else []
+    more = len(job.generated) + 1 + len(drafts) < job.max_tokens  # after this step, another is wanted ...
+    arm = more and not drafts and (spec is None or not spec.may_draft_next())
+    token = await pipeline.forward(job.request_id, history[-1:] + drafts, job.cached, job.sampling,
+                                   continue_unless=job.eos_ids if arm else None,  # ... unless it is EOS
                                    rules=rules, prefix=prefix, attempt=job.attempt)
-    job.cached += 1
     job.prefilling = False
+    if drafts:
+        tokens = [int(t) for t in token]
+        job.cached += len(tokens)  # the last token and the accepted drafts (the stages trim the rest)
+        spec.checked(len(drafts), len(tokens))
+        return tokens
+    job.cached += 1
+    if spec is not None:
+        spec.checked(0, 1)
     if job.reused is not None:
         job.reused = None
         pipeline.prompts.hit()
@@ -164,7 +179,14 @@ async def _next_token(job: GenerationJob, pipeline: Pipeline) -> int:
             job.prompt_logprobs = TokenLogprobs(rows.ids[:-1], rows.logprobs[:-1])
         job.logprobs.append(TokenLogprobs(rows.ids[-1:], rows.logprobs[-1:]))
         token = token.token
-    return int(token)
+    return [int(token)]
+
+
+def _alone(pipeline: Pipeline, request_id: str) -> bool:
+    """Drafts only for a request decoding alone on its pipeline: several requests' steps share one
+    batched pass, where a step of k positions would cost the others (the aggregate comes first)."""
+    alone = getattr(pipeline, "alone", None)
+    return alone is None or alone(request_id)
 
 
 async def _release_quietly(pipeline: Pipeline, request_id: str, keep: list[int] | None = None) -> None:
