@@ -109,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "shorter holds, a little more overhead; greedy output equals mlx-lm's at "
                         f"prefill_step_size N) (default: {CPU_PREFILL_CHUNK} on a CPU, {GPU_PREFILL_CHUNK} on a GPU; "
                         f"{MIN_PREFILL_CHUNK} to {MAX_PREFILL_CHUNK})")
+    p.add_argument("--speculate", default="auto", choices=["off", "lookup", "auto"],
+                   help="decode steps carry drafts of the next tokens, found by prompt lookup (an earlier "
+                        "occurrence of the last few tokens), checked in one pass: same output, fewer trips "
+                        "through the pipeline on answers that quote their input (default: %(default)s: lookup; "
+                        "off for models whose caches cannot be trimmed)")
     p.add_argument("--speed", type=_speed, default=None, metavar="SECONDS",
                    help="state this node's speed (seconds per layer per decoded token, e.g. 0.002) instead "
                         "of measuring it; nodes stating the same speed get equal shares of the layers")
@@ -226,7 +231,8 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
                       interfaces=args.interfaces, peers=args.peers, mdns=not args.no_mdns,
                       memory_limit=args.memory_limit, prompt_cache=args.prompt_cache, speed=args.speed,
                       strategy=args.strategy, recovery_timeout=args.recovery_timeout,
-                      token_timeout=args.token_timeout, prefill_chunk=args.prefill_chunk, peer_host=args.peer_host,
+                      token_timeout=args.token_timeout, prefill_chunk=args.prefill_chunk, speculate=args.speculate,
+                      peer_host=args.peer_host,
                       batch_decode=args.batch_decode, prompt_gather_ms=args.prompt_gather,
                       max_active=args.max_active, max_queue=args.max_queue,
                       api_key=args.api_key, http_timeout=args.http_timeout)

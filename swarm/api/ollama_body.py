@@ -22,7 +22,8 @@ from .tool_params import ToolRequest, parse_tools
 # options -> the chat-completions field that applies it
 _OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed", "stop": "stop",
             "num_predict": "max_tokens", "repeat_penalty": "repetition_penalty",
-            "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty"}
+            "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+            "speculate": "speculate"}  # ours: false turns drafts off (entry/speculation.py)
 # Runtime settings of Ollama's own server: nothing of the answer depends on them here.
 _RUNTIME_OPTIONS = {"num_ctx", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv", "logits_all", "vocab_only",
                     "use_mmap", "use_mlock", "embedding_only", "num_thread", "numa", "num_keep", "penalize_newline"}

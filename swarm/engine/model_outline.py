@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import CacheList, KVCache, QuantizedKVCache, make_prompt_cache
 
 from ..models.errors import UnsplittableModel
 from .layer_hooks import LayerHook, hidden_of, hook, unhook
@@ -42,6 +42,7 @@ class Outline:
     embedding_modules: frozenset[str]  # module paths of embeddings read before the first layer
     cache_slots: tuple[tuple[int, ...], ...]  # per layer: the indexes of the cache entries it is handed
     family: str = ""  # the model's family (engine/families.py)
+    untrimmable: str = ""  # cache kinds that cannot be trimmed at any length (no drafts then), comma-separated
 
     def slots_of(self, start: int, end: int) -> list[int]:
         return sorted(i for layer in self.cache_slots[start:end] for i in layer)
@@ -148,7 +149,17 @@ def outline(model: nn.Module, model_type: str) -> Outline:
     reads = {p: frozenset(ph) for p, ph in rec.reads.items() if p in params}
     embeddings = frozenset(path for path, m in outside if isinstance(m, EMBEDDINGS)
                            and any(PRE in reads.get(f"{path}.{k}", ()) for k in m))
-    return Outline(n, reads, embeddings, tuple(rec.slots.get(i, ()) for i in range(n)), model_type)
+    untrimmable = ", ".join(sorted({type(c).__name__ for c in _leaves(caches) if not isinstance(c, TRIMMABLE)}))
+    return Outline(n, reads, embeddings, tuple(rec.slots.get(i, ()) for i in range(n)), model_type, untrimmable)
+
+
+# Caches that take positions back at any length (mlx-lm's trim): a step's rejected drafts are trimmed.
+# A rotating window cannot once past its size; a recurrent state (ArraysCache) never can.
+TRIMMABLE = (KVCache, QuantizedKVCache)
+
+
+def _leaves(caches: list) -> list:
+    return [leaf for c in caches for leaf in (_leaves(c.caches) if isinstance(c, CacheList) else [c])]
 
 
 def _check_chain(rec: _Recorder, n: int, model_type: str) -> None:

@@ -28,8 +28,11 @@ class Pipeline(Protocol):
 
     async def forward(self, request_id: str, tokens: list[int], start_pos: int, sampling: SamplingParams | None,
                       continue_unless: frozenset[int] | None = None, rules: DecodingRules | None = None,
-                      prefix: list[int] | None = None, attempt: int = 0) -> int | SampledToken | None:
-        """Without `sampling` (a prompt chunk) it returns None once the pipeline may take the next chunk.
+                      prefix: list[int] | None = None, attempt: int = 0) -> int | list[int] | SampledToken | None:
+        """With `sampling` and several tokens: the request's last token and drafts of the tokens after it
+        (entry/speculation.py); it returns the drafts the last stage accepted and the token after them.
+        A start_pos below what the stages hold takes the positions from it back (the stages trim).
+        Without `sampling` (a prompt chunk) it returns None once the pipeline may take the next chunk.
         continue_unless: a hint that the caller will want the next step unless the token is in it.
         rules: the request's decoding rules, if any (they start with its first forward; every step of such
         a request carries its token ids to the last stage). A SampledToken when they ask for logprobs.

@@ -17,7 +17,10 @@ probes again now and then.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
 
 START_DRAFTS = 4
 MAX_DRAFTS = 8
@@ -69,13 +72,14 @@ class Drafting:
 @dataclass
 class SpeculationStats:
     """What /health shows: drafts proposed and accepted, tokens per decode pass."""
+    on: bool = True
     proposed: int = 0
     accepted: int = 0
     passes: int = 0
     tokens: int = 0
 
     def to_dict(self) -> dict:
-        return {"drafts_proposed": self.proposed, "drafts_accepted": self.accepted,
+        return {"on": self.on, "drafts_proposed": self.proposed, "drafts_accepted": self.accepted,
                 "tokens_per_pass": round(self.tokens / self.passes, 3) if self.passes else None}
 
 
@@ -85,6 +89,9 @@ class Speculation:
     model whose caches cannot be trimmed)."""
     enabled: bool = True
     stats: SpeculationStats = field(default_factory=SpeculationStats)
+
+    def __post_init__(self):
+        self.stats.on = self.enabled
 
     def for_request(self, wanted: bool = True) -> RequestSpeculation | None:
         return RequestSpeculation(self) if self.enabled and wanted else None
@@ -116,3 +123,16 @@ class RequestSpeculation:
             stats.proposed += proposed
             stats.accepted += tokens - 1
             self.drafting.checked(proposed, tokens - 1)
+
+
+def speculation_for(mode: str, outline) -> Speculation:
+    """The entry's policy for `--speculate` (off, lookup, auto) and the model's outline (engine/model_outline.py):
+    off, said once, for a model whose caches cannot take rejected drafts back."""
+    if mode == "off":
+        return Speculation(enabled=False)
+    if outline.untrimmable:
+        log.info("speculative decoding off for this %s model: its %s caches cannot be trimmed back to the "
+                 "accepted drafts", outline.family, outline.untrimmable)
+        return Speculation(enabled=False)
+    log.info("speculative decoding on: drafts by prompt lookup")
+    return Speculation(enabled=True)

@@ -28,6 +28,7 @@ class RequestStats:
         self.total_requests = 0
         self.total_tokens = 0
         self._recent: deque[float] = deque()
+        self.speculation = None  # the entry's drafting counters (speculation.py, SpeculationStats), once set
 
     @contextmanager
     def track(self, request_id: str, job: object = None):
@@ -64,7 +65,8 @@ class RequestStats:
     def to_dict(self) -> dict:
         return {"active_requests": len(self.active), "prefilling": self.prefilling(),
                 "tokens_per_second": round(self.tokens_per_second(), 2),
-                "total_requests": self.total_requests, "total_tokens": self.total_tokens}
+                "total_requests": self.total_requests, "total_tokens": self.total_tokens,
+                **({"speculation": self.speculation.to_dict()} if self.speculation is not None else {})}
 
     def _event(self, kind: str, data: dict) -> None:
         if self._emit is not None:

@@ -91,7 +91,7 @@ class SwarmPipeline:
         started = self.run_ahead.started(request_id, plan_id, start_pos, tokens)
         t0 = started or time.perf_counter()
         positions = self._unanswered.pop(request_id, 0) + len(tokens)
-        with_ids = rules is not None
+        with_ids = rules is not None or (sampling is not None and len(tokens) > 1)  # (drafts: the last stage checks them)
         starts = start_pos == 0 or prefix is not None
         if started is None:
             self.outbox.post(first, Forward.of_tokens(request_id, plan_id, start_pos, self.entry, sampling, tokens,
@@ -111,7 +111,13 @@ class SwarmPipeline:
             ended = arrival.next_started or time.perf_counter()
             self.timing.record(ended - t0, arrival.token.compute_us, self.hops)
         token = arrival.token
+        if len(tokens) > 1:  # a step that carried drafts: those accepted, then the next token
+            return [*token.accepted, token.token]
         return token.token if token.logprobs is None else SampledToken(token.token, token.logprobs)
+
+    def alone(self, request_id: str) -> bool:
+        """No other request of this entry decodes now: a step of several positions costs no one else."""
+        return not self.own.others_than(request_id)
 
     async def _prompt_chunk_out(self, request_id: str, answered, positions: int, watched: bool) -> None:
         """A prompt chunk left: wait until fewer of the request's are unanswered than may be out now.

@@ -27,6 +27,7 @@ from ..backend import Backend
 from ..engine.constraints import GrammarVocab
 from ..engine.model_bytes import ModelBytes
 from ..engine.model_outline import Outline
+from ..entry.speculation import speculation_for
 from ..engine.prompt_cache import PromptCacheSize
 from ..engine.worker import MlxWorker
 from ..entry.entry_inbox import EntryInbox
@@ -207,7 +208,9 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
                                hop_timing, run_ahead, own, PromptIndex() if cfg.prompt_cache != 0 else None,
                                watch=coordinator)
     service = InferenceService(tokenizer, model.context_length, pipelines, stats, cfg.default_max_tokens,
-                               cfg.recovery_timeout, grammar_vocab, cfg.prefill_chunk)
+                               cfg.recovery_timeout, grammar_vocab, cfg.prefill_chunk,
+                               speculation_for(cfg.speculate, outlined))
+    stats.speculation = service.speculation.stats
 
     # What the node tells: /health, /v1/topology, and the HTTP API over it all.
     peer_stats = PeerStats(discovery)

@@ -317,6 +317,9 @@ class StageService:
                 token = Token(forward.rid, forward.plan_id, at, 0, compute_us, None, forward.attempt)
             elif isinstance(out, SampledToken):
                 token = Token(forward.rid, forward.plan_id, at, out.token, compute_us, out.logprobs, forward.attempt)
+            elif isinstance(out, list):  # a step that checked drafts: those accepted, then the next token
+                token = Token(forward.rid, forward.plan_id, at, out[-1], compute_us, None, forward.attempt,
+                              tuple(out[:-1]))
             else:
                 token = Token(forward.rid, forward.plan_id, at, out, compute_us, None, forward.attempt)
             try:
@@ -335,7 +338,7 @@ def _of(message, key: tuple[str, str]) -> bool:
 def _result(runner: ShardRunner, out):
     """What to deliver for a forward result: a token, None, the request's failure, or the encoded
     activations (dtype, shape, a view of the bytes: arrays.encode_array)."""
-    if isinstance(out, (int, SampledToken, Exception)) or out is None:
+    if isinstance(out, (int, list, SampledToken, Exception)) or out is None:
         return out
     if runner.range.is_last:
         return None  # a prefill chunk on the last stage: nothing to send on

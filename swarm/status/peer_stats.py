@@ -15,7 +15,8 @@ import aiohttp
 
 log = logging.getLogger(__name__)
 
-STAT_KEYS = ("active_requests", "prefilling", "tokens_per_second", "total_requests", "total_tokens", "prompt_cache")  # open in /health
+STAT_KEYS = ("active_requests", "prefilling", "tokens_per_second", "total_requests", "total_tokens", "prompt_cache",
+             "speculation")  # open in /health
 
 
 class PeerStats:

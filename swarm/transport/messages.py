@@ -83,6 +83,7 @@ def rules_from_wire(value: Any) -> DecodingRules:
 
 
 MAX_LOGPROB_ROWS = MAX_POSITION
+MAX_ACCEPTED = 256  # drafts a step may accept (the entry sends far fewer)
 MAX_LOGPROB_COLS = 21  # the token and up to 20 alternatives
 
 
@@ -105,6 +106,12 @@ class Forward(NamedTuple):
     A request that starts from a prefix the stages keep (engine/prompt_cache.py) starts at
     pos > 0 with `prefix`: the int32 token ids of positions [0, pos); its rules, if any, come
     with that forward. Every stage must start from exactly those positions.
+
+    A sampled forward of L > 1 positions is a step that checks drafts: the request's last token and L - 1
+    drafts of the tokens after it, with their `ids`. The last stage draws a token at every position and
+    answers the drafts it accepted with the token after them (Token.accepted). A forward whose `pos` is
+    below what a stage's caches hold for the request takes positions back (drafts not accepted): the
+    stage trims its caches to `pos` first.
 
     `attempt` counts the entry's restarts of the request (a replay, a run without the kept prefix):
     a stage drops frames of an attempt older than one it saw, so a replay never meets its earlier
@@ -250,6 +257,8 @@ class Token(NamedTuple):
 
     With `logprobs` (a request that asked for them), their rows travel as the payload:
     int32 ids then float32 logprobs, (rows, cols) each, the shape in the header.
+    A step that checked drafts (Forward) answers with the drafts it `accepted`, in order, before
+    `token`; `at` is still the end of the answered forward.
     """
 
     T = "tok"
@@ -260,12 +269,15 @@ class Token(NamedTuple):
     compute_us: int = 0
     logprobs: TokenLogprobs | None = None
     attempt: int = 0  # the answered forward's (Forward.attempt)
+    accepted: tuple[int, ...] = ()  # drafts accepted before `token`
 
     def to_frame(self) -> tuple[dict, bytes]:
         header = {"t": "tok", "rid": self.rid, "plan": self.plan_id, "at": self.at, "token": self.token,
                   "cu": self.compute_us}
         if self.attempt:
             header["a"] = self.attempt
+        if self.accepted:
+            header["acc"] = list(self.accepted)
         if self.logprobs is None:
             return header, b""
         header["lp"] = list(self.logprobs.ids.shape)
@@ -288,6 +300,12 @@ class Token(NamedTuple):
         token_msg = cls(rid, plan, at, token, cu)
         if h.get("a") is not None:
             token_msg = token_msg._replace(attempt=_attempt(h))
+        accepted = h.get("acc")
+        if accepted is not None:
+            if not (type(accepted) is list and 0 < len(accepted) < at and len(accepted) <= MAX_ACCEPTED
+                    and all(type(t) is int and 0 <= t <= MAX_TOKEN_ID for t in accepted)):
+                raise ProtocolError(f"'tok' message: 'acc' must be 1-{MAX_ACCEPTED} token ids, got {brief(accepted)}")
+            token_msg = token_msg._replace(accepted=tuple(accepted))
         shape = h.get("lp")
         if shape is None:
             return token_msg
