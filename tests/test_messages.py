@@ -53,7 +53,8 @@ def hidden_in() -> Forward:
 
 
 @pytest.mark.parametrize("message", [
-    tokens_in(), hidden_in(), Token("r1", "plan1", 4, 49151, 1500), Error("r1", "plan1", "cache", "lost"),
+    tokens_in(), hidden_in(), Token("r1", "plan1", 4, 49151, 1500), Token("r1", "plan1", 9, 3, accepted=(5, 6, 7)),
+    Error("r1", "plan1", "cache", "lost"),
     Release("r1"), Hello(1, "node-a", "swarm"), Rejection("swarm", "not ours")], ids=lambda m: type(m).__name__)
 def test_every_message_round_trips(message) -> None:
     got = decode(on_the_wire(message))
@@ -126,6 +127,10 @@ BAD = [
     (Token("r1", "p", 4, 7), {"token": 2**31}, "token"),
     (Token("r1", "p", 4, 7), {"at": 0}, "at"),
     (Token("r1", "p", 4, 7), {"token": "7"}, "token"),
+    (Token("r1", "p", 4, 7), {"acc": [1, -2]}, "'acc'"),  # drafts accepted: token ids, fewer than `at`
+    (Token("r1", "p", 4, 7), {"acc": [1, 2, 3, 4]}, "'acc'"),
+    (Token("r1", "p", 4, 7), {"acc": []}, "'acc'"),
+    (Token("r1", "p", 4, 7), {"acc": "12"}, "'acc'"),
     (Error("r1", "p", "cache", "x"), {"kind": "boom"}, "kind"),
     (Error("r1", "p", "cache", "x"), {"message": None}, "message"),
     (Release("r1"), {"rid": None}, "rid"),

@@ -60,7 +60,12 @@ class Drafting:
         return 0
 
     def checked(self, proposed: int, accepted: int) -> None:
-        if accepted == proposed:
+        """A step that could carry drafts carried `proposed` (0: lookup found none) and `accepted` were."""
+        if proposed == 0:  # nothing to propose counts as a miss: a paused request lets run-ahead work again
+            self.misses += 1
+            if self.misses >= MISSES_TO_PAUSE:
+                self.k = 0
+        elif accepted == proposed:
             self.k, self.misses = min(max(self.k, proposed) + 2, MAX_DRAFTS), 0
         elif accepted == 0:
             self.misses += 1
@@ -102,6 +107,7 @@ class RequestSpeculation:
 
     def __init__(self, policy: Speculation):
         self.policy, self.drafting = policy, Drafting()
+        self._could_draft = False  # the last step asked for drafts (its budget was not 0)
 
     def may_draft_next(self) -> bool:
         """Whether the step after this one may carry drafts (if not, the MLX thread may start it: run_ahead.py)."""
@@ -112,6 +118,7 @@ class RequestSpeculation:
         """The drafts for the step after `history` (room: tokens the request may still produce after the
         step's own)."""
         k = min(self.drafting.budget(), room)
+        self._could_draft = k > 0
         return lookup_drafts(history, k) if k > 0 else []
 
     def checked(self, proposed: int, tokens: int) -> None:
@@ -119,10 +126,11 @@ class RequestSpeculation:
         stats = self.policy.stats
         stats.passes += 1
         stats.tokens += tokens
-        if proposed:
-            stats.proposed += proposed
-            stats.accepted += tokens - 1
+        stats.proposed += proposed
+        stats.accepted += tokens - 1
+        if self._could_draft:
             self.drafting.checked(proposed, tokens - 1)
+        self._could_draft = False
 
 
 def speculation_for(mode: str, outline) -> Speculation:
