@@ -56,8 +56,8 @@ class Scripted(RequestSpeculation):
         self.truth, self.prompt_len, self.wrong, self.k = truth, prompt_len, wrong, k
         self.steps: list[tuple[int, int]] = []
 
-    def may_draft_next(self) -> bool:
-        return True
+    def arm_next(self) -> bool:
+        return False
 
     def drafts(self, history, room):
         done = len(history) - self.prompt_len  # tokens generated so far: the drafts guess truth[done:]
@@ -82,6 +82,7 @@ def generate(pipeline, prompt, sampling=GREEDY, spec=None, max_tokens=NEW, eos=f
 def test_lookup_drafts_take_the_latest_earlier_occurrence():
     assert lookup_drafts([1, 2, 3, 9, 1, 2, 3, 7, 5, 1, 2, 3], 2) == [7, 5]
     assert lookup_drafts([4, 5, 6, 4], 3) == [5, 6, 4]  # (a 1-gram when no longer one occurs)
+    assert lookup_drafts([4, 5, 6, 4], 3, min_ngram=2) == []
     assert lookup_drafts([1, 2, 3], 4) == []
     assert lookup_drafts([1, 2, 1, 2], 0) == []
 

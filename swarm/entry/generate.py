@@ -157,7 +157,7 @@ async def _next_tokens(job: GenerationJob, pipeline: Pipeline) -> list[int]:
     room = job.max_tokens - len(job.generated) - 1
     drafts = spec.drafts(history, room) if spec is not None and prefix is None else []
     more = len(job.generated) + 1 + len(drafts) < job.max_tokens  # after this step, another is wanted ...
-    arm = more and not drafts and (spec is None or not spec.may_draft_next())
+    arm = more and not drafts and (spec is None or spec.arm_next())
     token = await pipeline.forward(job.request_id, history[-1:] + drafts, job.cached, job.sampling,
                                    continue_unless=job.eos_ids if arm else None,  # ... unless it is EOS
                                    rules=rules, prefix=prefix, attempt=job.attempt)

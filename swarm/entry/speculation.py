@@ -25,16 +25,17 @@ log = logging.getLogger(__name__)
 START_DRAFTS = 4
 MAX_DRAFTS = 8
 MAX_NGRAM = 3
+MIN_NGRAM = 1  # (a single token: the quickest to find the input again after an edit; rejections pause drafting)
 MISSES_TO_PAUSE = 3  # verifying steps that accepted nothing before a request stops drafting
 PROBE_EVERY = 8  # steps without drafts between two probes of a paused request
 
 
-def lookup_drafts(history: list[int], k: int, max_ngram: int = MAX_NGRAM) -> list[int]:
+def lookup_drafts(history: list[int], k: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM) -> list[int]:
     """Up to k tokens that followed the latest earlier occurrence of the history's last n tokens
-    (the longest n that occurs, from max_ngram down to 1)."""
+    (the longest n that occurs, from max_ngram down to min_ngram)."""
     if k <= 0 or len(history) < 2:
         return []
-    for n in range(min(max_ngram, len(history) - 1), 0, -1):
+    for n in range(min(max_ngram, len(history) - 1), min_ngram - 1, -1):
         tail = history[-n:]
         # the latest start i < len - n whose n tokens equal the tail
         for i in range(len(history) - n - 1, -1, -1):
@@ -61,11 +62,9 @@ class Drafting:
 
     def checked(self, proposed: int, accepted: int) -> None:
         """A step that could carry drafts carried `proposed` (0: lookup found none) and `accepted` were."""
-        if proposed == 0:  # nothing to propose counts as a miss: a paused request lets run-ahead work again
-            self.misses += 1
-            if self.misses >= MISSES_TO_PAUSE:
-                self.k = 0
-        elif accepted == proposed:
+        if proposed == 0:
+            return
+        if accepted == proposed:
             self.k, self.misses = min(max(self.k, proposed) + 2, MAX_DRAFTS), 0
         elif accepted == 0:
             self.misses += 1
@@ -108,18 +107,34 @@ class RequestSpeculation:
     def __init__(self, policy: Speculation):
         self.policy, self.drafting = policy, Drafting()
         self._could_draft = False  # the last step asked for drafts (its budget was not 0)
+        self._found = True  # lookup found drafts for the last step that asked
+        self._skip_next = False  # the next step was started without drafts (arm_next)
+        self._skipped = False  # this step was (the next one looks up again)
 
-    def may_draft_next(self) -> bool:
-        """Whether the step after this one may carry drafts (if not, the MLX thread may start it: run_ahead.py)."""
+    def arm_next(self) -> bool:
+        """Whether the step after this one (which carries no drafts) goes without drafts too, so the MLX thread
+        may start it the moment this one's token is in (run_ahead.py): when drafting is paused, or lookup
+        found nothing this time (the next token rarely changes that; the step after may draft again)."""
         d = self.drafting
-        return d.k > 0 or d.paused_for + 1 >= PROBE_EVERY
+        if (d.k > 0 and (self._found or self._skipped)) or (d.k == 0 and d.paused_for + 1 >= PROBE_EVERY):
+            return False
+        self._skip_next = True
+        return True
 
     def drafts(self, history: list[int], room: int) -> list[int]:
         """The drafts for the step after `history` (room: tokens the request may still produce after the
         step's own)."""
+        self._skipped = self._skip_next
+        if self._skip_next:  # (its step was started without them: arm_next)
+            self._skip_next = self._could_draft = self._found = False
+            if self.drafting.k == 0:
+                self.drafting.paused_for += 1
+            return []
         k = min(self.drafting.budget(), room)
         self._could_draft = k > 0
-        return lookup_drafts(history, k) if k > 0 else []
+        drafts = lookup_drafts(history, k) if k > 0 else []
+        self._found = bool(drafts)
+        return drafts
 
     def checked(self, proposed: int, tokens: int) -> None:
         """A step that carried `proposed` drafts returned `tokens` tokens (accepted drafts + 1)."""
