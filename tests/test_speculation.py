@@ -7,18 +7,19 @@ crossed by accepted drafts cut there; the caches a speculative turn leaves serve
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 from local_pipeline import LocalPipeline
 from reference import reference_tokens
 
 from swarm.engine.sampling import SamplingParams
-from swarm.engine.shard import load_shard
+from swarm.engine.shard import check_splittable, load_shard
 from swarm.engine.shard_runner import ShardRunner
 from swarm.engine.worker import MlxWorker
 from swarm.entry.generate import GenerationJob, generate_tokens
 from swarm.entry.prompt_index import PromptIndex
-from swarm.entry.speculation import RequestSpeculation, Speculation, lookup_drafts
+from swarm.entry.speculation import RequestSpeculation, Speculation, lookup_drafts, speculation_for
 
 GREEDY = SamplingParams(temperature=0.0)
 SEEDED = SamplingParams(temperature=0.9, top_p=0.95, seed=5)
@@ -135,3 +136,30 @@ def test_a_speculative_turn_leaves_caches_the_next_turn_reuses(llama_dir, worker
     turn2 = PROMPT + first + [21, 22, 23, 24]
     assert generate(pipeline, turn2, rid="t2", spec=Speculation().for_request()) == generate(cold, turn2)
     assert sum(s.prompt_stats().hits for s in pipeline.stages) == len(pipeline.stages)
+
+
+# Families whose caches take drafts back (KVCache only), each with work outside its layers that a split must
+# keep (embedding scales, logit soft-caps and scales, MoE, MLA attention), and families that cannot (a rotating
+# window, a recurrent state): speculation is off for those, said at start.
+TRIMMABLE_FAMILIES = ["qwen3", "gemma", "gemma2", "granite", "cohere", "mixtral", "deepseek_v3", "phi3"]
+UNTRIMMABLE_FAMILIES = ["gemma3_text", "gpt_oss", "qwen3_next", "mamba"]
+
+
+@pytest.mark.parametrize("family", TRIMMABLE_FAMILIES)
+def test_zoo_families_give_mlx_lm_greedy_tokens_with_drafts_over_a_split(random_model, worker, family):
+    path = random_model(family, n_layers=4, seed=1)
+    prompt = PROMPT[:40]
+    expected = [t for t, _ in reference_tokens(path, prompt, 12)]
+    pipeline = LocalPipeline(stages(path, worker, (1, 3)), worker)
+    for wrong in (False, True):
+        assert generate(pipeline, prompt, spec=Scripted(expected, len(prompt), wrong), max_tokens=12) == expected
+
+
+@pytest.mark.parametrize("family", UNTRIMMABLE_FAMILIES + ["llama"])
+def test_speculation_is_off_for_models_whose_caches_cannot_be_trimmed(random_model, family, caplog):
+    outlined = check_splittable(random_model(family, n_layers=4, seed=1))
+    with caplog.at_level(logging.INFO, logger="swarm.entry.speculation"):
+        policy = speculation_for("auto", outlined)
+    assert policy.enabled == (family == "llama")
+    assert ("speculative decoding off" in caplog.text) == (family != "llama")
+    assert not speculation_for("off", outlined).enabled
