@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import mlx.core as mx
 import pytest
 from local_pipeline import LocalPipeline
 from reference import reference_tokens
@@ -163,3 +164,22 @@ def test_speculation_is_off_for_models_whose_caches_cannot_be_trimmed(random_mod
     assert policy.enabled == (family == "llama")
     assert ("speculative decoding off" in caplog.text) == (family != "llama")
     assert not speculation_for("off", outlined).enabled
+
+
+def test_a_batched_step_after_rejected_drafts_trims_them_first(llama_dir, worker):
+    """Another request's step may share a batched pass with the one after a draft-checking step (a stage
+    batches steps of any entries): that step starts below what the stage holds, and is trimmed there too."""
+    [stage] = stages(llama_dir, worker, (6,))
+    expected = [t for t, _ in reference_tokens(llama_dir, PROMPT, 3)]
+
+    def run():
+        for rid in ("a", "b"):
+            stage.forward(rid, mx.array([PROMPT[:-1]]), 0)
+        first = stage.forward("a", mx.array([PROMPT[-1:]]), len(PROMPT) - 1, GREEDY)
+        ids = [PROMPT[-1], (first + 1) % 256, 7, 9]
+        assert stage.forward("b", mx.array([ids]), len(PROMPT) - 1, GREEDY, ids=ids) == [first]  # all rejected
+        a, b = stage.decode_batch([("a", mx.array([[first]]), len(PROMPT), GREEDY),
+                                   ("b", mx.array([[first]]), len(PROMPT), GREEDY)])
+        return first, a, b
+    first, a, b = worker.run_sync(run)
+    assert [first, a] == expected[:2] and b == a

@@ -215,6 +215,8 @@ class ShardRunner:
             if state is None and self.prompts.missed(key):
                 results[i] = PromptCacheMiss(f"request {rid} missed its prefix here", quiet=True)
                 continue
+            if state is not None and 0 < pos < state.offset:
+                self._trimmed(key, state, pos)  # (its drafts were not all accepted; False: the check below says so)
             if state is None or state.offset != pos or pos == 0 or x.shape[1] != 1 or pos + 1 > self.context:
                 holds = state.offset if state else 0
                 results[i] = CacheMismatch(f"request {rid}: cache holds {holds} positions, frame starts at {pos}")
