@@ -91,7 +91,7 @@ class SwarmPipeline:
         started = self.run_ahead.started(request_id, plan_id, start_pos, tokens)
         t0 = started or time.perf_counter()
         positions = self._unanswered.pop(request_id, 0) + len(tokens)
-        with_ids = rules is not None or (sampling is not None and len(tokens) > 1)  # (drafts: the last stage checks them)
+        with_ids = rules is not None or (sampling is not None and len(tokens) > 1)  # (drafts: the last stage checks)
         starts = start_pos == 0 or prefix is not None
         if started is None:
             self.outbox.post(first, Forward.of_tokens(request_id, plan_id, start_pos, self.entry, sampling, tokens,
