@@ -159,7 +159,7 @@ class InferenceService:
                         yield PromptScores(_scores(job.prompt_logprobs))
                     eos = token in self.eos_ids
                     if job.logprobs and not eos:
-                        scores += _scores(job.logprobs[-1])
+                        scores += _scores(job.logprobs[len(job.generated) - 1])  # (a step may bring several)
                     ids.append(token)
                     if delta := _delta(out.add(token, eos=eos), tool_calls, scores, ids):
                         scores, ids = [], []

@@ -1,0 +1,140 @@
+"""Speculative decoding through real stages in one process (entry/speculation.py, engine/draft_check.py):
+greedy tokens equal mlx-lm's and the tokens without drafts, whatever the drafts, through 1-, 2- and 3-way
+splits; a seeded sampled request draws the same tokens; every stage's caches end at the accepted length."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from swarm.engine.decoding_rules import DecodingRules
+from swarm.engine.sampling import SamplingParams
+from swarm.engine.shard import load_shard
+from swarm.engine.shard_runner import ShardRunner
+from swarm.engine.worker import MlxWorker
+from swarm.entry.generate import GenerationJob, generate_tokens
+from swarm.entry.speculation import PromptLookup, Speculation, SpeculationCounts
+from local_pipeline import LocalPipeline
+from reference import reference_tokens
+
+GREEDY = SamplingParams(temperature=0.0)
+SPLITS = [[6], [1, 5], [2, 3, 1]]
+PROMPT = [3, 17, 42, 5, 99, 23, 7, 64, 12, 3, 17, 42]
+N = 24
+
+
+def ranges(sizes: list[int]) -> list[tuple[int, int]]:
+    bounds = [0]
+    for s in sizes:
+        bounds.append(bounds[-1] + s)
+    return list(zip(bounds, bounds[1:]))
+
+
+class Stages:
+    """A split of the model as real shard runners on one MLX thread."""
+
+    def __init__(self, model_dir, sizes: list[int]):
+        self.worker = MlxWorker()
+        self.stages = [ShardRunner(self.worker.run_sync(load_shard, model_dir, a, b)) for a, b in ranges(sizes)]
+        self.pipeline = LocalPipeline(self.stages, self.worker)
+
+    def run(self, prompt, n, sampling=GREEDY, speculation=None, rules=None, job_out=None):
+        async def pipe(_broken=None):
+            return self.pipeline
+
+        async def go():
+            job = GenerationJob("r1", prompt, sampling, n, speculation=speculation,
+                                rules=None if rules is None else rules)
+            if job_out is not None:
+                job_out.append(job)
+            return [t async for t in generate_tokens(job, pipe)]
+        tokens = asyncio.run(go())
+        assert all(s.active_requests == 0 for s in self.stages), "caches must be freed at the end"
+        return tokens
+
+    def close(self):
+        self.worker.close()
+
+
+def oracle(expected: list[int], prompt_len: int, wrong: bool = False):
+    """Drafts that are the reference's own next tokens (all accepted), or each off by one (all rejected)."""
+    def source(history: list[int], k: int) -> list[int]:
+        done = len(history) - prompt_len
+        drafts = expected[done:done + k]
+        return [(t + 1) % 50 for t in drafts] if wrong else drafts
+    return source
+
+
+@pytest.fixture(scope="module")
+def expected(llama):
+    tokens = [t for t, _ in reference_tokens(llama, PROMPT, N)]
+    assert len(set(tokens)) > 3, "the test model must not collapse into one token"
+    return tokens
+
+
+@pytest.mark.parametrize("sizes", SPLITS, ids=lambda s: "-".join(map(str, s)))
+def test_greedy_tokens_equal_mlx_lm_with_any_drafts(llama, expected, sizes):
+    stages = Stages(llama, sizes)
+    try:
+        assert stages.run(PROMPT, N) == expected, "without drafts"
+        for name, source in [("lookup", None), ("all accepted", oracle(expected, len(PROMPT))),
+                             ("all rejected", oracle(expected, len(PROMPT), wrong=True))]:
+            counts = SpeculationCounts()
+            assert stages.run(PROMPT, N, speculation=Speculation(counts, source)) == expected, name
+            if name == "all accepted":
+                assert counts.accepted == counts.proposed > N // 2, counts
+            if name == "all rejected":
+                assert counts.proposed > 0 and counts.accepted == 0, counts
+    finally:
+        stages.close()
+
+
+def test_drafts_past_max_tokens_and_eos_are_cut(llama, expected):
+    stages = Stages(llama, [2, 4])
+    try:
+        counts = SpeculationCounts()
+        assert stages.run(PROMPT, 7, speculation=Speculation(counts, oracle(expected, len(PROMPT)))) == expected[:7]
+        assert counts.steps and counts.proposed <= 6, "no draft asks past max_tokens"
+
+        jobs = []
+        eos = expected[9]
+        async def pipe(_b=None):
+            return stages.pipeline
+
+        async def go():
+            job = GenerationJob("r2", PROMPT, GREEDY, N, eos_ids=frozenset({eos}),
+                                speculation=Speculation(source=lambda h, k: (expected + [1] * 20)[len(h) - len(PROMPT):][:8]))
+            jobs.append(job)
+            return [t async for t in generate_tokens(job, pipe)]
+        got = asyncio.run(go())
+        assert got == expected[:expected.index(eos) + 1], "an accepted EOS ends the answer there"
+    finally:
+        stages.close()
+
+
+def test_seeded_sampling_and_logprobs_are_the_same_with_drafts(llama):
+    sampling = SamplingParams(temperature=0.8, top_p=0.95, top_k=40, seed=77)
+    rules = DecodingRules(prompt_len=len(PROMPT), logprobs=3)
+    stages = Stages(llama, [3, 3])
+    try:
+        jobs: list = []
+        plain = stages.run(PROMPT, N, sampling, rules=rules, job_out=jobs)
+        counts = SpeculationCounts()
+        drafted = stages.run(PROMPT, N, sampling, rules=rules, job_out=jobs,
+                             speculation=Speculation(counts, oracle(plain, len(PROMPT))))
+        assert drafted == plain
+        assert counts.accepted > N // 2, counts
+        assert len(jobs[1].logprobs) == len(jobs[0].logprobs) == N
+        for a, b in zip(jobs[0].logprobs, jobs[1].logprobs):
+            assert a.ids.tolist() == b.ids.tolist()
+            assert abs(a.logprobs - b.logprobs).max() < 1e-4
+    finally:
+        stages.close()
+
+
+def test_prompt_lookup_proposes_what_followed_the_latest_occurrence():
+    lookup = PromptLookup()
+    assert lookup.drafts([1, 2, 3, 4, 5, 1, 2], 3) == [3, 4, 5]
+    assert lookup.drafts([1, 2, 3, 4, 5, 1, 2, 3, 9, 2, 3], 2) == [9, 2], "the latest occurrence of [2, 3]"
+    assert lookup.drafts([1, 2, 3, 4, 5, 1, 2, 3, 9, 2, 3, 7], 2) == []
