@@ -23,6 +23,7 @@ from mlx_lm.models.cache import CacheList, make_prompt_cache
 from mlx_lm.utils import load_model
 
 from . import families
+from .draft_check import can_check_drafts
 from .model_outline import BETWEEN, POST, PRE, Outline, outline
 from .quantized import QUANTIZED
 
@@ -49,6 +50,7 @@ class ModelBytes:
     embedding: int  # what the first stage holds besides its layers
     head: int  # what the last stage holds besides its layers (the embedding again when tied)
     caches: tuple[LayerCache, ...]
+    checks_drafts: bool = False  # its caches can drop unaccepted draft positions (draft_check.can_check_drafts)
 
     @property
     def kv_per_token_per_layer(self) -> int:
@@ -139,4 +141,5 @@ def measure_model_bytes(model_dir: Path, dtype: mx.Dtype | None, dequantize: boo
     embedding = sum(b for p, b in outside.items() if outlined.phases(p) & {PRE, BETWEEN})
     head = sum(b for p, b in outside.items() if outlined.phases(p) & {POST, BETWEEN})
     act_bytes = (dtype or model_float_dtype(model)).size  # the caches hold what the layers compute in
-    return ModelBytes(per_layer, embedding, head, _layer_caches(model, outlined.cache_slots, act_bytes))
+    return ModelBytes(per_layer, embedding, head, _layer_caches(model, outlined.cache_slots, act_bytes),
+                      can_check_drafts(make_prompt_cache(model)))

@@ -169,7 +169,8 @@ async def _next_tokens(job: GenerationJob, pipeline: Pipeline) -> list[int]:
         ahead = more and not drafts and job.speculation.may_run_ahead(crowded)  # (a step with drafts never)
     token = await pipeline.forward(job.request_id, history[-1:], job.cached, job.sampling,
                                    continue_unless=job.eos_ids if ahead else None,  # ... unless it is EOS
-                                   rules=rules, prefix=prefix, attempt=job.attempt, drafts=drafts or None)
+                                   rules=rules, prefix=prefix, attempt=job.attempt,
+                                   **({"drafts": drafts} if drafts else {}))  # (only a step with drafts asks them)
     job.prefilling = False
     if job.reused is not None:
         job.reused = None

@@ -22,10 +22,13 @@ passes at the stages (one position each), which a step with drafts would leave, 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Callable
 
 DraftSource = Callable[[list[int], int], list[int]]  # (history, most drafts) -> drafts
+
+log = logging.getLogger(__name__)
 
 START_DRAFTS = 4
 MAX_DRAFTS = 8
@@ -49,6 +52,24 @@ class SpeculationCounts:
     def as_dict(self) -> dict:
         return {"steps": self.steps, "drafts_proposed": self.proposed, "drafts_accepted": self.accepted,
                 "tokens_per_pass": round(self.tokens / self.steps, 3) if self.steps else None}
+
+
+def speculation_mode(asked: str, checks_drafts: bool) -> str:
+    """What this node's requests draft with ('lookup' or 'off') for `--speculate asked`, on a model whose caches
+    can drop unaccepted positions (`checks_drafts`) or not; said once, at start, when it is off for the model."""
+    if asked == "off":
+        return "off"
+    if not checks_drafts:
+        log.info("speculative decoding is off for this model: its caches (a sliding window or a recurrent state) "
+                 "cannot drop the positions of drafts that were not accepted")
+        return "off"
+    return "lookup"
+
+
+def drafts_allowed(rules) -> bool:
+    """Whether a request with these decoding rules may draft: not when its sampler follows every token drawn
+    (a grammar, penalties) or scores prompt rows (echo); logprobs and logit bias are checked at each position."""
+    return rules is None or not (rules.needs_history or rules.echo_logprobs)
 
 
 class PromptLookup:

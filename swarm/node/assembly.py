@@ -36,6 +36,7 @@ from ..entry.pending_tokens import PendingTokens
 from ..entry.prompt_index import PromptIndex
 from ..entry.run_ahead import RunAhead
 from ..entry.service import InferenceService
+from ..entry.speculation import speculation_mode
 from ..entry.stats import RequestStats
 from ..entry.swarm_pipeline import SwarmPipelines
 from ..events import EventBus
@@ -207,7 +208,8 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
                                hop_timing, run_ahead, own, PromptIndex() if cfg.prompt_cache != 0 else None,
                                watch=coordinator)
     service = InferenceService(tokenizer, model.context_length, pipelines, stats, cfg.default_max_tokens,
-                               cfg.recovery_timeout, grammar_vocab, cfg.prefill_chunk)
+                               cfg.recovery_timeout, grammar_vocab, cfg.prefill_chunk,
+                               speculate=speculation_mode(cfg.speculate, sizes.checks_drafts))
 
     # What the node tells: /health, /v1/topology, and the HTTP API over it all.
     peer_stats = PeerStats(discovery)
