@@ -104,6 +104,10 @@ class InferenceService:
         self._max_chars_per_token = max(map(len, vocab_entries), default=1) or 1
         self._prompt_work = ThreadPoolExecutor(PROMPT_THREADS, thread_name_prefix="prompt-work")
 
+    def speculation_status(self) -> dict:
+        """For /health: the mode, and what this entry's requests drafted (speculation.py)."""
+        return {"mode": self.speculate, **self.speculation.as_dict()}
+
     async def off_loop(self, fn, *args):
         """fn(*args) on the prompt threads (templating, tokenizing, grammars), awaited on the loop."""
         return await asyncio.get_running_loop().run_in_executor(self._prompt_work, partial(fn, *args))

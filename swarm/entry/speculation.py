@@ -110,10 +110,10 @@ class Speculation:
         """Drafts for the step of history's last token. `room`: tokens the request may still take after that
         step's own; `crowded`: other requests decode beside it at this entry."""
         armed, self._armed = self._armed, False
-        if armed or crowded or room <= 0:
-            return []
         if self._quiet:
             self._quiet -= 1
+            return []
+        if armed or crowded or room <= 0:
             return []
         drafts = self.source(history, min(self.k, room))
         if not drafts:

@@ -215,7 +215,8 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
     peer_stats = PeerStats(discovery)
     status = NodeStatus(model, backend, discovery, coordinator, host, stage_service, peers.links, stats,
                         hop_timing, peer_stats, peers.weights, api_key=bool(api_key),
-                        peers=peer_security.describe(secret), prompt_chunk=service.prefill_step)
+                        peers=peer_security.describe(secret), prompt_chunk=service.prefill_step,
+                        speculation=service.speculation_status)
     admission = Admission(cfg.max_active, cfg.max_queue)
     app = make_app(service, status, events, model.model_id, admission, defaults, gate, api_key=api_access(api_key),
                    body_timeout=cfg.http_timeout)
