@@ -138,3 +138,57 @@ def test_prompt_lookup_proposes_what_followed_the_latest_occurrence():
     assert lookup.drafts([1, 2, 3, 4, 5, 1, 2], 3) == [3, 4, 5]
     assert lookup.drafts([1, 2, 3, 4, 5, 1, 2, 3, 9, 2, 3], 2) == [9, 2], "the latest occurrence of [2, 3]"
     assert lookup.drafts([1, 2, 3, 4, 5, 1, 2, 3, 9, 2, 3, 7], 2) == []
+
+
+def test_the_prompt_cache_is_reused_after_a_speculative_turn(llama, expected):
+    """Turn 1 ends on a step whose drafts were rejected (its caches hold their positions): the stages keep
+    only what the answer holds, and turn 2 starts from it and gives mlx-lm's tokens."""
+    from swarm.entry.prompt_index import PromptIndex
+    worker = MlxWorker()
+    try:
+        runners = [ShardRunner(worker.run_sync(load_shard, llama, a, b), prompt_cache_bytes=32 << 20)
+                   for a, b in ranges([2, 4])]
+        pipeline = LocalPipeline(runners, worker, PromptIndex())
+
+        async def pipe(_broken=None):
+            return pipeline
+
+        async def turn(rid, prompt, n, speculation, eos=frozenset()):
+            job = GenerationJob(rid, prompt, GREEDY, n, eos, speculation=speculation)
+            return [t async for t in generate_tokens(job, pipe)]
+        counts = SpeculationCounts()
+        end = next(i for i in range(8, N) if expected[i] not in expected[:i])  # ends on a step with drafts
+
+        def past_the_end(history, k):  # right up to the end, then a wrong one: the last step's is rejected
+            done = len(history) - len(PROMPT)
+            return (expected[done:end] + [(expected[end] + 1) % 50])[:k]
+        first = asyncio.run(turn("t1", PROMPT, N, Speculation(counts, past_the_end), frozenset({expected[end]})))
+        assert first == expected[:end + 1] and counts.proposed > counts.accepted > 0
+        second_prompt = PROMPT + first + [9, 8, 7, 6]
+        want = [t for t, _ in reference_tokens(llama, second_prompt, 10)]
+        got = asyncio.run(turn("t2", second_prompt, 10, Speculation(SpeculationCounts(), oracle(want, len(second_prompt)))))
+        assert got == want
+        assert all(r.prompt_stats().hits == 1 for r in runners), [r.prompt_stats() for r in runners]
+    finally:
+        worker.close()
+
+
+def test_drafting_pauses_where_it_does_not_pay_and_lets_those_steps_run_ahead():
+    from swarm.entry import speculation as sp
+    never = Speculation(source=lambda h, k: [])
+    drafts, ahead = [], []
+    for i in range(40):
+        drafts.append(never.next_drafts([1, 2, 3], 10, crowded=False))
+        ahead.append(never.may_run_ahead(crowded=False))
+    assert not any(drafts)
+    assert ahead[:sp.MISSES - 1] == [False] * (sp.MISSES - 1) and all(ahead[sp.MISSES - 1:sp.MISSES + 7]), \
+        "after MISSES steps without drafts it pauses, and its steps run ahead"
+    always = Speculation(source=lambda h, k: [5] * k)
+    assert always.next_drafts([1], 10, crowded=True) == [] and always.may_run_ahead(crowded=True)
+    assert always.next_drafts([1], 10, crowded=False) == [], "the step after one run ahead carries no drafts"
+    always.may_run_ahead(crowded=False)
+    assert always.next_drafts([1], 2, crowded=False) == [5, 5], "never more than the room left"
+    always.checked(2, 2)
+    assert always.k == sp.START_DRAFTS + 2
+    always.checked(6, 0)
+    assert always.k == (sp.START_DRAFTS + 2) // 2
