@@ -192,3 +192,37 @@ def test_drafting_pauses_where_it_does_not_pay_and_lets_those_steps_run_ahead():
     assert always.k == sp.START_DRAFTS + 2
     always.checked(6, 0)
     assert always.k == (sp.START_DRAFTS + 2) // 2
+
+
+def test_a_pipeline_broken_mid_draft_replays_the_accepted_history_only(llama, expected):
+    """The stage holding the drafts dies while a step with drafts is out: the request replays on new stages
+    what was accepted, and its tokens are mlx-lm's."""
+    from swarm.entry.pipeline import PipelineBroken
+    worker = MlxWorker()
+    try:
+        broke = []
+
+        class Breaking(LocalPipeline):
+            async def forward(self, request_id, tokens, start_pos, sampling, *args, drafts=None, **kwargs):
+                if drafts and not broke and start_pos > len(PROMPT) + 4:
+                    out = await super().forward(request_id, tokens, start_pos, sampling, *args, drafts=drafts,
+                                                **kwargs)  # (the stages computed it; its answer is lost)
+                    broke.append((start_pos, out))
+                    raise PipelineBroken("stage killed")
+                return await super().forward(request_id, tokens, start_pos, sampling, *args, drafts=drafts, **kwargs)
+        first = Breaking([ShardRunner(worker.run_sync(load_shard, llama, a, b)) for a, b in ranges([3, 3])], worker)
+        fresh = LocalPipeline([ShardRunner(worker.run_sync(load_shard, llama, a, b)) for a, b in ranges([1, 5])],
+                              worker)
+        pipes = [first, fresh]
+
+        async def pipe(broken=None):
+            return pipes[1] if broken is not None else pipes[0]
+
+        async def go():
+            job = GenerationJob("r", PROMPT, GREEDY, N, speculation=Speculation(
+                source=lambda h, k: (expected + [1] * 20)[len(h) - len(PROMPT):][:k]))
+            return [t async for t in generate_tokens(job, pipe)], job
+        tokens, job = asyncio.run(go())
+        assert broke and job.attempt == 1 and tokens == expected
+    finally:
+        worker.close()
