@@ -97,15 +97,15 @@ def test_drafts_past_max_tokens_and_eos_are_cut(llama, expected):
         assert stages.run(PROMPT, 7, speculation=Speculation(counts, oracle(expected, len(PROMPT)))) == expected[:7]
         assert counts.steps and counts.proposed <= 6, "no draft asks past max_tokens"
 
-        jobs = []
         eos = expected[9]
+
         async def pipe(_b=None):
             return stages.pipeline
 
         async def go():
+            ahead = expected + [1] * 20  # (drafts of 8, past the EOS)
             job = GenerationJob("r2", PROMPT, GREEDY, N, eos_ids=frozenset({eos}),
-                                speculation=Speculation(source=lambda h, k: (expected + [1] * 20)[len(h) - len(PROMPT):][:8]))
-            jobs.append(job)
+                                speculation=Speculation(source=lambda h, k: ahead[len(h) - len(PROMPT):][:8]))
             return [t async for t in generate_tokens(job, pipe)]
         got = asyncio.run(go())
         assert got == expected[:expected.index(eos) + 1], "an accepted EOS ends the answer there"
@@ -118,7 +118,7 @@ def test_seeded_sampling_and_logprobs_are_the_same_with_drafts(llama):
     rules = DecodingRules(prompt_len=len(PROMPT), logprobs=3)
     stages = Stages(llama, [3, 3])
     try:
-        jobs: list = []
+        jobs: list = []  # (each run's job: its logprobs)
         plain = stages.run(PROMPT, N, sampling, rules=rules, job_out=jobs)
         counts = SpeculationCounts()
         drafted = stages.run(PROMPT, N, sampling, rules=rules, job_out=jobs,
@@ -166,7 +166,7 @@ def test_the_prompt_cache_is_reused_after_a_speculative_turn(llama, expected):
         assert first == expected[:end + 1] and counts.proposed > counts.accepted > 0
         second_prompt = PROMPT + first + [9, 8, 7, 6]
         want = [t for t, _ in reference_tokens(llama, second_prompt, 10)]
-        got = asyncio.run(turn("t2", second_prompt, 10, Speculation(SpeculationCounts(), oracle(want, len(second_prompt)))))
+        got = asyncio.run(turn("t2", second_prompt, 10, Speculation(source=oracle(want, len(second_prompt)))))
         assert got == want
         assert all(r.prompt_stats().hits == 1 for r in runners), [r.prompt_stats() for r in runners]
     finally:
