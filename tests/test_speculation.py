@@ -16,6 +16,7 @@ from swarm.engine.worker import MlxWorker
 from swarm.entry.generate import GenerationJob, generate_tokens
 from swarm.entry.speculation import PromptLookup, Speculation, SpeculationCounts
 from local_pipeline import LocalPipeline
+from helpers import TINY_FAMILIES, TINY_SHAPE
 from reference import reference_tokens
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -226,3 +227,25 @@ def test_a_pipeline_broken_mid_draft_replays_the_accepted_history_only(llama, ex
         assert broke and job.attempt == 1 and tokens == expected
     finally:
         worker.close()
+
+
+@pytest.mark.parametrize("family", [*TINY_FAMILIES, "gemma2", "phi3", "gemma3_text", "mamba"])
+def test_zoo_families_give_mlx_lm_tokens_with_drafts_or_draft_nothing(random_model, family):
+    """A family whose caches can drop positions gives mlx-lm's greedy tokens through a split whatever the drafts;
+    one whose caches cannot (a sliding window, a recurrent state) is known so at start (ModelBytes), and a
+    node serving it drafts nothing."""
+    from swarm.engine.model_bytes import measure_model_bytes
+    from swarm.entry.speculation import speculation_mode
+    model_dir = random_model(family, **TINY_SHAPE)
+    if not measure_model_bytes(model_dir, None).checks_drafts:
+        assert family in ("gemma3_text", "mamba") and speculation_mode("auto", False) == "off"
+        return
+    want = [t for t, _ in reference_tokens(model_dir, PROMPT, 16)]
+    stages = Stages(model_dir, [2, 4])
+    try:
+        for wrong in (False, True):
+            counts = SpeculationCounts()
+            assert stages.run(PROMPT, 16, speculation=Speculation(counts, oracle(want, len(PROMPT), wrong))) == want
+            assert counts.proposed > 0
+    finally:
+        stages.close()
