@@ -1,8 +1,9 @@
 """What one machine produces: greedy tokens from mlx-lm on the whole model.
 
-mlx-lm reads the prompt in chunks of the swarm's default `--prefill-chunk` (its prefill_step_size), the
-backend's (a node of a test runs where this process does): the same schedule, so a prompt longer than
-one chunk gives the same text to the last bit.
+mlx-lm reads the prompt in chunks of the chunk a request alone at its entry gets when `--prefill-chunk` is
+not given (its prefill_step_size; entry/prefill_chunks.py), the backend's (a node of a test runs where
+this process does): the same schedule, so a prompt longer than one chunk gives the same text to the last
+bit. (A request beside others at its entry goes in smaller chunks: the same text, but not to the bit.)
 
 reference_chat, the text a node's answer is compared with, runs under the BLAS the nodes of this machine
 run under: where a node re-executes itself with an optimized BLAS preloaded (engine/blas.py), it runs in
@@ -27,9 +28,9 @@ import numpy as np
 from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model, load_tokenizer
 
-from swarm.entry.generate import default_prefill_step
+from swarm.entry.prefill_chunks import PrefillChunks
 
-PREFILL_STEP = default_prefill_step()
+PREFILL_STEP = PrefillChunks.of_backend().alone
 
 
 @lru_cache(maxsize=4)

@@ -16,7 +16,7 @@ import pytest
 from discovery.local_profile import build_local_profile
 from discovery.profile import MalformedProfile, NodeProfile
 from partitioner import InsufficientMemoryError, ModelSpec, NodeCapacity, make_plan
-from swarm.backend import CPU_PREFILL_CHUNK, GPU_PREFILL_CHUNK, STANDIN_ENV, Backend, detect, this_backend
+from swarm.backend import CPU_PREFILL_CHUNK, CPU_PREFILL_CHUNK_ALONE, GPU_PREFILL_CHUNK, STANDIN_ENV, Backend, detect, this_backend
 
 GiB = 2**30
 # As MLX 0.32 describes an H100 (CUDA) and an M2 Max (Metal); the CPU gives only its name.
@@ -49,18 +49,23 @@ def test_only_the_cpu_backend_turns_the_cpu_tuning_on():
 
 
 def test_each_backend_picks_its_prompt_chunk_and_the_flag_overrides_it():
-    """Small on the CPU (a chunk's pass is what a long prompt holds a short request back), 256 on a GPU."""
+    """Small on the CPU (a chunk's pass is what a long prompt holds a short request back), 256 on a GPU;
+    larger ones for a prompt alone at its entry (entry/prefill_chunks.py)."""
     from swarm.cli import build_parser
     from swarm.entry.generate import GenerationJob, default_prefill_step
+    from swarm.entry.prefill_chunks import PrefillChunks
     from swarm.node.config import NodeConfig
     cpu = Backend.from_device_info("cpu", CPU_INFO)
     assert cpu.prefill_chunk == CPU_PREFILL_CHUNK < GPU_PREFILL_CHUNK == 256
     assert Backend.from_device_info("cuda", CUDA_INFO).prefill_chunk == 256
     assert Backend.from_device_info("metal", METAL_INFO).prefill_chunk == 256
+    assert cpu.prefill_chunk_alone == CPU_PREFILL_CHUNK_ALONE == 256
+    assert Backend.from_device_info("cuda", CUDA_INFO).prefill_chunk_alone == 2048  # mlx-lm's prefill_step_size
     # no flag: the node takes its backend's (this box: the CPU's); the flag wins
     assert NodeConfig().prefill_chunk is None and build_parser().parse_args([]).prefill_chunk is None
     assert build_parser().parse_args(["--prefill-chunk", "512"]).prefill_chunk == 512
-    assert default_prefill_step() == GenerationJob("r", [1], None, 1).prefill_step == CPU_PREFILL_CHUNK
+    assert default_prefill_step() == CPU_PREFILL_CHUNK
+    assert GenerationJob("r", [1], None, 1).prefill == PrefillChunks(CPU_PREFILL_CHUNK, CPU_PREFILL_CHUNK_ALONE)
 
 
 def test_each_backend_offers_its_own_memory():

@@ -12,6 +12,7 @@ from swarm.engine.shard_runner import ShardRunner
 from swarm.engine.worker import MlxWorker
 from swarm.node.config import MIN_PREFILL_CHUNK
 from swarm.entry.generate import GenerationJob, generate_tokens
+from swarm.entry.prefill_chunks import PrefillChunks
 from helpers import TINY_FAMILIES
 from local_pipeline import LocalPipeline
 from reference import PREFILL_STEP, reference_tokens
@@ -37,7 +38,7 @@ def chained_tokens(model_dir, sizes: list[int], prompt: list[int], n: int,
             return pipeline
 
         async def run():
-            job = GenerationJob("r1", prompt, sampling, n, prefill_step=prefill_step)
+            job = GenerationJob("r1", prompt, sampling, n, prefill=PrefillChunks.fixed(prefill_step))
             return [t async for t in generate_tokens(job, pipe)]
 
         tokens = asyncio.run(run())

@@ -15,7 +15,8 @@ from ..engine.decoding_rules import DecodingRules
 from ..engine.sampling import SamplingParams
 from ..engine.token_logprobs import TokenLogprobs
 from .chat_prompt import ChatPrompt
-from .generate import GenerationJob, PipelineSource, default_prefill_step, generate_tokens
+from .generate import GenerationJob, PipelineSource, generate_tokens
+from .prefill_chunks import PrefillChunks
 from .stats import RequestStats
 from .text_output import TextOutput
 from .tool_call_output import ToolCallOutput
@@ -82,14 +83,16 @@ class InferenceService:
     def __init__(self, tokenizer, context_length: int, get_pipeline: PipelineSource,
                  stats: RequestStats, default_max_tokens: int = 512, recovery_timeout: float = 30.0,
                  vocab: GrammarVocab | None = None, prefill_step: int | None = None):
-        """`prefill_step`: positions per prompt chunk (`--prefill-chunk`, generate.py); None: the backend's."""
+        """`prefill_step`: positions per prompt chunk alone and beside (`--prefill-chunk`, generate.py); None:
+        the backend's pair (prefill_chunks.py)."""
         self.tokenizer = tokenizer
         self.context_length = context_length
         self.get_pipeline = get_pipeline
         self.stats = stats
         self.default_max_tokens = default_max_tokens
         self.recovery_timeout = recovery_timeout
-        self.prefill_step = prefill_step or default_prefill_step()
+        self.prefill = PrefillChunks.fixed(prefill_step) if prefill_step else PrefillChunks.of_backend()
+        self.prefill_step = self.prefill.small
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
         self.vocab = vocab or GrammarVocab(tokenizer)
         self.chat_prompt = ChatPrompt(tokenizer)
@@ -146,7 +149,7 @@ class InferenceService:
         where tool calls are taken out of the text (chat with tools)."""
         job = GenerationJob(uuid.uuid4().hex, prompt, sampling, max_tokens, self.eos_ids,
                             rules=replace(rules, prompt_len=len(prompt)) if rules is not None else None,
-                            prefill_step=self.prefill_step)
+                            prefill=self.prefill)
         out = TextOutput(self.tokenizer, stop)
         scores: list[TokenScore] = []  # of tokens whose text has not gone out yet
         ids: list[int] = []  # tokens not yet in a delta
