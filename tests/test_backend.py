@@ -16,7 +16,8 @@ import pytest
 from discovery.local_profile import build_local_profile
 from discovery.profile import MalformedProfile, NodeProfile
 from partitioner import InsufficientMemoryError, ModelSpec, NodeCapacity, make_plan
-from swarm.backend import CPU_PREFILL_CHUNK, CPU_PREFILL_CHUNK_ALONE, GPU_PREFILL_CHUNK, STANDIN_ENV, Backend, detect, this_backend
+from swarm.backend import (CPU_PREFILL_CHUNK, CPU_PREFILL_CHUNK_ALONE, GPU_PREFILL_CHUNK, STANDIN_ENV, Backend, detect,
+                           this_backend)
 
 GiB = 2**30
 # As MLX 0.32 describes an H100 (CUDA) and an M2 Max (Metal); the CPU gives only its name.
