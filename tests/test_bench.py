@@ -95,3 +95,46 @@ def test_free_ports_are_never_handed_out_twice() -> None:
     from swarm.bench.cluster import free_port
     ports = [free_port() for _ in range(2000)]
     assert len(set(ports)) == len(ports)
+
+
+def test_quick_bench_compares_cold_copies_and_shows_the_warm_figure_per_prompt(tmp_path: Path) -> None:
+    """Every timed request sends its own copy of the prompt (no prompt cache holds it), the repeat of
+    one copy is the warm column, and an input-grounded prompt gets rows of its own, its tokens equal
+    mlx-lm's on the same copies."""
+    model = build_random_model(tmp_path / "model", family="llama", n_layers=4, seed=3)
+    raw = tmp_path / "raw.json"
+    p = subprocess.run([*_bench_cmd(), "--quick", "--nodes", "1", "--concurrency", "1", "--skip-mlx-ring",
+                        "--prompts", "chat,typos", "--model", str(model), "--json", str(raw)],
+                       capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = _rows(p.stdout)
+    assert set(rows) == {"mlx-lm alone (stream_generate)", "mlx-lm alone (stream_generate) [typos]",
+                         "swarm, 1 node", "swarm, 1 node [typos]"}, p.stdout
+    header = [c.strip() for c in p.stdout[p.stdout.index("| setup"):].splitlines()[0].strip("|").split(" | ")]
+    cold, warm, same = header.index("TTFT ms, cold"), header.index("TTFT ms, warm"), header.index("same tokens")
+    for name in ("swarm, 1 node", "swarm, 1 node [typos]"):
+        assert rows[name][same] == "yes", p.stdout
+        assert rows[name][cold].endswith("x)") and rows[name][warm].endswith("x)"), p.stdout
+    assert rows["mlx-lm alone (stream_generate)"][warm] == "n/a"  # (mlx-lm keeps no prompt cache)
+    data = json.loads(raw.read_text())
+    typos = next(r for r in data["results"] if r["name"] == "swarm, 1 node [typos]")
+    assert typos["prompt_kind"] == "typos" and typos["ttft_warm_s"] > 0
+    assert set(data["prompt_tokens"]) == {"chat", "typos"} and min(data["prompt_tokens"].values()) > 100
+
+
+def test_bench_adds_a_speculate_flag_to_the_nodes_only_when_asked() -> None:
+    from swarm.bench.__main__ import build_parser
+    from swarm.bench.prompts import PROMPTS, cold
+    from swarm.bench.run import speculate_variants
+    args = build_parser().parse_args([])
+    assert args.speculate == () and args.prompts == ("chat",)
+    assert speculate_variants(list(args.speculate), ("--dtype", "float32")) == []  # (the plain swarm row then)
+    modes = build_parser().parse_args(["--speculate", "off,lookup"]).speculate
+    assert speculate_variants(list(modes), ("--dtype", "float32")) == [
+        (("--dtype", "float32", "--speculate=off"), ", speculate off", "swarm", None),
+        (("--dtype", "float32", "--speculate=lookup"), ", speculate lookup", "swarm-speculate", None)]
+    for bad in (["--speculate", "fast"], ["--prompts", "poems"], ["--speculate", ""]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(bad)
+    copies = [cold(PROMPTS["edit"], i) for i in range(60)]
+    assert len({c.split(":")[0] for c in copies}) == 60 and all(c.endswith(PROMPTS["edit"]) for c in copies)

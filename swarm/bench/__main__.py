@@ -1,11 +1,13 @@
 """swarm-bench: start 1..N local nodes on loopback, run fixed greedy prompts, print one table.
 
     swarm-bench [--model DIR|GGUF] [--nodes 1,2,3] [--tokens 64] [--concurrency 1,2,4] [--dtype auto]
-                [--batch-decode N] [--baseline PYTHON] [--secret] [--skip-mlx-ring] [--quick] [--json [PATH]]
+                [--prompts chat,edit,typos,names] [--speculate off,lookup] [--batch-decode N]
+                [--baseline PYTHON] [--secret] [--skip-mlx-ring] [--quick] [--json [PATH]]
 
 Setups on the same model in the same run: mlx-lm alone in this process, the swarm
 with each node count (entry = stage 0, even split), and mlx-lm's ring pipeline
-(swarm/bench/mlx_ring_pipeline.py) for each node count > 1.
+(swarm/bench/mlx_ring_pipeline.py) for each node count > 1; each on every prompt asked
+(rows per prompt), every timed request a cold copy of it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,26 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+def _kinds(text: str) -> tuple[str, ...]:
+    from .prompts import PROMPTS
+    kinds = tuple(dict.fromkeys(k.strip() for k in text.split(",") if k.strip()))
+    unknown = [k for k in kinds if k not in PROMPTS]
+    if not kinds or unknown:
+        raise argparse.ArgumentTypeError(f"prompts are some of {', '.join(PROMPTS)}, not {text!r}")
+    return kinds
+
+
+SPECULATE_MODES = ("off", "lookup", "draft", "auto")  # a node's --speculate
+
+
+def _modes(text: str) -> tuple[str, ...]:
+    modes = tuple(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
+    unknown = [m for m in modes if m not in SPECULATE_MODES]
+    if not modes or unknown:
+        raise argparse.ArgumentTypeError(f"speculate modes are some of {', '.join(SPECULATE_MODES)}, not {text!r}")
+    return modes
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="swarm-bench", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -38,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, default=None, help="max_tokens per request (default: 64; --quick: 8)")
     p.add_argument("--concurrency", type=_ints, default=[1, 2, 4], help="simultaneous streams (default: 1,2,4)")
     p.add_argument("--runs", type=int, default=None, help="single-stream repeats, median (default: 3; --quick: 1)")
+    p.add_argument("--prompts", type=_kinds, default=("chat",),
+                   help="prompts to run, comma-separated: chat (free text), edit (a 60-line function), typos "
+                        "(a paragraph to correct), names (a text to list the names of); default: chat")
+    p.add_argument("--speculate", type=_modes, default=(), metavar="MODES",
+                   help="run each swarm size once per mode, its nodes started with --speculate=<mode> "
+                        "(e.g. off,lookup); default: the nodes get no --speculate flag")
     p.add_argument("--skip-mlx-ring", action="store_true", help="do not run mlx-lm's ring pipeline")
     p.add_argument("--quick", action="store_true", help="few tokens and one run (for tests)")
     p.add_argument("--memory-limit", default="2G", help="memory each node offers; equal limits give an even split")
@@ -82,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = args.runs or (1 if args.quick else 3)
     with tempfile.TemporaryDirectory(prefix="swarm-bench-") as tmp:
         report = run_all(args.model, args.nodes, tokens, args.concurrency, runs, not args.skip_mlx_ring,
-                         args.memory_limit, Path(tmp), args.batch_decode, args.secret, args.baseline, args.dtype)
+                         args.memory_limit, Path(tmp), args.batch_decode, args.secret, args.baseline, args.dtype,
+                         args.prompts, args.speculate)
     print(report.text, flush=True)
     if args.json:
         dump = json.dumps(report.data, indent=2, default=str)

@@ -1,8 +1,11 @@
 """Timed runs of one setup: mlx-lm alone in this process, or a local swarm over HTTP.
 
-Same rules everywhere: greedy, the same prompt ids, a fixed max_tokens, a short
-warm-up first, single-stream numbers are the median of `runs`. Aggregate tokens/s
-counts every generated token over the wall time of all streams, prefill included.
+Same rules everywhere: greedy, the same prompts, a fixed max_tokens, a short warm-up
+first, single-stream numbers are the median of `runs`. Every timed request sends a
+copy of the prompt of its own (ColdPrompts), so a swarm's prompt cache holds none of
+it: the time to first token is a cold prompt's. The warm figure repeats the first
+copy on purpose. Aggregate tokens/s counts every generated token over the wall time
+of all streams, prefill included.
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from ..backend import this_backend
 from ..engine.model_bytes import loaded_bytes
+from ..entry.prefill_chunks import PrefillChunks
 from .client import StreamRun, concurrent_completions, stream_completion
 from .cluster import LocalCluster, get_json
 from .results import SetupResult
@@ -43,15 +46,23 @@ class Expected:
         return run.text == self.text
 
 
-def _same(runs: list[StreamRun], reference: Expected | str) -> str:
-    """"yes", or how many differ; a str reference compares text (ids by text: "by text")."""
-    if isinstance(reference, str):
-        bad = sum(r.text != reference for r in runs)
-        how = ""
-    else:
-        bad = sum(not reference.matches(r) for r in runs)
-        how = "" if all(r.token_ids is not None for r in runs) else ", by text"
-    return ("yes" if not bad else f"no ({bad}/{len(runs)} differ)") + how
+@dataclass
+class ColdPrompts:
+    """Copies of one prompt (prompts.cold), each with mlx-lm's answer to it: copy k is sent by the
+    k-th timed request of a setup (singles first, then the concurrent rounds), so none is warm."""
+    kind: str  # its name in prompts.PROMPTS
+    texts: list[str]
+    expected: list[Expected]  # filled by MlxLmAlone.measure
+
+    def single(self, i: int) -> tuple[str, Expected]:
+        return self.texts[i], self.expected[i]
+
+
+def _same(streamed: list[tuple[StreamRun, Expected]]) -> str:
+    """"yes", or how many differ (ids by text: "by text")."""
+    bad = sum(not expected.matches(run) for run, expected in streamed)
+    how = "" if all(run.token_ids is not None for run, _ in streamed) else ", by text"
+    return ("yes" if not bad else f"no ({bad}/{len(streamed)} differ)") + how
 
 
 class MlxLmAlone:
@@ -76,9 +87,9 @@ class MlxLmAlone:
         from mlx_lm.generate import stream_generate
         ids, times = [], []
         t0 = time.perf_counter()
-        # read in the chunks a node of this backend reads it in (--prefill-chunk's default): the same floats
+        # read in the chunks a node of this backend reads a prompt alone in (prefill_chunks.py): the same floats
         for r in stream_generate(self.model, self.tokenizer, prompt, max_tokens=max_tokens,
-                                 prefill_step_size=this_backend().prefill_chunk):
+                                 prefill_step_size=PrefillChunks.of_backend().alone):
             ids.append(r.token)
             times.append(time.perf_counter())
         # stream_generate yields the EOS token too; the swarm does not count it as text
@@ -98,13 +109,21 @@ class MlxLmAlone:
         tokens, wall = self.batch(prompt, max_tokens, n)
         return tokens / wall
 
-    def measure(self, prompt: list[int], max_tokens: int, concurrency: list[int],
-                runs: int) -> tuple[SetupResult, list[int]]:
-        self.generate(prompt, WARMUP_TOKENS)
-        singles = [self.generate(prompt, max_tokens) for _ in range(runs)]
-        ids = singles[0][0]
+    def measure(self, prompts: ColdPrompts, max_tokens: int, concurrency: list[int],
+                runs: int) -> SetupResult:
+        """Single streams on the first `runs` copies (timed), then each copy's answer (the expected ids of
+        every copy, untimed beyond those), then batches of the first copy."""
+        encode = self.tokenizer.encode
+        eos = frozenset(self.tokenizer.eos_token_ids)
+        self.generate(encode(prompts.texts[-1]), WARMUP_TOKENS)
+        singles = [self.generate(encode(text), max_tokens) for text in prompts.texts[:runs]]
+        answers = [s[0] for s in singles] + [self.generate(encode(text), max_tokens)[0]
+                                             for text in prompts.texts[runs:]]
+        prompts.expected = [Expected(tuple(t for t in ids if t not in eos), _text(self.tokenizer, ids), eos)
+                            for ids in answers]
+        prompt = encode(prompts.texts[0])
         r = SetupResult("mlx-lm alone (stream_generate)", "mlx-lm", 1, "all layers, in process", len(prompt),
-                        same_tokens="ref")
+                        same_tokens="ref", prompt_kind=prompts.kind)
         r.ttft_s = _median([s[1] for s in singles])
         r.decode_tps = _median([(len(s[0]) - 1) / s[2] if len(s[0]) > 1 else None for s in singles])
         r.raw["single_runs"] = [{"tokens": len(s[0]), "ttft_s": s[1], "decode_s": s[2], "wall_s": s[3]}
@@ -118,7 +137,18 @@ class MlxLmAlone:
                 r.raw[f"batch_{c}"] = {"tokens": n, "wall_s": wall}
         if any(c > 1 for c in concurrency):
             r.note = "concurrency > 1: batch_generate"
-        return r, ids
+        return r
+
+
+def _text(tokenizer, ids: list[int]) -> str:
+    """What the swarm streams for these ids: detokenized, the EOS token's own text left out."""
+    detok, eos = tokenizer.detokenizer, set(tokenizer.eos_token_ids)
+    detok.reset()
+    for t in ids:
+        if t not in eos:
+            detok.add_token(t)
+    detok.finalize()
+    return detok.text
 
 
 def _batching(cluster: LocalCluster) -> tuple[int, ...]:
@@ -133,51 +163,74 @@ def _batching(cluster: LocalCluster) -> tuple[int, ...]:
     return tuple(sums)
 
 
-def measure_swarm(cluster: LocalCluster, prompt_text: str, prompt_tokens: int, max_tokens: int,
-                  concurrency: list[int], runs: int, reference: Expected | str,
+def measure_swarm(cluster: LocalCluster, prompts: ColdPrompts, prompt_tokens: int, max_tokens: int,
+                  concurrency: list[int], runs: int,
                   mlx_batch_tps: Callable[[int], float] | None = None) -> SetupResult:
-    """Single streams `runs` times, then each concurrency `runs` rounds, each paired with mlx-lm's
-    batch generation if `mlx_batch_tps` is given. `reference`: mlx-lm's ids (Expected), or a text."""
+    """Single streams on `runs` cold copies, the first copy again `runs` times (warm: the prompt cache's
+    figure), then each concurrency `runs` rounds on copies of their own, each paired with mlx-lm's batch
+    generation if `mlx_batch_tps` is given."""
     url = cluster.entry.url
-    stream_completion(url, prompt_text, WARMUP_TOKENS)
-    singles: list[StreamRun] = [stream_completion(url, prompt_text, max_tokens) for _ in range(runs)]
-    r, streamed = _swarm_result(cluster, singles, prompt_tokens)
+    stream_completion(url, prompts.texts[-1] + " warm-up", WARMUP_TOKENS)
+    singles = [(stream_completion(url, text, max_tokens), expected)
+               for text, expected in map(prompts.single, range(runs))]
+    r, streamed = _swarm_result(cluster, singles, prompt_tokens, prompts.kind)
+    _warm(url, r, streamed, prompts, max_tokens, runs)
+    copies = iter(range(runs, len(prompts.texts)))
     for c in concurrency:
-        _concurrent(cluster, r, streamed, c, prompt_text, max_tokens, runs, mlx_batch_tps)
-    r.same_tokens = _same(streamed, reference)
+        _concurrent(cluster, r, streamed, c, prompts, copies, max_tokens, runs, mlx_batch_tps)
+    r.same_tokens = _same(streamed)
     return r
 
 
-def measure_swarm_pair(a: LocalCluster, b: LocalCluster, prompt_text: str, prompt_tokens: int, max_tokens: int,
-                       concurrency: list[int], runs: int, reference: Expected | str,
+def copies_needed(concurrency: list[int], runs: int) -> int:
+    """Cold copies a setup sends: one per single run and one per round of each concurrency above 1."""
+    return runs + runs * sum(1 for c in concurrency if c > 1)
+
+
+def _warm(url: str, r: SetupResult, streamed: list, prompts: ColdPrompts, max_tokens: int, runs: int) -> None:
+    """The first copy again, `runs` times: its time to first token with the stages' prompt cache."""
+    text, expected = prompts.single(0)
+    warm = [stream_completion(url, text, max_tokens) for _ in range(runs)]
+    r.ttft_warm_s = _median([w.ttft_s for w in warm])
+    r.raw["warm_runs"] = [{"ttft_s": w.ttft_s, "tokens": w.tokens} for w in warm]
+    streamed += [(w, expected) for w in warm]
+
+
+def measure_swarm_pair(a: LocalCluster, b: LocalCluster, prompts: ColdPrompts, prompt_tokens: int, max_tokens: int,
+                       concurrency: list[int], runs: int,
                        mlx_batch_tps: Callable[[int], float] | None = None) -> tuple[SetupResult, SetupResult]:
     """`measure_swarm` of two swarms that are up at once, in alternating rounds (a b, b a, a b, ...),
     so the machine's drift and the order within a round land on both alike; each concurrency too
     (a then b). Keeps each round's pair of single-stream runs in b's raw["paired_rounds"]."""
     for cluster in (a, b):
-        stream_completion(cluster.entry.url, prompt_text, WARMUP_TOKENS)
-    singles: dict[int, list[StreamRun]] = {id(a): [], id(b): []}
+        stream_completion(cluster.entry.url, prompts.texts[-1] + " warm-up", WARMUP_TOKENS)
+    singles: dict[int, list[tuple[StreamRun, Expected]]] = {id(a): [], id(b): []}
     for i in range(runs):
+        text, expected = prompts.single(i)
         for cluster in ((a, b) if i % 2 == 0 else (b, a)):
-            singles[id(cluster)].append(stream_completion(cluster.entry.url, prompt_text, max_tokens))
-    ra, streamed_a = _swarm_result(a, singles[id(a)], prompt_tokens)
-    rb, streamed_b = _swarm_result(b, singles[id(b)], prompt_tokens)
-    rb.raw["paired_rounds"] = [{"a_decode_tps": x.decode_tps, "b_decode_tps": y.decode_tps,
-                                "b_first": i % 2 == 1} for i, (x, y) in enumerate(zip(singles[id(a)], singles[id(b)]))]
+            singles[id(cluster)].append((stream_completion(cluster.entry.url, text, max_tokens), expected))
+    ra, streamed_a = _swarm_result(a, singles[id(a)], prompt_tokens, prompts.kind)
+    rb, streamed_b = _swarm_result(b, singles[id(b)], prompt_tokens, prompts.kind)
+    rb.raw["paired_rounds"] = [{"a_decode_tps": x.decode_tps, "b_decode_tps": y.decode_tps, "b_first": i % 2 == 1}
+                               for i, ((x, _), (y, _)) in enumerate(zip(singles[id(a)], singles[id(b)]))]
+    for cluster, r, streamed in ((a, ra, streamed_a), (b, rb, streamed_b)):
+        _warm(cluster.entry.url, r, streamed, prompts, max_tokens, runs)
+    copies_a, copies_b = iter(range(runs, len(prompts.texts))), iter(range(runs, len(prompts.texts)))
     for c in concurrency:
-        _concurrent(a, ra, streamed_a, c, prompt_text, max_tokens, runs, mlx_batch_tps)
-        _concurrent(b, rb, streamed_b, c, prompt_text, max_tokens, runs, mlx_batch_tps)
-    ra.same_tokens, rb.same_tokens = _same(streamed_a, reference), _same(streamed_b, reference)
+        _concurrent(a, ra, streamed_a, c, prompts, copies_a, max_tokens, runs, mlx_batch_tps)
+        _concurrent(b, rb, streamed_b, c, prompts, copies_b, max_tokens, runs, mlx_batch_tps)
+    ra.same_tokens, rb.same_tokens = _same(streamed_a), _same(streamed_b)
     return ra, rb
 
 
-def _swarm_result(cluster: LocalCluster, singles: list[StreamRun], prompt_tokens: int
-                  ) -> tuple[SetupResult, list[StreamRun]]:
+def _swarm_result(cluster: LocalCluster, streamed: list[tuple[StreamRun, Expected]], prompt_tokens: int,
+                  kind: str) -> tuple[SetupResult, list[tuple[StreamRun, Expected]]]:
     """The single-stream numbers of one swarm, and the streams so far (to compare with mlx-lm's)."""
     url = cluster.entry.url
+    singles = [run for run, _ in streamed]
     split = ", ".join(f"{s['start']}-{s['end']}" for s in cluster.stages)
     r = SetupResult(f"swarm, {cluster.n} node{'s' if cluster.n > 1 else ''}", "swarm", len(cluster.stages),
-                    split, prompt_tokens)
+                    split, prompt_tokens, prompt_kind=kind)
     r.ttft_s = _median([s.ttft_s for s in singles])
     r.decode_tps = _median([s.decode_tps for s in singles])
     r.raw["single_runs"] = [vars(s) | {"text": None, "token_ids": None} for s in singles]
@@ -186,10 +239,10 @@ def _swarm_result(cluster: LocalCluster, singles: list[StreamRun], prompt_tokens
     r.raw["decode_timing"] = timing
     r.hop_overhead_ms = timing.get("overhead_per_hop_ms")
     r.step_compute_ms, r.step_overhead_ms = timing.get("compute_ms"), timing.get("overhead_ms")
-    return r, list(singles)
+    return r, list(streamed)
 
 
-def _concurrent(cluster: LocalCluster, r: SetupResult, streamed: list[StreamRun], c: int, prompt_text: str,
+def _concurrent(cluster: LocalCluster, r: SetupResult, streamed: list, c: int, prompts: ColdPrompts, copies,
                 max_tokens: int, rounds: int = 1, mlx_batch_tps: Callable[[int], float] | None = None) -> None:
     """`c` simultaneous streams on `cluster`, `rounds` times: aggregate tokens/s (median) and what
     batching did, into `r`. With `mlx_batch_tps`, each round also runs mlx-lm's batch generation of
@@ -204,13 +257,14 @@ def _concurrent(cluster: LocalCluster, r: SetupResult, streamed: list[StreamRun]
     for i in range(rounds):
         mlx_first = mlx_batch_tps is not None and i % 2 == 1
         mlx_tps = mlx_batch_tps(c) if mlx_first else None
-        wall, runs_c = concurrent_completions(url, prompt_text, max_tokens, c)
+        text, expected = prompts.single(next(copies))  # (the c streams of a round share it, as mlx-lm's batch)
+        wall, runs_c = concurrent_completions(url, text, max_tokens, c)
         if mlx_batch_tps is not None and not mlx_first:
             mlx_tps = mlx_batch_tps(c)
         rounds_raw.append({"tokens": [s.tokens for s in runs_c], "wall_s": wall,
                            "swarm_tps": sum(s.tokens for s in runs_c) / wall, "mlx_lm_tps": mlx_tps,
                            "last_first_token_s": max(s.ttft_s for s in runs_c)})  # every stream has its first token
-        streamed += runs_c
+        streamed += [(run, expected) for run in runs_c]
     r.aggregate_tps[c] = _median([x["swarm_tps"] for x in rounds_raw])
     ratios = [x["swarm_tps"] / x["mlx_lm_tps"] for x in rounds_raw if x["mlx_lm_tps"]]
     if ratios:

@@ -12,7 +12,8 @@ class SetupResult:
     stages: int  # pipeline stages (1 for mlx-lm alone)
     split: str  # layer ranges per stage, e.g. "0-15, 15-30"
     prompt_tokens: int
-    ttft_s: float | None = None  # median over single-stream runs
+    ttft_s: float | None = None  # median over single-stream runs, each on a cold copy of the prompt
+    ttft_warm_s: float | None = None  # median over runs repeating one copy (the prompt cache's figure)
     decode_tps: float | None = None  # one stream, first token -> last
     aggregate_tps: dict[int, float | None] = field(default_factory=dict)  # concurrency -> tokens/s
     # concurrency -> median over rounds of (this / mlx-lm's batch generation run in the same round)
@@ -20,6 +21,7 @@ class SetupResult:
     same_tokens: str = "n/a"  # "yes" | "no (...)" | "ref" | "n/a"
     note: str = ""
     measured: bool = True
+    prompt_kind: str = "chat"  # which of prompts.PROMPTS it ran
     # derived (see derive()):
     per_hop_ms: float | None = None
     # measured by the entry node per decode step: (step wall - stage compute) / hops (swarm/entry/hop_timing.py)
@@ -47,17 +49,18 @@ def derive(results: list[SetupResult], hidden: int, act_bytes: int) -> None:
     Prefill rate is computed, not taken from the transport:
     prompt_tokens * hidden * act_bytes * (stages - 1) / TTFT (TTFT ~ prefill time).
     """
-    swarm_base = _one_stage(results, "swarm")
-    base = {"swarm": swarm_base, "swarm-secret": swarm_base, "mlx-ring": _one_stage(results, "mlx-lm")}
     for r in results:
         if not r.measured or r.stages < 2:
             continue
-        b = base.get(r.kind)
+        swarm_base = _one_stage(results, "swarm", r.prompt_kind)
+        b = {"swarm": swarm_base, "swarm-secret": swarm_base,
+             "mlx-ring": _one_stage(results, "mlx-lm", r.prompt_kind)}.get(r.kind)
         if b and b.decode_tps and r.decode_tps:
             r.per_hop_ms = (1 / r.decode_tps - 1 / b.decode_tps) / hops_per_token(r.stages) * 1e3
         if r.ttft_s:
             r.prefill_mb_s = r.prompt_tokens * hidden * act_bytes * (r.stages - 1) / r.ttft_s / 1e6
 
 
-def _one_stage(results: list[SetupResult], kind: str) -> SetupResult | None:
-    return next((r for r in results if r.kind == kind and r.stages == 1 and r.measured), None)
+def _one_stage(results: list[SetupResult], kind: str, prompt_kind: str = "chat") -> SetupResult | None:
+    return next((r for r in results if r.kind == kind and r.stages == 1 and r.measured
+                 and r.prompt_kind == prompt_kind), None)

@@ -21,8 +21,8 @@ from . import ring
 from ..node.config import DEFAULT_BATCH_DECODE
 from ..node.secrets import new_secret_text
 from .cluster import LocalCluster
-from .measure import Expected, MlxLmAlone, measure_swarm, measure_swarm_pair
-from .prompts import PROMPT
+from .measure import ColdPrompts, MlxLmAlone, copies_needed, measure_swarm, measure_swarm_pair
+from .prompts import PROMPTS, cold
 from .results import SetupResult, derive, hops_per_token
 from .table import markdown_table
 
@@ -56,20 +56,19 @@ def _install_of(python: str) -> str:
     return str(p.parent.parent.parent) if p.parent.name == "bin" and p.parent.parent.name.startswith(".") else python
 
 
-def reference_text(tokenizer, ids: list[int]) -> str:
-    """What the swarm streams for these ids: detokenized, the EOS token's own text left out."""
-    detok, eos = tokenizer.detokenizer, set(tokenizer.eos_token_ids)
-    detok.reset()
-    for t in ids:
-        if t not in eos:
-            detok.add_token(t)
-    detok.finalize()
-    return detok.text
+
+
+def speculate_variants(modes: list[str], common: tuple[str, ...]) -> list[tuple[tuple[str, ...], str, str, None]]:
+    """One swarm setup per `--speculate` mode asked, its nodes started with `--speculate=<mode>` (none
+    asked: the nodes get no such flag). The "off" row is the swarm whose per-hop numbers others compare to."""
+    return [((*common, f"--speculate={mode}"), f", speculate {mode}", "swarm" if mode == "off" else "swarm-speculate",
+             None) for mode in modes]
 
 
 def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrency: list[int], runs: int,
             with_ring: bool, memory_limit: str, workdir: Path, batch_decode: int = 0,
-            with_secret: bool = False, baseline: str | None = None, dtype: str = "auto") -> Report:
+            with_secret: bool = False, baseline: str | None = None, dtype: str = "auto",
+            prompt_kinds: tuple[str, ...] = ("chat",), speculate: tuple[str, ...] = ()) -> Report:
     from mlx_lm.utils import load_tokenizer
 
     from swarm.backend import this_backend
@@ -80,31 +79,37 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
     backend = this_backend()
     model = resolve_model(model_arg, backend=backend.kind)
     tokenizer = load_tokenizer(model.path, eos_token_ids=model.config.get("eos_token_id"))
-    prompt = list(tokenizer.encode(PROMPT))  # what a node's /v1/completions does with the text
+    # what a node's /v1/completions does with each text
+    lengths = {kind: len(tokenizer.encode(PROMPTS[kind])) for kind in prompt_kinds}
+    prompt = list(tokenizer.encode(PROMPTS[prompt_kinds[0]]))  # (the ring's, and mlx-lm's batches')
     hidden = int(model.config["hidden_size"])
+    n_copies = copies_needed(concurrency, runs)
+    prompt_sets = [ColdPrompts(kind, [cold(PROMPTS[kind], i) for i in range(n_copies)], []) for kind in prompt_kinds]
 
-    progress(f"mlx-lm alone on {model.model_id} ({model.n_layers} layers), prompt {len(prompt)} tokens, "
-             f"backend {backend.describe()}, --dtype {dtype}")
-    load = loadavg()
+    progress(f"mlx-lm alone on {model.model_id} ({model.n_layers} layers), prompts "
+             + ", ".join(f"{k} {n} tokens" for k, n in lengths.items())
+             + f", backend {backend.describe()}, --dtype {dtype}")
     # mlx-lm's weights in the dtype the nodes run theirs (--dtype, as this backend reads it)
     alone = MlxLmAlone(model.path, dtype=backend.weights_dtype(dtype))
     act_dtype = model_float_dtype(alone.model)  # the activations' (and the wire's): what the layers compute in
     act_bytes = act_dtype.size
-    ref, ref_ids = alone.measure(prompt, max_tokens, concurrency, runs)
-    _with_load(ref, load)
+    results: list[SetupResult] = []
+    for prompts in prompt_sets:
+        load = loadavg()
+        ref = alone.measure(prompts, max_tokens, concurrency, runs)
+        _named(ref, prompts.kind)
+        results.append(_with_load(ref, load))
     ring_ref = None
     ring_sizes = [k for k in nodes if k > 1] if with_ring else []
     if ring_sizes:
         ring_ref = alone.generate(ring.ring_prompt(tokenizer, len(prompt)), RING_HEAD)[0]
-    eos = frozenset(tokenizer.eos_token_ids)
-    reference = Expected(tuple(t for t in ref_ids if t not in eos), reference_text(tokenizer, ref_ids), eos)
-    results: list[SetupResult] = [ref]
 
     # (extra node args, row name suffix, kind, python to run the nodes with: None is this install);
     # kinds other than "swarm" are no baseline for per-hop numbers. With --secret the open swarm and the
     # secret one of each size are up at once and measured in alternating rounds (_open_and_secret).
     common = () if dtype == "auto" else ("--dtype", dtype)  # every node of every setup
-    variants: list[tuple[tuple[str, ...], str, str, str | None]] = [] if with_secret else [(common, "", "swarm", None)]
+    variants: list[tuple[tuple[str, ...], str, str, str | None]] = \
+        [] if with_secret else speculate_variants(list(speculate), common) or [(common, "", "swarm", None)]
     if batch_decode > 0:
         variants.append(((*common, "--batch-decode", str(batch_decode)), f", batch-decode {batch_decode}",
                          "swarm-batched", None))
@@ -122,18 +127,23 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
 
     for n in nodes:
         if with_secret:
-            results += _open_and_secret(n, workdir, str(model.path), memory_limit, len(prompt), max_tokens,
-                                        concurrency, runs, reference, mlx_batch_tps, common)
+            for prompts in prompt_sets:
+                results += [_named(r, prompts.kind) for r in _open_and_secret(
+                    n, workdir, str(model.path), memory_limit, lengths[prompts.kind], max_tokens, concurrency, runs,
+                    prompts, mlx_batch_tps, common)]
         for extra, suffix, kind, python in variants:
             progress(f"swarm with {n} node(s){suffix}: starting")
             with LocalCluster(n, workdir, str(model.path), memory_limit, extra_args=extra, python=python) as cluster:
                 load = loadavg()
                 progress(f"swarm with {n} node(s): plan {cluster.topology['plan']['plan_id']} stages "
                          + ", ".join(f"{s['node_id']}[{s['start']},{s['end']})" for s in cluster.stages))
-                r = measure_swarm(cluster, PROMPT, len(prompt), max_tokens, concurrency, runs, reference, mlx_batch_tps)
-                r.name += suffix
-                r.kind = kind
-                results.append(_with_load(r, load))
+                for prompts in prompt_sets:
+                    r = measure_swarm(cluster, prompts, lengths[prompts.kind], max_tokens, concurrency, runs,
+                                      mlx_batch_tps)
+                    r.name += suffix
+                    r.kind = kind
+                    results.append(_with_load(_named(r, prompts.kind), load))
+                    load = loadavg()
 
     if paired:
         alone.close()  # (kept until here: each swarm's concurrent rounds are paired with its batch generation)
@@ -149,10 +159,15 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
               f"backend {backend.describe()}, BLAS: {blas_in_use()} "
               f"threads={environment.OPENBLAS_NUM_THREADS.get() or 'default'}, 1-min load average at the end {loadavg():.1f}\n"
               f"weights: --dtype {dtype} (activations {str(act_dtype).removeprefix('mlx.core.')})\n"
-              f"model: {model.model_id} ({model.n_layers} layers, hidden {hidden}), prompt {len(prompt)} tokens, "
+              f"model: {model.model_id} ({model.n_layers} layers, hidden {hidden}), prompts "
+              + ", ".join(f"{k} {n} tokens" for k, n in lengths.items()) + ", "
               f"max_tokens {max_tokens}, greedy, single-stream numbers are the median of {runs} run(s)\n")
     notes = (
-        "\nRatios in parentheses are to mlx-lm alone (TTFT: time ratio, lower is better).\n"
+        "\nRatios in parentheses are to mlx-lm alone on the same prompt (TTFT: time ratio, lower is better).\n"
+        "TTFT cold: every timed request sends a copy of the prompt of its own (a distinct first word), so no "
+        "prompt cache holds it; TTFT warm: the first copy sent again (the stages' prompt cache; mlx-lm keeps "
+        "none, its cold figure is the ratio's). Rows [edit], [typos], [names]: prompts whose answer quotes "
+        "their input (swarm/bench/prompts.py). Speculate rows: nodes started with --speculate=<mode>.\n"
         "Decode tok/s: one stream, first token to last. Aggregate tok/s: all tokens of c simultaneous "
         "streams / wall time, prefill included (the c clients connect first and send at once); at c > 1 a "
         "swarm row's is the median of --runs rounds, and its "
@@ -178,14 +193,21 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
         "Note: load a->b is the machine's 1-min load average before/after a setup; above the core count, "
         "other processes shared the CPU and the numbers of that row are skewed.\n")
     text = header + "\n" + markdown_table(results, concurrency) + "\n" + secret_summary(results) + notes
-    data = {"header": header.strip(), "prompt_tokens": len(prompt), "max_tokens": max_tokens, "runs": runs,
+    data = {"header": header.strip(), "prompt_tokens": lengths, "max_tokens": max_tokens, "runs": runs,
             "hidden": hidden, "act_bytes": act_bytes, "hops": {r.stages: hops_per_token(r.stages) for r in results},
             "results": [r.to_dict() for r in results]}
     return Report(text, data)
 
 
+def _named(r: SetupResult, kind: str) -> SetupResult:
+    """A row of another prompt than free chat says which."""
+    if kind != "chat":
+        r.name += f" [{kind}]"
+    return r
+
+
 def _open_and_secret(n: int, workdir: Path, model: str, memory_limit: str, prompt_tokens: int, max_tokens: int,
-                     concurrency: list[int], runs: int, reference: Expected,
+                     concurrency: list[int], runs: int, prompts: ColdPrompts,
                      mlx_batch_tps: Callable[[int], float] | None, common: tuple[str, ...] = ()) -> list[SetupResult]:
     """The open swarm of n nodes and one with a swarm secret, both up at once, in alternating rounds."""
     progress(f"swarm with {n} node(s), open and with a secret side by side: starting")
@@ -196,7 +218,7 @@ def _open_and_secret(n: int, workdir: Path, model: str, memory_limit: str, promp
     with LocalCluster(n, workdir / "open", model, memory_limit, extra_args=common) as open_, \
             LocalCluster(n, workdir / "secret", model, memory_limit, extra_args=secret) as sealed:
         load = loadavg()
-        ro, rs = measure_swarm_pair(open_, sealed, PROMPT, prompt_tokens, max_tokens, concurrency, runs, reference,
+        ro, rs = measure_swarm_pair(open_, sealed, prompts, prompt_tokens, max_tokens, concurrency, runs,
                                     mlx_batch_tps)
     rs.name += ", secret"
     rs.kind = "swarm-secret"
@@ -212,10 +234,11 @@ def secret_summary(results: list[SetupResult]) -> str:
     for r in results:
         if r.kind != "swarm-secret" or not r.measured:
             continue
-        base = next((o for o in results if o.kind == "swarm" and o.stages == r.stages and o.measured), None)
+        base = next((o for o in results if o.kind == "swarm" and o.stages == r.stages and o.measured
+                     and o.prompt_kind == r.prompt_kind), None)
         if base is None or not (base.decode_tps and r.decode_tps):
             continue
-        line = (f"- {r.stages} stage(s): decode {r.decode_tps:.1f} vs {base.decode_tps:.1f} tok/s open, "
+        line = (f"- {r.stages} stage(s){'' if r.prompt_kind == 'chat' else f' [{r.prompt_kind}]'}: decode {r.decode_tps:.1f} vs {base.decode_tps:.1f} tok/s open, "
                 f"ratio {r.decode_tps / base.decode_tps:.3f}")
         rounds = [p["b_decode_tps"] / p["a_decode_tps"] for p in r.raw.get("paired_rounds", ())
                   if p["a_decode_tps"] and p["b_decode_tps"]]

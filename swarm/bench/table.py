@@ -29,18 +29,25 @@ def _step(r: SetupResult) -> str:
 
 
 def markdown_table(results: list[SetupResult], concurrency: list[int]) -> str:
-    ref = next((r for r in results if r.kind == "mlx-lm" and r.measured), None)
-    head = ["setup", "stages (layers)", "TTFT ms", "decode tok/s, 1 stream",
+    refs = {}  # each prompt's mlx-lm alone row
+    for r in results:
+        if r.kind == "mlx-lm" and r.measured:
+            refs.setdefault(r.prompt_kind, r)
+    head = ["setup", "stages (layers)", "TTFT ms, cold", "TTFT ms, warm", "decode tok/s, 1 stream",
             *[f"aggregate tok/s @{c}" for c in concurrency], "decode step ms: compute + overhead", "per-hop decode ms", "overhead/hop ms", "prefill act. MB/s",
             "same tokens", "note"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 3) + ["---"] * 2) + "|"]
     for r in results:
+        ref = refs.get(r.prompt_kind)
         if not r.measured:
             cells = [r.name, str(r.stages), *["not measured"] * (len(head) - 4), "n/a", r.note]
         else:
             # TTFT ratio is time (lower is better); the others are rates (higher is better).
             cells = [r.name, f"{r.stages} ({r.split})",
                      _with_ratio(r.ttft_s * 1e3 if r.ttft_s else None, ref.ttft_s * 1e3 if ref else None, "{:.0f}"),
+                     # (mlx-lm alone keeps no prompt cache: warm ratios are to its cold figure)
+                     _with_ratio(r.ttft_warm_s * 1e3 if r.ttft_warm_s else None, ref.ttft_s * 1e3 if ref else None,
+                                 "{:.0f}"),
                      _with_ratio(r.decode_tps, ref.decode_tps if ref else None),
                      *[_aggregate(r, ref, c) for c in concurrency],
                      _step(r), _num(r.per_hop_ms, "{:.2f}"), _num(r.hop_overhead_ms, "{:.2f}"), _num(r.prefill_mb_s), r.same_tokens, r.note]
