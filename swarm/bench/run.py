@@ -238,7 +238,8 @@ def secret_summary(results: list[SetupResult]) -> str:
                      and o.prompt_kind == r.prompt_kind), None)
         if base is None or not (base.decode_tps and r.decode_tps):
             continue
-        line = (f"- {r.stages} stage(s){'' if r.prompt_kind == 'chat' else f' [{r.prompt_kind}]'}: decode {r.decode_tps:.1f} vs {base.decode_tps:.1f} tok/s open, "
+        prompt = "" if r.prompt_kind == "chat" else f" [{r.prompt_kind}]"
+        line = (f"- {r.stages} stage(s){prompt}: decode {r.decode_tps:.1f} vs {base.decode_tps:.1f} tok/s open, "
                 f"ratio {r.decode_tps / base.decode_tps:.3f}")
         rounds = [p["b_decode_tps"] / p["a_decode_tps"] for p in r.raw.get("paired_rounds", ())
                   if p["a_decode_tps"] and p["b_decode_tps"]]
