@@ -1,6 +1,6 @@
 """Time to first token of one swarm node beside mlx-lm's own server: a ten-turn chat and cold long prompts.
 
-    .venv/bin/python benchmarks/beside_mlx_server.py [--turns 10] [--cold-runs 2] [--words 1200]
+    .venv/bin/python benchmarks/beside_mlx_server.py [--turns 10] [--rounds 1] [--cold-runs 2] [--words 1200]
                                                      [--baseline /work/main/.venv/bin/python]
 
 On loopback: one swarm node of the default model (its defaults: prompt cache on, the backend's prefill
@@ -9,8 +9,8 @@ prefill_step_size, 2048) under the same BLAS, both up at once (with --baseline, 
 another install, e.g. main, up too). The official openai client streams a conversation whose every
 turn sends the whole history (~150 new tokens a turn, each server its own answers, greedy) to each
 server in turn (the order alternating), then cold prompts of `--words` words (a new text each run).
-Prints each turn's times to first token and their ratios to mlx-lm's; the targets: turn 10 and the cold
-prompt at most 1.1x.
+Prints each turn's times to first token and their ratios to mlx-lm's, and the medians over rounds and
+runs; the targets: turn 10 and the cold prompt at most 1.1x.
 """
 
 from __future__ import annotations
@@ -79,6 +79,7 @@ def cold_prompt(seed: int, words: int) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--turns", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=1, help="conversations (the ratios' medians over them)")
     ap.add_argument("--cold-runs", type=int, default=2)
     ap.add_argument("--words", type=int, default=1200)
     ap.add_argument("--max-tokens", type=int, default=16)
@@ -100,17 +101,21 @@ def main() -> None:
             for s in servers:  # warm-up: kernels, the chat template
                 s.ttft([{"role": "user", "content": "Hello there."}], 2)
             print(f"load {os.getloadavg()[0]:.1f}; turn: " + ", ".join(s.name for s in servers) + " (ttft s)", flush=True)
-            turns: dict[str, list[float]] = {s.name: [] for s in servers}
-            for k in range(args.turns):
-                order = servers if k % 2 == 0 else servers[::-1]
-                for s in order:
-                    s.history.append({"role": "user", "content": user_turn(k)})
-                    t, text = s.ttft(s.history, args.max_tokens)
-                    s.history.append({"role": "assistant", "content": text})
-                    turns[s.name].append(t)
-                ref = turns[servers[0].name][-1]
-                print(f"turn {k + 1}: " + ", ".join(f"{turns[s.name][-1]:.2f} ({turns[s.name][-1] / ref:.2f}x)"
-                                                    for s in servers), flush=True)
+            turns: dict[str, list[list[float]]] = {s.name: [] for s in servers}  # per round, per turn
+            for r in range(args.rounds):  # (each round a conversation of its own: new notes, fresh histories)
+                for s in servers:
+                    s.history = []
+                    turns[s.name].append([])
+                for k in range(args.turns):
+                    order = servers if (k + r) % 2 == 0 else servers[::-1]
+                    for s in order:
+                        s.history.append({"role": "user", "content": user_turn(k + 1000 * r)})
+                        t, text = s.ttft(s.history, args.max_tokens)
+                        s.history.append({"role": "assistant", "content": text})
+                        turns[s.name][r].append(t)
+                    ref = turns[servers[0].name][r][-1]
+                    print(f"round {r + 1} turn {k + 1}: " + ", ".join(
+                        f"{turns[s.name][r][-1]:.2f} ({turns[s.name][r][-1] / ref:.2f}x)" for s in servers), flush=True)
             colds: dict[str, list[float]] = {s.name: [] for s in servers}
             for i in range(args.cold_runs):
                 order = servers if i % 2 == 0 else servers[::-1]
@@ -124,8 +129,11 @@ def main() -> None:
             mlx_name = servers[0].name
             for s in servers[1:]:
                 cold = [a / b for a, b in zip(colds[s.name], colds[mlx_name])]
-                print(f"{s.name}: turn {args.turns} {turns[s.name][-1] / turns[mlx_name][-1]:.2f}x, turn 1 "
-                      f"{turns[s.name][0] / turns[mlx_name][0]:.2f}x, cold {statistics.median(cold):.2f}x "
+                last = [a[-1] / b[-1] for a, b in zip(turns[s.name], turns[mlx_name])]
+                first = [a[0] / b[0] for a, b in zip(turns[s.name], turns[mlx_name])]
+                print(f"{s.name}: turn {args.turns} {statistics.median(last):.2f}x (rounds "
+                      f"{', '.join(f'{c:.2f}' for c in last)}), turn 1 {statistics.median(first):.2f}x (rounds "
+                      f"{', '.join(f'{c:.2f}' for c in first)}), cold {statistics.median(cold):.2f}x "
                       f"(runs {', '.join(f'{c:.2f}' for c in cold)}); load {os.getloadavg()[0]:.1f}", flush=True)
         finally:
             for c in opened:
