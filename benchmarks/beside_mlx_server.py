@@ -100,7 +100,8 @@ def main() -> None:
                 servers.append(Server(name, c.entry.url))
             for s in servers:  # warm-up: kernels, the chat template
                 s.ttft([{"role": "user", "content": "Hello there."}], 2)
-            print(f"load {os.getloadavg()[0]:.1f}; turn: " + ", ".join(s.name for s in servers) + " (ttft s)", flush=True)
+            print(f"load {os.getloadavg()[0]:.1f}; turn: " + ", ".join(s.name for s in servers) + " (ttft s)",
+                  flush=True)
             turns: dict[str, list[list[float]]] = {s.name: [] for s in servers}  # per round, per turn
             for r in range(args.rounds):  # (each round a conversation of its own: new notes, fresh histories)
                 for s in servers:
