@@ -40,9 +40,11 @@ STANDIN_ENV = environment.DEVICE_STANDIN.name
 # Positions per prompt chunk by default (`prefill_chunk` below; docs/architecture.md has the CPU's figures).
 CPU_PREFILL_CHUNK = 16
 GPU_PREFILL_CHUNK = 256
-# ... and when no other request runs at the entry (entry/prefill_chunks.py): a turn of a chat goes in
-# one pass; on a GPU mlx-lm's own prefill_step_size.
-CPU_PREFILL_CHUNK_ALONE = 256
+# ... and when no other request runs at the entry (entry/prefill_chunks.py): on a CPU a few passes for a
+# chat's turn, each short enough that a stage still turns its MLX thread over within a link probe's 4 s on
+# a loaded 2-core machine (at 256 a 10-layer pass outlasted it at load 10, and the links broke); on a GPU
+# mlx-lm's own prefill_step_size.
+CPU_PREFILL_CHUNK_ALONE = 64
 GPU_PREFILL_CHUNK_ALONE = 2048
 
 # Each backend's memory_kind: which memory a profile's offered bytes are (one of discovery.profile.MEMORY_KINDS).

@@ -60,7 +60,7 @@ def test_each_backend_picks_its_prompt_chunk_and_the_flag_overrides_it():
     assert cpu.prefill_chunk == CPU_PREFILL_CHUNK < GPU_PREFILL_CHUNK == 256
     assert Backend.from_device_info("cuda", CUDA_INFO).prefill_chunk == 256
     assert Backend.from_device_info("metal", METAL_INFO).prefill_chunk == 256
-    assert cpu.prefill_chunk_alone == CPU_PREFILL_CHUNK_ALONE == 256
+    assert CPU_PREFILL_CHUNK < cpu.prefill_chunk_alone == CPU_PREFILL_CHUNK_ALONE
     assert Backend.from_device_info("cuda", CUDA_INFO).prefill_chunk_alone == 2048  # mlx-lm's prefill_step_size
     # no flag: the node takes its backend's (this box: the CPU's); the flag wins
     assert NodeConfig().prefill_chunk is None and build_parser().parse_args([]).prefill_chunk is None
