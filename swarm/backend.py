@@ -40,11 +40,12 @@ STANDIN_ENV = environment.DEVICE_STANDIN.name
 # Positions per prompt chunk by default (`prefill_chunk` below; docs/architecture.md has the CPU's figures).
 CPU_PREFILL_CHUNK = 16
 GPU_PREFILL_CHUNK = 256
-# ... and when no other request runs at the entry (entry/prefill_chunks.py): on a CPU a few passes for a
-# chat's turn, each short enough that a stage still turns its MLX thread over within a link probe's 4 s on
-# a loaded 2-core machine (at 256 a 10-layer pass outlasted it at load 10, and the links broke); on a GPU
-# mlx-lm's own prefill_step_size.
-CPU_PREFILL_CHUNK_ALONE = 64
+# ... and when no other request runs at the entry (entry/prefill_chunks.py): on a CPU twice the small one.
+# A newcomer still meets the large chunks already out, one pass of each stage at its first steps: at 64 a
+# short chat beside a 5,500-token prompt took 3.8x its quiet time (the target: 3x); at 256 a 10-layer
+# pass also outlasted a link probe's 4 s at load 10 and the links broke. On a GPU mlx-lm's own
+# prefill_step_size.
+CPU_PREFILL_CHUNK_ALONE = 32
 GPU_PREFILL_CHUNK_ALONE = 2048
 
 # Each backend's memory_kind: which memory a profile's offered bytes are (one of discovery.profile.MEMORY_KINDS).
