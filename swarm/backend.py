@@ -115,7 +115,7 @@ class Backend:
     @property
     def prefill_chunk_alone(self) -> int:
         """Positions per prompt chunk when no other request runs at the entry and `--prefill-chunk` is not
-        given: fewer trips, each pass still short enough on a CPU that a newcomer waits for one at most."""
+        given: fewer trips; on a CPU bounded by what a newcomer waits for the large chunks already out."""
         return GPU_PREFILL_CHUNK_ALONE if self.is_gpu else CPU_PREFILL_CHUNK_ALONE
 
     @property
