@@ -5,8 +5,8 @@ only when the measurement has clearly moved and stayed moved:
 
 - round trip: the least of the samples (queueing, a peer busy with a pass and reading our ping late,
   a loaded machine only ever add to a round trip: the least is the link's); advertised once
-  MIN_SAMPLES came, then changed only when that least differs from the advertised value by more than
-  REL_CHANGE of it (and ABS_CHANGE_S) at every check for HOLD_S: the least of the last WINDOW_S for a
+  MIN_SAMPLES came over FIRST_SPAN_S, then changed only when that least differs from the advertised
+  value by more than REL_CHANGE of it (and ABS_CHANGE_S) at every check for HOLD_S: the least of the last WINDOW_S for a
   faster link, of the last RISE_WINDOW_S for a slower one (a stretch of long passes at either end, a
   long prompt's, must not look like a slow link);
 - bandwidth: a padded ping's time beyond the least round trip is what its padding took on the link
@@ -28,6 +28,7 @@ from discovery import link_costs
 
 WINDOW_S = 30.0
 RISE_WINDOW_S = 120.0
+FIRST_SPAN_S = 20.0  # the first round trip advertised is the least of this long (not of a node's busy start)
 MIN_SAMPLES = 3
 REL_CHANGE = 0.5
 ABS_CHANGE_S = 0.0005
@@ -87,7 +88,7 @@ class LinkEstimate:
         if least is None:
             return False
         if self.rtt is None:
-            if len(self._rtts) < MIN_SAMPLES:
+            if len(self._rtts) < MIN_SAMPLES or self._rtts[-1][0] - self._rtts[0][0] < FIRST_SPAN_S:
                 return False
             self.rtt = link_costs.quantize(least, 0.0)[0]
             return True
