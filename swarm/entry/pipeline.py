@@ -38,5 +38,9 @@ class Pipeline(Protocol):
         attempt: how many times the request started again (a replay, a miss): the stages drop frames and
         answers of its earlier attempts."""
 
+    def alone(self, request_id: str) -> bool:
+        """Whether no other request of this entry runs beside `request_id` now (its prompt may go in
+        large chunks: prompt_chunks.py)."""
+
     async def release(self, request_id: str, keep: list[int] | None = None) -> None:
         """keep: the ids of the positions the request's caches hold, for the stages to keep (prompt caches)."""

@@ -126,6 +126,9 @@ class SwarmPipeline:
             else:
                 await self.pending.wait(request_id, fut, self.token_timeout, "prompt chunk read")
 
+    def alone(self, request_id: str) -> bool:
+        return not self.own.others_than(request_id)
+
     def _chunks_allowed_out(self, request_id: str) -> int:
         """Alone at this entry: a chunk at every stage and one travelling. Beside another of its requests:
         PROMPT_CHUNKS_OUT (asked again after each answer, so a newcomer drains the surplus)."""
