@@ -12,7 +12,7 @@ One place says per backend:
 - the prompt chunk an entry sends when `--prefill-chunk` is not given (entry/generate.py): small on the
   CPU, where a chunk's pass is slow and is what a long prompt holds other requests back at a stage; 256
   on a GPU, where a chunk is fast and a bigger pass keeps the device busy; and the larger chunk of a
-  prompt that no other request waits behind (a second's work on a CPU, mlx-lm's 2048 on a GPU);
+  prompt that no other request waits behind (64 on a CPU, mlx-lm's 2048 on a GPU);
 - whether the CPU-only tuning runs: the optimized-BLAS re-exec (engine/blas.py), prompt rows across CPU
   streams with BLAS thread switching (engine/row_streams.py), the heap tidy when the MLX thread falls idle
   (engine/worker.py), no MLX buffer cache (node/node.py). Each tunes MLX's CPU device; on a GPU they only
@@ -41,10 +41,11 @@ STANDIN_ENV = environment.DEVICE_STANDIN.name
 CPU_PREFILL_CHUNK = 16
 GPU_PREFILL_CHUNK = 256
 # Positions per chunk of a prompt no other request of its entry waits behind (`prefill_chunk_alone` below):
-# a request arriving meanwhile waits for the pass under way at each stage, about one such pass of the whole
-# model (a CPU reads ~100 positions a second of the default model: ~1 s at 128); mlx-lm's own
-# prefill_step_size on a GPU.
-CPU_PREFILL_CHUNK_ALONE = 128
+# a request arriving meanwhile waits for the pass under way at each stage for each of its first frames (a
+# CPU reads ~100 positions a second of the default model: a short chat 1 s after a 5,500-token prompt
+# took 2.6x its quiet time at 128 on 3 netns hosts, the limit is 3x); mlx-lm's own prefill_step_size on
+# a GPU.
+CPU_PREFILL_CHUNK_ALONE = 64
 GPU_PREFILL_CHUNK_ALONE = 2048
 
 # Each backend's memory_kind: which memory a profile's offered bytes are (one of discovery.profile.MEMORY_KINDS).
@@ -115,7 +116,7 @@ class Backend:
     def prefill_chunk_alone(self) -> int:
         """Positions per chunk of a prompt that no other request of its entry waits behind
         (entry/prompt_chunks.py): large passes cost less per position and fewer trips, but a request
-        arriving meanwhile waits for the pass under way, so on a CPU it stays near a second's work."""
+        arriving meanwhile waits for the pass under way, so on a CPU it stays a fraction of a second's work."""
         return GPU_PREFILL_CHUNK_ALONE if self.is_gpu else CPU_PREFILL_CHUNK_ALONE
 
     @property

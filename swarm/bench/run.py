@@ -208,7 +208,8 @@ def swarm_variants(dtype: str, with_secret: bool, batch_decode: int, baseline: s
 
 def _open_and_secret(n: int, workdir: Path, model: str, memory_limit: str, prompt_tokens: int, max_tokens: int,
                      concurrency: list[int], runs: int, prompts: BenchPrompts,
-                     mlx_batch_tps: Callable[[int, int], float] | None, common: tuple[str, ...] = ()) -> list[SetupResult]:
+                     mlx_batch_tps: Callable[[int, int], float] | None,
+                     common: tuple[str, ...] = ()) -> list[SetupResult]:
     """The open swarm of n nodes and one with a swarm secret, both up at once, in alternating rounds."""
     progress(f"swarm with {n} node(s), open and with a secret side by side: starting")
     secret = (*common, f"--secret={new_secret_text()}")

@@ -11,7 +11,8 @@ the token timeout bounds the wait for one chunk, not for the whole prompt: a pro
 read is alive however long it is. A prompt alone at its entry keeps one chunk per stage out and
 one travelling: every stage has a chunk to read while the answers travel, and a prompt of a few
 chunks goes out whole. Beside another request of this entry it keeps PROMPT_CHUNKS_OUT out, so
-that request's steps meet fewer chunks at the stages.
+that request's steps meet fewer chunks at the stages. Whether a request is alone also sets its next
+chunk's size (`alone`, entry/prompt_chunks.py): large alone, small beside others.
 
 A stage may take our frames and return nothing (it reads none of them): a sampled step, or a
 request's first prompt chunk, whose answer is overdue (StepWatch) has its plan's stages checked,
