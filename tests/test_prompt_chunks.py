@@ -32,6 +32,8 @@ def test_the_rule_large_alone_small_beside_never_past_the_prompt():
     assert next_chunk(1000, 16, 128, is_alone=False) == 16
     assert next_chunk(40, 16, 128, is_alone=True) == 40  # a new turn goes in one pass
     assert next_chunk(5, 16, 128, is_alone=False) == 5
+    assert next_chunk(128, 16, 128, is_alone=False) == 128  # what is left fits one large chunk: one pass
+    assert next_chunk(129, 16, 128, is_alone=False) == 16
     assert next_chunk(0, 16, 128, is_alone=True) == 0
     assert next_chunk(1000, 256, 128, is_alone=True) == 256  # never smaller than the chunk beside others
     # the sizes per backend: alone larger; on a GPU mlx-lm's prefill_step_size
@@ -102,7 +104,7 @@ def test_alone_large_chunks_equal_mlx_lm_at_that_step_then_small_ones_when_a_sec
         assert chunks == [("r1", LARGE), ("r1", LARGE), ("r1", 44)], sizes
         assert tokens["r1"] == expected, sizes
     long_job = GenerationJob("long", _prompt(6 * LARGE, 2), GREEDY, 1)
-    short_job = GenerationJob("short", _prompt(3 * SMALL, 3), GREEDY, 3)
+    short_job = GenerationJob("short", _prompt(LARGE + 2 * SMALL + 1, 3), GREEDY, 3)
     _, chunks = _run(llama, [6], [long_job, short_job], arrive_after=2)
     longs = [size for rid, size in chunks if rid == "long"]
     assert longs[:2] == [LARGE, LARGE], chunks
@@ -111,7 +113,17 @@ def test_alone_large_chunks_equal_mlx_lm_at_that_step_then_small_ones_when_a_sec
     while_short_ran = [size for rid, size in chunks[at[0]:at[-1]] if rid == "long"]
     assert while_short_ran and all(size == SMALL for size in while_short_ran), chunks
     assert sum(longs) == 6 * LARGE - 1 and long_job.prompt_chunks == len(longs)
-    assert [size for rid, size in chunks if rid == "short"] == [SMALL, SMALL, SMALL - 1], chunks
+    # beside the first prompt: small chunks until what is left fits a large one
+    assert [size for rid, size in chunks if rid == "short"] == [SMALL, SMALL, LARGE], chunks
+
+
+def _beside(remaining: int) -> int:
+    """Chunks of a prompt read beside another request throughout: small ones until what is left fits a
+    large one."""
+    n = 0
+    while remaining > LARGE:
+        remaining, n = remaining - SMALL, n + 1
+    return n + (remaining > 0)
 
 
 def _chunks(node) -> int:
@@ -157,4 +169,4 @@ def test_a_real_node_reads_a_prompt_alone_in_large_chunks_and_beside_a_decoding_
     # alone); if that request still decoded when it was answered, all of them were.
     assert after - before > math.ceil((m - 1) / LARGE), (m, after - before)
     if still_decoding:
-        assert after - before == math.ceil((m - 1) / SMALL), (m, after - before)
+        assert after - before == _beside(m - 1), (m, after - before)

@@ -7,10 +7,13 @@ prefill_step_size): a ten-turn chat's new turn in one pass, a long prompt in few
 request of the entry runs, the next chunk is small (`beside`): each step of that request waits at
 every stage for the chunk under way there, so the large chunks it meets are those already out when it
 came (a few, answered first: entry/swarm_pipeline.py), and the stages serve it before them
-(stage/stage_service.py, stage/chunk_hold.py).
+(stage/stage_service.py, stage/chunk_hold.py). What is left of a prompt that fits one large chunk
+goes in one, beside others too: no longer a pass than the large chunks others meet anyway, and a
+short chat that arrives beside a long prompt sends one frame, not several that each wait there.
 
 A request alone from start to end gets chunks of exactly `alone` positions (the last one shorter), so
-its greedy text equals mlx-lm's at prefill_step_size=`alone` (tests/reference.py). The entry does not
+its greedy text equals mlx-lm's at prefill_step_size=`alone` (tests/reference.py); so does a prompt
+that fits one large chunk, alone or not. The entry does not
 see other entries' requests at its stages: a stage that serves them meets this entry's large chunks,
 each at most one pass, and holds them back while its own requests decode (stage/chunk_hold.py).
 """
@@ -20,7 +23,9 @@ from __future__ import annotations
 
 def next_chunk(remaining: int, beside: int, alone: int, is_alone: bool) -> int:
     """Positions of the next chunk of a prompt with `remaining` positions left to read before its last
-    token: `alone` (at least `beside`) when no other request of the entry runs, `beside` when one does."""
-    if remaining <= 0:
-        return 0
-    return min(remaining, max(alone, beside) if is_alone else beside)
+    token: up to `alone` (at least `beside`) when no other request of the entry runs or what is left
+    fits that, else `beside`."""
+    large = max(alone, beside)
+    if remaining <= large or is_alone:
+        return max(0, min(remaining, large))
+    return beside
