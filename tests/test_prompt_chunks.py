@@ -9,7 +9,6 @@ import asyncio
 import math
 import threading
 
-
 from swarm.backend import CPU_PREFILL_CHUNK, CPU_PREFILL_CHUNK_ALONE, GPU_PREFILL_CHUNK, GPU_PREFILL_CHUNK_ALONE
 from swarm.engine.sampling import SamplingParams
 from swarm.engine.shard import load_shard
