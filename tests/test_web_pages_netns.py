@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 from browser import Browser, chromium_path
 from netns import netns_unavailable_reason
-from netns_client import in_netns
 from swarm_cluster import API_PORT, SwarmCluster
 
 pytestmark = [
