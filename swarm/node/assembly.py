@@ -169,7 +169,7 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
                   sizes: ModelBytes, spec: ModelSpec, vocab: int | None, dtype, dequantize: bool, outlined: Outline,
                   backend: Backend,
                   defaults: GenerationDefaults, gate: RequestGate, api_key: Secret, secret: Secret | None,
-                  loop: asyncio.AbstractEventLoop) -> Serving:
+                  loop: asyncio.AbstractEventLoop, guard: WebGuard) -> Serving:
     node_id, discovery, lane = peers.profile.node_id, peers.discovery, peers.lane
 
     # The stage: the layers this node holds, and the frames for them queued, batched and computed.
@@ -246,8 +246,7 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
                         peers=peer_security.describe(secret), prompt_chunk=service.prefill_step)
     admission = Admission(cfg.max_active, cfg.max_queue)
     app = make_app(service, status, events, model.model_id, admission, defaults, gate, api_key=api_access(api_key),
-                   body_timeout=cfg.http_timeout,
-                   guard=WebGuard.for_node(cfg.api_port, cfg.allowed_origins, cfg.allowed_hosts))
+                   body_timeout=cfg.http_timeout, guard=guard)
     # keepalive_timeout closes a connection idle between requests, and one that never completes
     # its headers (aiohttp's default keeps both for an hour). handler_cancellation: a client that
     # goes away cancels its handler, streaming or not, and leaving the handler frees the request on

@@ -99,6 +99,9 @@ class Node:
         # The API's door: closed on Ctrl-C while taken requests finish. One for every run (a restart under
         # a new id must not reopen a door the user closed).
         self.gate = RequestGate()
+        # Which web pages and Host names the API answers (api/web_guard.py): this machine's names and
+        # addresses are read once, for the bootstrap API and the full one alike.
+        self.web_guard = WebGuard.for_node(config.api_port, config.allowed_origins, config.allowed_hosts)
         self.serving = asyncio.Event()  # set while a run has started every part (lifecycle.py waits on it)
         self._stops: list = []  # what to stop, in reverse order of starting
         self._start_over = asyncio.Event()  # set when this run's id turned out to be another node's
@@ -249,7 +252,7 @@ class Node:
         serving = build_serving(cfg, peers, worker, model, self.tokenizer, sizes,
                                 model_spec(sizes, cfg.kv_reserve_tokens), vocab_size(model.config), self.dtype,
                                 self.dequantize, self.outline, self.backend, defaults, self.gate, key,
-                                self.secret, loop)
+                                self.secret, loop, self.web_guard)
 
         # Start, in the same order: the inbox takes messages before the peer port accepts them, the
         # API answers before discovery announces it.
@@ -311,9 +314,8 @@ class Node:
             await discovery.update_profile(extra={STATE_KEY: state})
 
         runner = web.AppRunner(make_bootstrap_app(lambda: {**waiting, "fetch": weights.status.to_dict()},
-                                                  discovery, cfg.model, self._api_access,
-                                                  WebGuard.for_node(cfg.api_port, cfg.allowed_origins,
-                                                                    cfg.allowed_hosts)), access_log=None)
+                                                  discovery, cfg.model, self._api_access, self.web_guard),
+                                access_log=None)
         await runner.setup()
         try:
             await _bound("api", cfg.api_host, cfg.api_port, web.TCPSite(runner, cfg.api_host, cfg.api_port).start)
