@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from types import MappingProxyType
+from typing import Callable, Mapping, Optional, Sequence
 
 from .balanced import balanced_split
 from .by_memory import memory_split
@@ -82,11 +83,12 @@ def _link_aware(model: ModelSpec, usable: list[NodeCapacity], clock: Clock, stra
     costs = TripCosts(model, usable, hops)
     split = best_order(split, costs)
     left_out: dict[str, str] = {}
+    needed: set[str] = set()  # the others cannot hold the model without it: it stays in
     kept = list(usable)
     while len(split) > 1:
         candidates = sorted(((extra - costs.compute(node, layers), node) for node, layers, extra
                              in _extra_hops(split, costs) if extra > max(costs.compute(node, layers), MIN_GAIN_S)
-                             and node not in left_out), reverse=True)
+                             and node not in needed), reverse=True)
         for _, node in candidates:
             rest = [n for n in kept if n.node_id != node]
             without = STRATEGIES[strategy](model, rest, Clock(rest))
@@ -94,10 +96,10 @@ def _link_aware(model: ModelSpec, usable: list[NodeCapacity], clock: Clock, stra
                 kept, split = rest, best_order(without, costs)
                 left_out[node] = LINKS_REASON
                 break
-            left_out.setdefault(node, "")  # needed for memory: stays in
+            needed.add(node)
         else:
             break
-    return split, {node: why for node, why in left_out.items() if why}
+    return split, left_out
 
 
 def _extra_hops(split: list[tuple[str, int]], costs: TripCosts) -> list[tuple[str, int, float]]:
@@ -114,14 +116,14 @@ def _extra_hops(split: list[tuple[str, int]], costs: TripCosts) -> list[tuple[st
 
 def _idle(
     model: ModelSpec, nodes: Sequence[NodeCapacity], used: set[str], unused_reason: str,
-    left_out: dict[str, str] | None = None,
+    left_out: Mapping[str, str] = MappingProxyType({}),
 ) -> tuple[IdleNode, ...]:
     idle = []
     for node in sorted(nodes, key=lambda n: n.node_id):
         if node.node_id in used:
             continue
-        if node.node_id in (left_out or {}):
-            reason = (left_out or {})[node.node_id]
+        if node.node_id in left_out:
+            reason = left_out[node.node_id]
         elif can_hold_one_layer(model, node):
             reason = unused_reason
         else:

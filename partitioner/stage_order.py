@@ -91,16 +91,9 @@ class TripCosts:
 
 def best_order(split: Split, costs: TripCosts) -> Split:
     """The split's stages in the order of the shortest trip; `split` itself on ties."""
-    if len(split) < 3 and not _reverse_helps(split, costs):
+    if len(split) < 2:
         return list(split)
     return _exact(split, costs) if len(split) <= EXACT_MAX else _bounded(split, costs)
-
-
-def _reverse_helps(split: Split, costs: TripCosts) -> bool:
-    if len(split) < 2:
-        return False
-    other = list(reversed(split))
-    return costs.fits(other) and costs.key(other) < costs.key(split)
 
 
 def _exact(split: Split, costs: TripCosts) -> Split:
