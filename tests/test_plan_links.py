@@ -21,7 +21,8 @@ def links(me: str, ids: str, slow_to: set[str]) -> dict:
     return {peer: (SLOW if peer in slow_to or me in slow_to else FAST) for peer in ids if peer != me}
 
 
-def test_every_node_leaves_out_the_member_whose_links_are_slow_and_plans_as_before_without_links():
+def test_every_node_leaves_out_the_member_whose_links_are_slow_and_plans_as_before_without_links(monkeypatch):
+    monkeypatch.setenv("SWARM_PLAN_LINKS", "on")
     ids = "abcd"
     measured = {n: links(n, ids, {"d"}) for n in ids}
     plans = set()
@@ -34,3 +35,10 @@ def test_every_node_leaves_out_the_member_whose_links_are_slow_and_plans_as_befo
     assert len(plans) == 1
     without = coordinator(FixedView("a", {n: {} for n in ids}))
     assert [s.node_id for s in without._make_plan(without.members(set())).stages] == list(ids)
+
+
+def test_without_swarm_plan_links_on_the_links_change_no_plan(monkeypatch):
+    monkeypatch.delenv("SWARM_PLAN_LINKS", raising=False)
+    ids = "abcd"
+    coord = coordinator(FixedView("a", {n: {} for n in ids}, {n: links(n, ids, {"d"}) for n in ids}))
+    assert [s.node_id for s in coord._make_plan(coord.members(set())).stages] == list(ids)
