@@ -117,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "shorter holds, a little more overhead; greedy output equals mlx-lm's at "
                         f"prefill_step_size N) (default: {CPU_PREFILL_CHUNK} on a CPU, {GPU_PREFILL_CHUNK} on a GPU; "
                         f"{MIN_PREFILL_CHUNK} to {MAX_PREFILL_CHUNK})")
+    p.add_argument("--speculate", default="auto", choices=["off", "lookup", "draft", "auto"],
+                   help="decode steps carry draft tokens that the last stage checks in the same pass, so each "
+                        "accepted one saves a trip through the pipeline (same output): lookup proposes what "
+                        "followed the last few tokens earlier in the prompt or answer; draft (a draft model) is "
+                        "not available yet; auto: lookup (default: %(default)s)")
     p.add_argument("--speed", type=_speed, default=None, metavar="SECONDS",
                    help="state this node's speed (seconds per layer per decoded token, e.g. 0.002) instead "
                         "of measuring it; nodes stating the same speed get equal shares of the layers")
@@ -234,6 +239,9 @@ def _prompt_cache(text: str) -> int | None:
 def config_from_args(args: argparse.Namespace) -> NodeConfig:
     if args.join and args.model:
         raise SystemExit("swarm-node: error: give --model or --join, not both")
+    if args.speculate == "draft":
+        raise SystemExit("swarm-node: error: --speculate draft needs a draft model, which this node cannot load "
+                         "yet; use lookup or auto")
     return NodeConfig(model=args.model, join=args.join, api_host=args.api_host, api_port=args.api_port,
                       peer_port=args.peer_port, state_dir=args.state_dir, cache_dir=args.cache_dir,
                       node_id=args.node_id, name=args.name, dtype=args.dtype,
@@ -244,6 +252,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
                       memory_limit=args.memory_limit, prompt_cache=args.prompt_cache, speed=args.speed,
                       strategy=args.strategy, recovery_timeout=args.recovery_timeout,
                       token_timeout=args.token_timeout, prefill_chunk=args.prefill_chunk, peer_host=args.peer_host,
+                      speculate=args.speculate,
                       batch_decode=args.batch_decode, prompt_gather_ms=args.prompt_gather,
                       max_active=args.max_active, max_queue=args.max_queue,
                       api_key=args.api_key, http_timeout=args.http_timeout,

@@ -7,7 +7,8 @@ import mlx.core as mx
 from swarm.engine.prompt_cache import PromptCacheMiss
 from swarm.engine.shard_runner import ShardRunner
 from swarm.engine.worker import MlxWorker
-from swarm.entry.pipeline import PrefixMissed
+from swarm.engine.draft_check import Checked
+from swarm.entry.pipeline import PrefixMissed, Verified
 from swarm.entry.prompt_index import PromptIndex, RoutePrompts
 
 class LocalPipeline:
@@ -28,18 +29,21 @@ class LocalPipeline:
         """Which stages hold which layers (entry/prompt_index.py): other stages, another route."""
         return tuple((id(s), s.range.start, s.range.end) for s in self.stages)
 
-    def _run(self, request_id: str, tokens: list[int], start_pos: int, sampling, rules, prefix):
+    def _run(self, request_id: str, tokens: list[int], start_pos: int, sampling, rules, prefix, drafts=None):
+        tokens = tokens + (drafts or [])
         x = mx.array([tokens], dtype=mx.int32)
         starts = start_pos == 0 or prefix is not None
         for stage in self.stages:
             x = stage.forward(request_id, x, start_pos, sampling, rules=rules if starts else None,
-                              ids=tokens if rules is not None else None, prefix=prefix)
+                              ids=tokens if rules is not None else None, prefix=prefix, drafts=drafts or None)
+        if isinstance(x, Checked):
+            return Verified.of(drafts, x.accepted, x.token, x.logprobs)
         return x if sampling is not None else None
 
     async def forward(self, request_id, tokens, start_pos, sampling, continue_unless=None, rules=None, prefix=None,
-                      attempt=0):
+                      attempt=0, drafts=None):
         try:
-            return await self.worker.run(self._run, request_id, tokens, start_pos, sampling, rules, prefix)
+            return await self.worker.run(self._run, request_id, tokens, start_pos, sampling, rules, prefix, drafts)
         except PromptCacheMiss as e:
             raise PrefixMissed(str(e)) from None
 

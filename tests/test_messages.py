@@ -222,3 +222,24 @@ def test_a_kept_prefix_and_the_ids_to_keep_round_trip() -> None:
         decode(Frame({"t": "rel", "rid": "r1"}, b"\0" * 6))
     with pytest.raises(ProtocolError, match="at most"):  # never turned into millions of Python ints
         decode(Frame({"t": "rel", "rid": "r1"}, b"\0" * (4 * MAX_KEEP_IDS + 4)))
+
+
+def test_a_step_with_drafts_and_its_answer_round_trip() -> None:
+    step = Forward.of_tokens("r1", "plan1", 7, "entry", SAMPLING, [5], drafts=[6, 7, 8])
+    assert step.length == 4 and step.array().tolist() == [[5, 6, 7, 8]] and not step.is_decode_step
+    onward = step.onward(10, encode_array(mx.ones((1, 4, 8))), compute_us=5)
+    for f in (step, onward):
+        assert decode(on_the_wire(f)).draft_ids() == [6, 7, 8]
+    assert decode(on_the_wire(Forward.of_tokens("r1", "plan1", 7, "entry", SAMPLING, [5]))).drafts is None
+    answer = Token("r1", "plan1", 11, 42, 10, accepted=2)
+    assert decode(on_the_wire(answer)) == answer and "ac" not in Token("r1", "plan1", 11, 42).to_frame()[0]
+
+
+@pytest.mark.parametrize("changes", [{"dr": b"\0" * 8}, {"dr": "abc"}, {"sampling": None}],
+                         ids=["wrong count", "not bytes", "not sampled"])
+def test_malformed_drafts_are_refused_by_name(changes) -> None:
+    step = Forward.of_tokens("r1", "plan1", 7, "entry", SAMPLING, [5], drafts=[6, 7, 8])
+    with pytest.raises(ProtocolError, match="'dr'"):
+        decode(frame_of(step, changes))
+    with pytest.raises(ProtocolError, match="'ac'"):
+        decode(frame_of(Token("r1", "plan1", 11, 42, accepted=2), {"ac": 65}))

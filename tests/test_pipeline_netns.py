@@ -118,3 +118,25 @@ def test_memory_limits_change_the_layer_ranges(tmp_path, tiny_models):
         assert [shown[i] for i in ids] == caps
     finally:
         cluster.close()
+
+
+TYPOS = ("Fix the typos in this paragraph: The city council met on Tuesday to discuss the new park. Many residents "
+         "came to share their views about the playground, the trees and the parking. The mayor said the plan would be "
+         "ready by the end of the yaer, and that work would start in the spring.")
+
+
+def test_drafts_checked_across_three_hosts_give_one_machines_text(default_swarm, default_model):
+    """A copy-and-fix answer: prompt lookup drafts most of it, the last host checks the drafts, every host
+    cuts back what it rejected; the text is mlx-lm's greedy text, with drafts and without."""
+    body = chat_body(TYPOS, 60)
+    expected, n_tokens = reference_chat(default_model.path, body["messages"], 60)
+    entry = default_swarm.nodes[0]
+    before = entry.get("/health")[1]["speculation"]
+    status, on = entry.post("/v1/chat/completions", body)
+    assert status == 200, on
+    after = entry.get("/health")[1]["speculation"]
+    status, off = entry.post("/v1/chat/completions", {**body, "speculate": False})
+    assert status == 200, off
+    assert on["choices"][0]["message"]["content"] == off["choices"][0]["message"]["content"] == expected
+    assert on["usage"]["completion_tokens"] == n_tokens
+    assert after["drafts_accepted"] - before["drafts_accepted"] > n_tokens // 3, (before, after)

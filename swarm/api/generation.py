@@ -114,7 +114,8 @@ class Generation:
                 await asyncio.to_thread(lambda: service.vocab.ll)  # token texts for logprobs (built once)
             seed = params.sampling.seed
             streams = [service.complete(prompt, replace(params.sampling, seed=(seed + i) % 2**64), max_tokens,
-                                        params.stop, rules, make_output() if make_output else None)
+                                        params.stop, rules, make_output() if make_output else None,
+                                        params.speculate)
                        for i in range(params.n)]
             try:
                 # The first events decide the HTTP status: no pipeline in time is a 503,

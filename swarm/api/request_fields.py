@@ -25,7 +25,8 @@ _IGNORED = "swarm_ignored"  # the request's list of fields accepted without effe
 
 # Applied. (top_k and repetition_penalty are vLLM's extensions, as mlx-lm's server takes them.)
 _SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
-             "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "logprobs"}
+             "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "logprobs",
+             "speculate"}  # (ours: false keeps draft tokens out of its decode steps)
 CHAT_FIELDS = _SAMPLING | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
                            "parallel_tool_calls", "response_format",
                            # no effect on the answer (see NO_EFFECT)

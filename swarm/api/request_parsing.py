@@ -39,6 +39,7 @@ class CompletionParams:
     rules: DecodingRules | None = None  # logprobs, penalties, bias (a grammar is added by the route)
     echo: bool = False  # legacy completions: the prompt comes back before the completion
     token_ids: bool = False  # legacy completions' return_token_ids: each choice's generated ids beside its text
+    speculate: bool = True  # False: no draft tokens in its decode steps (entry/speculation.py)
 
     def with_rules(self, **changes) -> DecodingRules | None:
         """The rules with `changes` (a grammar), or None when nothing is asked of the sampler."""
@@ -211,6 +212,7 @@ def parse_params(body: dict, max_tokens_limit: int, vocab_size: int, defaults: G
     token_ids = body.get("return_token_ids", False) if not chat else False
     if not isinstance(token_ids, bool):
         raise ApiError(400, "'return_token_ids' must be a boolean", param="return_token_ids")
+    speculate = optional_field(body, "speculate", must_be_boolean)
     logprobs = _logprobs(body, chat)
     rules = DecodingRules(
         logit_bias=_logit_bias(body, vocab_size),
@@ -222,7 +224,8 @@ def parse_params(body: dict, max_tokens_limit: int, vocab_size: int, defaults: G
         raise ApiError(400, "'repetition_penalty' must be greater than 0 (1 is off)", param="repetition_penalty")
     return CompletionParams(model, SamplingParams(temperature, top_p, top_k, seed % 2**64), max_tokens,
                             _parse_stop(body.get("stop")), stream, include_usage, n,
-                            None if rules == DecodingRules() else rules, echo, token_ids)
+                            None if rules == DecodingRules() else rules, echo, token_ids,
+                            speculate is not False)
 
 
 def _logprobs(body: dict, chat: bool) -> int | None:

@@ -23,6 +23,7 @@ from mlx_lm.models.cache import CacheList, make_prompt_cache
 from mlx_lm.utils import load_model
 
 from . import families
+from .draft_check import can_check_drafts
 from .model_outline import BETWEEN, POST, PRE, Outline, outline
 from .quantized import QUANTIZED
 
@@ -50,6 +51,7 @@ class ModelBytes:
     head: int  # what the last stage holds besides its layers (the embedding again when tied)
     caches: tuple[LayerCache, ...]
     activation: int = 0  # what one position's hidden state weighs between two stages (0: not known)
+    checks_drafts: bool = False  # its caches can drop unaccepted draft positions (draft_check.can_check_drafts)
 
     @property
     def kv_per_token_per_layer(self) -> int:
@@ -141,7 +143,7 @@ def measure_model_bytes(model_dir: Path, dtype: mx.Dtype | None, dequantize: boo
     head = sum(b for p, b in outside.items() if outlined.phases(p) & {POST, BETWEEN})
     act_bytes = (dtype or model_float_dtype(model)).size  # the caches hold what the layers compute in
     return ModelBytes(per_layer, embedding, head, _layer_caches(model, outlined.cache_slots, act_bytes),
-                      _hidden_size(model) * act_bytes)
+                      _hidden_size(model) * act_bytes, can_check_drafts(make_prompt_cache(model)))
 
 
 def _hidden_size(model: nn.Module) -> int:

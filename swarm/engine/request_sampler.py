@@ -84,6 +84,16 @@ class RequestSampler:
                 self.matcher.consume(t)
             self.history.append(t)
 
+    @property
+    def checks_drafts(self) -> bool:
+        """Whether it can draw at several positions of one pass: only rules whose state does not follow each
+        token drawn (no grammar, no penalties) nor read prompt rows (echo). The entry drafts for no other."""
+        return not self.rules.needs_history and not self.rules.echo_logprobs
+
+    def forget_after(self, pos: int) -> None:
+        """Drafts the last pass checked past `pos` were not accepted: the history ends at `pos` again."""
+        del self.history[pos:]
+
     def wants_every_row(self, pos: int) -> bool:
         """Whether a forward from `pos` needs the logits of all its positions: rows that score prompt
         tokens (echo logprobs; the row of position q scores the token at q + 1)."""

@@ -34,6 +34,7 @@ class Ahead:
 class RequestState:
     caches: ShardCaches | None  # None while its rows are in a kept batch
     offset: int = 0  # positions this request's caches hold
+    drafted: int = 0  # of them, the last ones a verifying step wrote (draft_check.py): they may be cut off
     counted: int = 0  # positions the budget counts for it (a step's, from before it runs; padding too)
     padding: int = 0  # of them, left padding it holds in a kept batch
     last_used: float = field(default_factory=time.monotonic)

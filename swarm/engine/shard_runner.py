@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 
 import mlx.core as mx
+from mlx_lm.models.cache import trim_prompt_cache
 
 from . import families
 from .batch_rows import DecodeStep, PromptStart
@@ -29,6 +30,7 @@ from .cache_budget import CacheFull, CacheLimits
 from .constraints import GrammarVocab
 from .decoding_rules import DecodingRules
 from .decode_ahead import StepsAhead
+from .draft_check import Checked, DraftCheck, can_check_drafts
 from .held_requests import HeldRequests
 from .prompt_cache import PromptCacheMiss, PromptCacheStats
 from .request_sampler import HistoryMismatch, RequestSampler
@@ -71,7 +73,8 @@ class ShardRunner:
 
     def forward(self, request_id: str, x: mx.array, start_pos: int, sampling: SamplingParams | None = None,
                 entry: str = "", rules: DecodingRules | None = None,
-                ids: list[int] | None = None, prefix: list[int] | None = None) -> mx.array | int | SampledToken:
+                ids: list[int] | None = None, prefix: list[int] | None = None,
+                drafts: list[int] | None = None) -> mx.array | int | SampledToken | Checked:
         """Run positions [start_pos, start_pos + L) of `entry`'s request through this shard.
 
         start_pos 0 always starts the request afresh (a replay after churn does that), with
@@ -81,6 +84,9 @@ class ShardRunner:
         by `release(keep=...)` (prompt_cache.py); PromptCacheMiss if this stage does not hold them.
         On the last stage with `sampling`, returns the sampled token for the next position
         (a SampledToken when the rules ask for logprobs).
+        `drafts`: the step carries draft tokens, positions [start_pos + 1, start_pos + L): the last stage draws at
+        every position and returns a Checked (draft_check.py). The positions of drafts it did not accept are
+        cut off on every stage when the request's next forward starts at an earlier position.
         Raises CacheMismatch when the caches do not hold start_pos, CacheFull past a cap.
         """
         key, length = (entry, request_id), x.shape[1]
@@ -89,12 +95,16 @@ class ShardRunner:
                                 f"the context of {self.context}")
         if prefix is not None and len(prefix) != start_pos:
             raise CacheMismatch(f"request {request_id}: a prefix of {len(prefix)} tokens for position {start_pos}")
+        if drafts is not None and (len(drafts) != length - 1 or not drafts):
+            raise CacheMismatch(f"request {request_id}: {len(drafts)} drafts in a step of {length} positions")
         state = self._requests.get(key)
         if state is not None and state.ahead is not None:
             if state.ahead.serves(x, start_pos, sampling) and rules is None and prefix is None:
                 state.last_used = time.monotonic()
                 return self.ahead.take(key, state)
             self.ahead.settle(key, state)
+        if state is not None and prefix is None and state.offset - state.drafted <= start_pos < state.offset:
+            self._cut_drafts(key, state, start_pos)
         if start_pos == 0 or prefix is not None:
             if state is not None:
                 self.held.drop(key)
@@ -118,14 +128,22 @@ class ShardRunner:
             self.held.own(key, state)
             self.held.grow(key, state, length)
         sampler = state.sampler
-        prepared = None
+        prepared = check = None
         try:
             if sampler is not None:
                 sampler.observe(start_pos, ids)
+            if drafts is not None and not can_check_drafts(state.caches.unique()):
+                raise CacheMismatch(f"request {request_id}: this model's caches cannot drop unaccepted drafts")
             every_row = sampler is not None and sampler.wants_every_row(start_pos)
-            out = self.shard(x, state.caches, every_row) if every_row else self.shard(x, state.caches)
+            checking = drafts is not None and sampling is not None and self.range.is_last
+            out = self.shard(x, state.caches, every_row or checking)
             token = None
-            if sampler is not None and sampling is not None and self.range.is_last:
+            if checking:
+                if sampler is not None and not sampler.checks_drafts:
+                    raise CacheMismatch(f"request {request_id}: its decoding rules follow every token: no drafts")
+                check = DraftCheck(out, drafts, sampling, start_pos, sampler)
+                mx.eval(check.arrays(), state.caches.arrays())
+            elif sampler is not None and sampling is not None and self.range.is_last:
                 prepared = sampler.prepare(out[-1] if every_row else out)  # joins the forward's evaluation
                 mx.eval(out, prepared.arrays(), state.caches.arrays())
             elif sampling is not None and self.range.is_last and not every_row:
@@ -141,6 +159,9 @@ class ShardRunner:
             self.held.drop(key)  # its caches may hold part of the step
             raise
         state.offset += length
+        state.drafted = len(drafts) if drafts is not None else 0
+        if check is not None:
+            return check.result()
         if every_row:
             sampler.take_prompt_rows(out, start_pos)
             out = out[-1]
@@ -153,6 +174,18 @@ class ShardRunner:
         if ahead:
             self.ahead.start(key, state, token, start_pos + length, sampling)
         return self.ahead.read(state, token)
+
+    def _cut_drafts(self, key: Key, state: RequestState, pos: int) -> None:
+        """The request's last step checked drafts and goes on from `pos`: the positions past it stand for
+        drafts that were not accepted, and go (mlx-lm's trim_prompt_cache, on every cache behind the slots)."""
+        n = state.offset - pos
+        self.held.own(key, state)
+        trim_prompt_cache(state.caches.unique(), n)
+        state.offset, state.drafted = pos, 0
+        state.counted -= n
+        self.budget.add(key[0], False, -n)
+        if state.sampler is not None:
+            state.sampler.forget_after(pos)
 
     def _start(self, key: Key, length: int, prefix: list[int] | None = None) -> RequestState:
         caches = self.prompts.start(key, prefix) if prefix else self.shard.make_caches()
@@ -174,6 +207,8 @@ class ShardRunner:
             state = self._requests.get(key)
             if state is not None and state.ahead is not None:
                 self.ahead.settle(key, state)  # (the batch computes the step itself)
+            if state is not None and pos and state.offset - state.drafted <= pos < state.offset:
+                self._cut_drafts(key, state, pos)
             if state is None and self.prompts.missed(key):
                 results[i] = PromptCacheMiss(f"request {rid} missed its prefix here", quiet=True)
                 continue
@@ -222,6 +257,7 @@ class ShardRunner:
             raise
         for st in states:
             st.offset += 1
+            st.drafted = 0
         for j, i in enumerate(rows):
             results[i] = draws.token(j) if draws else out[j:j + 1]
         return results

@@ -16,6 +16,11 @@ many positions, every stage starts from exactly those, and the rest is prefilled
 stage that does not hold them answers a miss, and the request runs again cold at once: not a
 failure, not a replay the client could see. At the end the stages are told which tokens the
 request's caches hold, to keep them for the next turn.
+
+A request that speculates (speculation.py) sends draft tokens with its decode steps, and a step brings
+the drafts its last stage accepted and the token after them: its history (and a replay's) holds those
+only, and its position moves past them, where every stage cuts its caches back to (a stop or max_tokens
+inside them ends it there, and the stages keep only what it kept).
 """
 
 from __future__ import annotations
@@ -31,8 +36,9 @@ from ..engine.decoding_rules import DecodingRules
 from ..engine.sampling import SamplingParams
 from ..engine.token_logprobs import SampledToken, TokenLogprobs
 from ..planning.errors import NoPipeline
-from .pipeline import Pipeline, PipelineBroken, PrefixMissed
+from .pipeline import Pipeline, PipelineBroken, PrefixMissed, Verified
 from .prompt_index import Reuse
+from .speculation import Speculation
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +75,7 @@ class GenerationJob:
     attempt: int = 0  # restarts so far (a replay, a miss): the stages tell attempts apart
     prefill_step: int = field(default_factory=default_prefill_step)  # positions per prompt chunk
     prefilling: bool = True  # its prompt (or a replay's history) is being read
+    speculation: Speculation | None = None  # its decode steps carry drafts (speculation.py); None: never
 
     def reusable_now(self) -> bool:
         """Prompt logprobs need every prompt position computed: such a request runs cold."""
@@ -95,7 +102,7 @@ async def generate_tokens(job: GenerationJob, get_pipeline: PipelineSource,
     try:
         while len(job.generated) < job.max_tokens:
             try:
-                token = await _next_token(job, pipeline)
+                tokens = await _next_tokens(job, pipeline)
             except PrefixMissed as e:
                 log.info("request %s: %s; running it cold", job.request_id, e)
                 if job.reused is not None:
@@ -122,16 +129,18 @@ async def generate_tokens(job: GenerationJob, get_pipeline: PipelineSource,
             if plan := getattr(pipeline, "plan", None):
                 job.route = {"entry": getattr(pipeline, "entry", None), "plan_id": plan.plan_id,
                              "path": [s.node_id for s in plan.stages]}
-            job.generated.append(token)
-            yield token
-            if token in job.eos_ids:
-                return
+            for token in tokens[:job.max_tokens - len(job.generated)]:
+                job.generated.append(token)
+                yield token
+                if token in job.eos_ids:
+                    return
     finally:
         # (a request that stopped mid-prefill holds fewer positions on some stage: that stage keeps nothing)
         await _release_quietly(pipeline, job.request_id, (job.prompt + job.generated)[:job.cached])
 
 
-async def _next_token(job: GenerationJob, pipeline: Pipeline) -> int:
+async def _next_tokens(job: GenerationJob, pipeline: Pipeline) -> list[int]:
+    """The next step's tokens: one, or the drafts accepted and the token after them."""
     history = job.prompt + job.generated
     rules = job.rules_now()
     step = ECHO_PREFILL_STEP if rules is not None and rules.echo_logprobs else job.prefill_step
@@ -143,6 +152,7 @@ async def _next_token(job: GenerationJob, pipeline: Pipeline) -> int:
             prefix = history[:job.cached]
     # Everything but the last known token goes through as prefill (no sampling).
     job.prefilling = len(history) - 1 - job.cached > 0
+    spec = job.speculation if not job.prefilling and prefix is None and job.cached > 0 else None
     while len(history) - 1 - job.cached > 0:
         n = min(step, len(history) - 1 - job.cached)
         await pipeline.forward(job.request_id, history[job.cached:job.cached + n], job.cached, None, rules=rules,
@@ -150,21 +160,36 @@ async def _next_token(job: GenerationJob, pipeline: Pipeline) -> int:
         job.cached += n
         prefix = None
     more = len(job.generated) + 1 < job.max_tokens  # after this token, another step is wanted ...
+    drafts: list[int] = []
+    ahead = more
+    if job.speculation is not None:
+        crowded = pipeline.crowded(job.request_id) if hasattr(pipeline, "crowded") else False
+        if spec is not None:
+            drafts = spec.next_drafts(history, job.max_tokens - len(job.generated) - 1, crowded)
+        ahead = more and not drafts and job.speculation.may_run_ahead(crowded)  # (a step with drafts never)
     token = await pipeline.forward(job.request_id, history[-1:], job.cached, job.sampling,
-                                   continue_unless=job.eos_ids if more else None,  # ... unless it is EOS
-                                   rules=rules, prefix=prefix, attempt=job.attempt)
-    job.cached += 1
+                                   continue_unless=job.eos_ids if ahead else None,  # ... unless it is EOS
+                                   rules=rules, prefix=prefix, attempt=job.attempt,
+                                   **({"drafts": drafts} if drafts else {}))  # (only a step with drafts asks them)
     job.prefilling = False
     if job.reused is not None:
         job.reused = None
         pipeline.prompts.hit()
+    if isinstance(token, Verified):
+        job.speculation.checked(token.drafted, len(token.tokens) - 1)
+        job.cached += len(token.tokens)  # the last token and the accepted drafts
+        if token.logprobs is not None:
+            rows = token.logprobs
+            job.logprobs += [TokenLogprobs(rows.ids[i:i + 1], rows.logprobs[i:i + 1]) for i in range(rows.rows)]
+        return token.tokens
+    job.cached += 1
     if isinstance(token, SampledToken):
         rows = token.logprobs
         if rules.echo_logprobs:
             job.prompt_logprobs = TokenLogprobs(rows.ids[:-1], rows.logprobs[:-1])
         job.logprobs.append(TokenLogprobs(rows.ids[-1:], rows.logprobs[-1:]))
         token = token.token
-    return int(token)
+    return [int(token)]
 
 
 async def _release_quietly(pipeline: Pipeline, request_id: str, keep: list[int] | None = None) -> None:

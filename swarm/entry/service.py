@@ -16,6 +16,7 @@ from ..engine.sampling import SamplingParams
 from ..engine.token_logprobs import TokenLogprobs
 from .chat_prompt import ChatPrompt
 from .generate import GenerationJob, PipelineSource, default_prefill_step, generate_tokens
+from .speculation import Speculation, SpeculationCounts, drafts_allowed
 from .stats import RequestStats
 from .text_output import TextOutput
 from .tool_call_output import ToolCallOutput
@@ -81,8 +82,9 @@ def content_chars(messages: list[dict]) -> int:
 class InferenceService:
     def __init__(self, tokenizer, context_length: int, get_pipeline: PipelineSource,
                  stats: RequestStats, default_max_tokens: int = 512, recovery_timeout: float = 30.0,
-                 vocab: GrammarVocab | None = None, prefill_step: int | None = None):
-        """`prefill_step`: positions per prompt chunk (`--prefill-chunk`, generate.py); None: the backend's."""
+                 vocab: GrammarVocab | None = None, prefill_step: int | None = None, speculate: str = "off"):
+        """`prefill_step`: positions per prompt chunk (`--prefill-chunk`, generate.py); None: the backend's.
+        `speculate`: 'lookup' drafts decode steps by prompt lookup, 'off' never (speculation.py)."""
         self.tokenizer = tokenizer
         self.context_length = context_length
         self.get_pipeline = get_pipeline
@@ -90,6 +92,8 @@ class InferenceService:
         self.default_max_tokens = default_max_tokens
         self.recovery_timeout = recovery_timeout
         self.prefill_step = prefill_step or default_prefill_step()
+        self.speculate = speculate
+        self.speculation = SpeculationCounts()  # what this entry's requests drafted (/health)
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
         self.vocab = vocab or GrammarVocab(tokenizer)
         self.chat_prompt = ChatPrompt(tokenizer)
@@ -99,6 +103,10 @@ class InferenceService:
         # context x this cannot fit: it is refused before the tokenizer spends memory on it.
         self._max_chars_per_token = max(map(len, vocab_entries), default=1) or 1
         self._prompt_work = ThreadPoolExecutor(PROMPT_THREADS, thread_name_prefix="prompt-work")
+
+    def speculation_status(self) -> dict:
+        """For /health: the mode, and what this entry's requests drafted (speculation.py)."""
+        return {"mode": self.speculate, **self.speculation.as_dict()}
 
     async def off_loop(self, fn, *args):
         """fn(*args) on the prompt threads (templating, tokenizing, grammars), awaited on the loop."""
@@ -140,13 +148,16 @@ class InferenceService:
         return max_tokens if max_tokens is not None else min(self.default_max_tokens, room)
 
     async def complete(self, prompt: list[int], sampling: SamplingParams, max_tokens: int, stop: list[str],
-                       rules: DecodingRules | None = None,
-                       tool_calls: ToolCallOutput | None = None) -> AsyncIterator[TextDelta | PromptScores | Finished]:
+                       rules: DecodingRules | None = None, tool_calls: ToolCallOutput | None = None,
+                       speculate: bool = True) -> AsyncIterator[TextDelta | PromptScores | Finished]:
         """Text events for one completion. `rules`: what the last stage's sampler applies; `tool_calls`:
-        where tool calls are taken out of the text (chat with tools)."""
+        where tool calls are taken out of the text (chat with tools); `speculate`: False keeps its steps
+        free of drafts (a grammar or penalties do too: speculation.py)."""
+        drafting = speculate and self.speculate == "lookup" and drafts_allowed(rules)
         job = GenerationJob(uuid.uuid4().hex, prompt, sampling, max_tokens, self.eos_ids,
                             rules=replace(rules, prompt_len=len(prompt)) if rules is not None else None,
-                            prefill_step=self.prefill_step)
+                            prefill_step=self.prefill_step,
+                            speculation=Speculation(self.speculation) if drafting else None)
         out = TextOutput(self.tokenizer, stop)
         scores: list[TokenScore] = []  # of tokens whose text has not gone out yet
         ids: list[int] = []  # tokens not yet in a delta
@@ -159,7 +170,7 @@ class InferenceService:
                         yield PromptScores(_scores(job.prompt_logprobs))
                     eos = token in self.eos_ids
                     if job.logprobs and not eos:
-                        scores += _scores(job.logprobs[-1])
+                        scores += _scores(job.logprobs[len(job.generated) - 1])  # (a step may bring several)
                     ids.append(token)
                     if delta := _delta(out.add(token, eos=eos), tool_calls, scores, ids):
                         scores, ids = [], []

@@ -34,6 +34,7 @@ from ..transport.messages import Forward
 from .hop_timing import HopTiming
 from .own_requests import OwnRequests
 from .pending_tokens import PendingTokens
+from .pipeline import Verified
 from .prompt_index import PromptIndex, RoutePrompts, route_of
 from .run_ahead import RunAhead
 
@@ -78,24 +79,28 @@ class SwarmPipeline:
 
     async def forward(self, request_id: str, tokens: list[int], start_pos: int, sampling: SamplingParams | None,
                       continue_unless: frozenset[int] | None = None, rules: DecodingRules | None = None,
-                      prefix: list[int] | None = None, attempt: int = 0) -> int | SampledToken | None:
+                      prefix: list[int] | None = None, attempt: int = 0,
+                      drafts: list[int] | None = None) -> int | SampledToken | Verified | None:
         """`continue_unless`: the caller will want the next step too, unless the token is one of these
-        (see run_ahead.py); None: it may not. `rules`, `prefix`, `attempt`: see pipeline.py."""
+        (see run_ahead.py); None: it may not. `rules`, `prefix`, `attempt`, `drafts`: see pipeline.py."""
         first, plan_id = self.plan.stages[0].node_id, self.plan.plan_id
-        at = start_pos + len(tokens)
         self.own.begin(request_id, self.plan)  # only this plan's stages may answer it (node/sender_rules.py)
         if self._attempts.get(request_id) != attempt:
             self._attempts[request_id] = attempt
             self._chunks_out.pop(request_id, None)  # (an earlier attempt's: their answers are not awaited)
-        fut = self.pending.expect(request_id, plan_id, at, attempt)  # before sending: errors too
         started = self.run_ahead.started(request_id, plan_id, start_pos, tokens)
+        checks = drafts is not None
+        drafts = drafts if drafts and started is None else []  # (a step run ahead left without drafts)
+        at = start_pos + len(tokens) + len(drafts)
+        fut = self.pending.expect(request_id, plan_id, at, attempt)  # before sending: errors too
         t0 = started or time.perf_counter()
-        positions = self._unanswered.pop(request_id, 0) + len(tokens)
+        positions = self._unanswered.pop(request_id, 0) + len(tokens) + len(drafts)
         with_ids = rules is not None
         starts = start_pos == 0 or prefix is not None
         if started is None:
             self.outbox.post(first, Forward.of_tokens(request_id, plan_id, start_pos, self.entry, sampling, tokens,
-                                                      rules if starts else None, with_ids, prefix, attempt))
+                                                      rules if starts else None, with_ids, prefix, attempt,
+                                                      drafts))
         if sampling is None:
             self._unanswered[request_id] = positions
             await self._prompt_chunk_out(request_id, fut, len(tokens), watched=starts)
@@ -105,13 +110,19 @@ class SwarmPipeline:
             self.pending.expect(request_id, plan_id, at + 1, attempt)  # that step's token may beat our next call
             self.run_ahead.arm(request_id, plan_id, at, sampling, continue_unless, first, with_ids, attempt)
         arrival = await self._wait_watched(request_id, fut, positions)
-        if len(tokens) == 1:
+        if len(tokens) == 1 and not drafts:
             # A step ends when the next one can start: when the token reached our MLX thread if that
             # thread started the next step (run_ahead.py), when it reached us here if not.
             ended = arrival.next_started or time.perf_counter()
             self.timing.record(ended - t0, arrival.token.compute_us, self.hops)
         token = arrival.token
+        if checks:
+            return Verified.of(drafts, token.accepted if drafts else 0, token.token, token.logprobs)
         return token.token if token.logprobs is None else SampledToken(token.token, token.logprobs)
+
+    def crowded(self, request_id: str) -> bool:
+        """Do other requests of this entry run beside this one (speculation.py steps aside for them)?"""
+        return self.own.others_than(request_id)
 
     async def _prompt_chunk_out(self, request_id: str, answered, positions: int, watched: bool) -> None:
         """A prompt chunk left: wait until fewer of the request's are unanswered than may be out now.

@@ -38,6 +38,7 @@ from ..entry.pending_tokens import PendingTokens
 from ..entry.prompt_index import PromptIndex
 from ..entry.run_ahead import RunAhead
 from ..entry.service import InferenceService
+from ..entry.speculation import speculation_mode
 from ..entry.stats import RequestStats
 from ..entry.swarm_pipeline import SwarmPipelines
 from ..events import EventBus
@@ -237,13 +238,15 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
                                hop_timing, run_ahead, own, PromptIndex() if cfg.prompt_cache != 0 else None,
                                watch=coordinator)
     service = InferenceService(tokenizer, model.context_length, pipelines, stats, cfg.default_max_tokens,
-                               cfg.recovery_timeout, grammar_vocab, cfg.prefill_chunk)
+                               cfg.recovery_timeout, grammar_vocab, cfg.prefill_chunk,
+                               speculate=speculation_mode(cfg.speculate, sizes.checks_drafts))
 
     # What the node tells: /health, /v1/topology, and the HTTP API over it all.
     peer_stats = PeerStats(discovery)
     status = NodeStatus(model, backend, discovery, coordinator, host, stage_service, peers.links, stats,
                         hop_timing, peer_stats, peers.weights, api_key=bool(api_key),
-                        peers=peer_security.describe(secret), prompt_chunk=service.prefill_step)
+                        peers=peer_security.describe(secret), prompt_chunk=service.prefill_step,
+                        speculation=service.speculation_status)
     admission = Admission(cfg.max_active, cfg.max_queue)
     app = make_app(service, status, events, model.model_id, admission, defaults, gate, api_key=api_access(api_key),
                    body_timeout=cfg.http_timeout, guard=guard)

@@ -67,6 +67,7 @@ class NodeConfig:
     recovery_timeout: float = 30.0  # how long a request waits for a whole pipeline
     token_timeout: float = DEFAULT_TOKEN_TIMEOUT
     prefill_chunk: int | None = None  # positions per prompt chunk; None: the backend's (backend.py)
+    speculate: str = "auto"  # draft tokens in decode steps (entry/speculation.py): off, lookup, draft, auto
     batch_decode: int = DEFAULT_BATCH_DECODE  # most decode steps of different requests run as one pass (1: never)
     prompt_gather_ms: float = DEFAULT_PROMPT_GATHER_MS  # a burst's prompts share a pass (0: never wait)
     max_active: int = DEFAULT_MAX_ACTIVE  # requests this node generates for at once, as their entry

@@ -50,6 +50,7 @@ from ..engine.cache_budget import CacheFull
 from ..engine.prompt_cache import PromptCacheMiss
 from ..engine.shard import LayerRange
 from ..engine.shard_runner import CacheMismatch, ShardRunner
+from ..engine.draft_check import Checked
 from ..engine.token_logprobs import SampledToken
 from ..engine.worker import MlxWorker
 from ..transport.arrays import encode_array
@@ -323,6 +324,9 @@ class StageService:
             at = forward.pos + forward.length
             if forward.sampling is None:  # a prompt chunk read: its entry may send the next (no token drawn)
                 token = Token(forward.rid, forward.plan_id, at, 0, compute_us, None, forward.attempt)
+            elif isinstance(out, Checked):  # a step that checked drafts
+                token = Token(forward.rid, forward.plan_id, at, out.token, compute_us, out.logprobs, forward.attempt,
+                              out.accepted)
             elif isinstance(out, SampledToken):
                 token = Token(forward.rid, forward.plan_id, at, out.token, compute_us, out.logprobs, forward.attempt)
             else:
@@ -343,7 +347,7 @@ def _of(message, key: tuple[str, str]) -> bool:
 def _result(runner: ShardRunner, out):
     """What to deliver for a forward result: a token, None, the request's failure, or the encoded
     activations (dtype, shape, a view of the bytes: arrays.encode_array)."""
-    if isinstance(out, (int, SampledToken, Exception)) or out is None:
+    if isinstance(out, (int, SampledToken, Checked, Exception)) or out is None:
         return out
     if runner.range.is_last:
         return None  # a prefill chunk on the last stage: nothing to send on
@@ -357,7 +361,7 @@ def _compute(runner: ShardRunner, forward: Forward):
     try:
         out = runner.forward(forward.rid, forward.array(), forward.pos, forward.sampling, forward.entry,
                              forward.rules, forward.token_ids() if runner.range.is_last else None,
-                             forward.prefix_ids())
+                             forward.prefix_ids(), forward.draft_ids())
     except (CacheMismatch, CacheFull, ProtocolError, PromptCacheMiss) as e:
         out = e
     return _result(runner, out), time.perf_counter() - t0

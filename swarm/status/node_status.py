@@ -9,6 +9,7 @@ layers and connections are for those with the key.
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 from discovery import Discovery, NodeState
 from discovery.profile_keys import FETCH_KEY, MEM_USED_KEY, PLAN_KEY
@@ -30,7 +31,7 @@ class NodeStatus:
     def __init__(self, model: LocalModel, backend: Backend, discovery: Discovery, coordinator: Coordinator,
                  host: StageHost, stage_service: StageService, links: PeerLinks, stats: RequestStats,
                  hop_timing: HopTiming, peer_stats: PeerStats, weights: PeerWeights, *, api_key: bool = False,
-                 peers: dict | None = None, prompt_chunk: int = 0):
+                 peers: dict | None = None, prompt_chunk: int = 0, speculation: Callable[[], dict] | None = None):
         self.model, self.backend, self.discovery, self.coordinator = model, backend, discovery, coordinator
         self.peers_security = peers or {"peers": "open"}  # node/peer_security.py, describe
         self.host, self.stage_service, self.links = host, stage_service, links
@@ -38,6 +39,7 @@ class NodeStatus:
         self.weights = weights
         self.api_key = api_key
         self.prompt_chunk = prompt_chunk  # positions per chunk of the prompts this entry sends
+        self.speculation = speculation or (lambda: {"mode": "off"})  # what this entry's requests drafted
 
     def can_serve(self) -> tuple[bool, str]:
         return self.coordinator.status()
@@ -61,7 +63,7 @@ class NodeStatus:
                 "cached_kv_bytes": runner.kv_bytes if runner else 0,
                 "prompt_cache": self.prompt_cache(),
                 "refused_frames": service.refusals.count, **self.stats.to_dict(),
-                "decode_timing": self.hop_timing.to_dict(),
+                "decode_timing": self.hop_timing.to_dict(), "speculation": self.speculation(),
                 "decode_batching": {"max_batch": service.max_batch, "batched_passes": service.batched_passes,
                                     "batched_rows": service.batched_rows, "prompt_passes": service.prompt_passes,
                                     "prompt_rows": service.prompt_rows,
@@ -92,7 +94,8 @@ class NodeStatus:
         nodes = []
         for peer in discovery.view(include_self=True):
             p, own = peer.profile, peer.node_id == discovery.node_id
-            stats = {**self.stats.to_dict(), "prompt_cache": self.prompt_cache()} if own else \
+            stats = {**self.stats.to_dict(), "prompt_cache": self.prompt_cache(),
+                     "speculation": self.speculation()} if own else \
                 self.peer_stats.get(peer.node_id)
             nodes.append({
                 "id": p.node_id, "name": p.name, "addresses": list(peer.addresses), "api_port": p.api_port,

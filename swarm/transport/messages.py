@@ -33,6 +33,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..engine.decoding_rules import MAX_TOKEN_ID, DecodingRules
+from ..engine.draft_check import MAX_DRAFTS
 from ..engine.sampling import SamplingParams
 from ..engine.token_logprobs import TokenLogprobs
 from .arrays import WIRE_DTYPES, decode_array
@@ -107,6 +108,11 @@ class Forward(NamedTuple):
     pos > 0 with `prefix`: the int32 token ids of positions [0, pos); its rules, if any, come
     with that forward. Every stage must start from exactly those positions.
 
+    A step with `drafts` (speculative decoding) carries the request's last token and draft tokens: `drafts`
+    are the int32 ids of positions [pos + 1, pos + length), which the last stage checks (engine/draft_check.py)
+    and answers with how many it accepted (Token.accepted). Every stage cuts the positions of drafts not
+    accepted off when the request's next forward starts before its cache's end.
+
     `attempt` counts the entry's restarts of the request (a replay, a run without the kept prefix):
     a stage drops frames of an attempt older than one it saw, so a replay never meets its earlier
     attempt's frames still on the way. The Token or Error that answers a forward carries its attempt.
@@ -128,14 +134,19 @@ class Forward(NamedTuple):
     together: int = 0  # a new prompt: how many a pass sent on side by side with it (the next stage waits for them)
     prefix: bytes | None = None  # int32 token ids of [0, pos): the request starts from the stages' kept caches
     attempt: int = 0
+    drafts: bytes | None = None  # int32 ids of positions [pos + 1, pos + length): a step that checks drafts
 
     @classmethod
     def of_tokens(cls, rid: str, plan_id: str, pos: int, entry: str, sampling: SamplingParams | None,
                   tokens: list[int], rules: DecodingRules | None = None, with_ids: bool = False,
-                  prefix: list[int] | None = None, attempt: int = 0) -> Forward:
+                  prefix: list[int] | None = None, attempt: int = 0, drafts: list[int] | None = None) -> Forward:
+        """`drafts`: draft tokens after `tokens` (which is then the request's last token alone)."""
+        if drafts:
+            tokens = [*tokens, *drafts]
         data = np.asarray([tokens], dtype="<i4").tobytes()
         return cls(rid, plan_id, pos, 0, entry, sampling, "int32", (1, len(tokens)), data, 0, rules,
-                   data if with_ids else None, 0, None if prefix is None else _int32s(prefix), attempt)
+                   data if with_ids else None, 0, None if prefix is None else _int32s(prefix), attempt,
+                   _int32s(drafts) if drafts else None)
 
     def onward(self, start: int, hidden: tuple[str, list[int], memoryview], compute_us: int,
                together: int = 0) -> Forward:
@@ -143,11 +154,15 @@ class Forward(NamedTuple):
         (the memoryview keeps the array alive until sent); `together`: see the field."""
         dtype, shape, data = hidden
         return Forward(self.rid, self.plan_id, self.pos, start, self.entry, self.sampling, dtype, tuple(shape),
-                       data, compute_us, self.rules, self.ids, together, self.prefix, self.attempt)
+                       data, compute_us, self.rules, self.ids, together, self.prefix, self.attempt, self.drafts)
 
     def token_ids(self) -> list[int] | None:
         """The token ids a request with rules carries (None for a plain request)."""
         return None if self.ids is None else np.frombuffer(self.ids, dtype="<i4").tolist()
+
+    def draft_ids(self) -> list[int] | None:
+        """The draft tokens a step checks (None: a step without drafts)."""
+        return None if self.drafts is None else np.frombuffer(self.drafts, dtype="<i4").tolist()
 
     def prefix_ids(self) -> list[int] | None:
         """The token ids of the kept prefix this request starts from (None: it does not)."""
@@ -180,6 +195,8 @@ class Forward(NamedTuple):
             header["pre"] = bytes(self.prefix)
         if self.attempt:
             header["a"] = self.attempt
+        if self.drafts is not None:
+            header["dr"] = bytes(self.drafts)
         return header, self.payload
 
     @classmethod
@@ -232,6 +249,14 @@ class Forward(NamedTuple):
         attempt = h.get("a")
         if attempt is not None:
             forward = forward._replace(attempt=_attempt(h))
+        drafts = h.get("dr")
+        if drafts is not None:
+            if not (type(drafts) is bytes and len(drafts) == 4 * (shape[1] - 1) and 1 <= shape[1] - 1 <= MAX_DRAFTS
+                    and forward.sampling is not None and prefix is None):
+                raise ProtocolError(f"'fwd' message: 'dr' must be the {shape[1] - 1} int32 draft ids after position "
+                                    f"{pos} (1-{MAX_DRAFTS} of them, in a sampled step without a prefix), "
+                                    f"got {brief(drafts)}")
+            forward = forward._replace(drafts=drafts)
         if h.get("ids") is None and h.get("rules") is None:
             return forward  # a plain request (the hot path)
         return forward._with_rules(h)
@@ -251,6 +276,10 @@ class Token(NamedTuple):
 
     With `logprobs` (a request that asked for them), their rows travel as the payload:
     int32 ids then float32 logprobs, (rows, cols) each, the shape in the header.
+
+    The answer to a step with drafts (Forward.drafts) says how many of them were `accepted`: the tokens it
+    brings are those drafts, then `token`, which stands at position `at` - (drafts sent - accepted); `at` is
+    the answered forward's end, as for every step. Its logprobs have a row for each of them.
     """
 
     T = "tok"
@@ -261,12 +290,15 @@ class Token(NamedTuple):
     compute_us: int = 0
     logprobs: TokenLogprobs | None = None
     attempt: int = 0  # the answered forward's (Forward.attempt)
+    accepted: int = 0  # drafts accepted (a step that checked drafts)
 
     def to_frame(self) -> tuple[dict, bytes]:
         header = {"t": "tok", "rid": self.rid, "plan": self.plan_id, "at": self.at, "token": self.token,
                   "cu": self.compute_us}
         if self.attempt:
             header["a"] = self.attempt
+        if self.accepted:
+            header["ac"] = self.accepted
         if self.logprobs is None:
             return header, b""
         header["lp"] = list(self.logprobs.ids.shape)
@@ -289,6 +321,8 @@ class Token(NamedTuple):
         token_msg = cls(rid, plan, at, token, cu)
         if h.get("a") is not None:
             token_msg = token_msg._replace(attempt=_attempt(h))
+        if h.get("ac") is not None:
+            token_msg = token_msg._replace(accepted=int_field(h, "ac", 1, MAX_DRAFTS))
         shape = h.get("lp")
         if shape is None:
             return token_msg

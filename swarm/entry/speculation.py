@@ -1,0 +1,149 @@
+"""Speculative decoding at the entry: which draft tokens a request's next step carries. Event loop.
+
+A pipeline pays a whole trip through every stage per step. A step may carry the request's last token and
+a few guesses of the tokens after it; the last stage checks them all in one pass and answers with the
+guesses it drew itself (engine/draft_check.py), so each accepted guess saves a trip and the output is
+what steps of one token give. This module is the one place that knows where guesses come from, how many
+to make, and what came of them; the stages and the wire only carry and check them.
+
+Guesses come from prompt lookup (llama.cpp's lookup decoding, vLLM's n-gram proposer): the last 3 (then
+2, then 1) tokens of the prompt and answer so far, their latest earlier occurrence, and the tokens that
+followed it. Strong where answers quote their input (rewrites, edits, extraction), idle on free text.
+
+How many: each request starts at START_DRAFTS, grows by two after a step whose drafts were all accepted
+(up to MAX_DRAFTS), halves after one whose first draft was not. Where guessing does not pay (nothing to
+look up, or nothing accepted, MISSES steps in a row) a request stops guessing for a while (QUIET_STEPS,
+doubling up to MAX_QUIET_STEPS while it keeps missing): its steps then run ahead as plain steps do
+(run_ahead.py), which a step with drafts does not (its next position depends on what was accepted).
+
+Beside other requests decoding at this entry a request guesses nothing: their steps share batched
+passes at the stages (one position each), which a step with drafts would leave, costing them all.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+DraftSource = Callable[[list[int], int], list[int]]  # (history, most drafts) -> drafts
+
+log = logging.getLogger(__name__)
+
+START_DRAFTS = 4
+MAX_DRAFTS = 8
+MIN_DRAFTS = 1
+NGRAM = 3  # longest run of last tokens looked up
+MISSES = 4  # steps in a row without an accepted draft before a pause
+QUIET_STEPS = 8
+MAX_QUIET_STEPS = 64
+MODES = ("off", "lookup", "draft", "auto")
+
+
+@dataclass
+class SpeculationCounts:
+    """What this entry's requests drafted (for /health)."""
+
+    steps: int = 0  # steps that carried drafts
+    proposed: int = 0  # drafts sent
+    accepted: int = 0  # drafts accepted
+    tokens: int = 0  # tokens those steps brought (accepted drafts and the token after them)
+
+    def as_dict(self) -> dict:
+        return {"steps": self.steps, "drafts_proposed": self.proposed, "drafts_accepted": self.accepted,
+                "tokens_per_pass": round(self.tokens / self.steps, 3) if self.steps else None}
+
+
+def speculation_mode(asked: str, checks_drafts: bool) -> str:
+    """What this node's requests draft with ('lookup' or 'off') for `--speculate asked`, on a model whose caches
+    can drop unaccepted positions (`checks_drafts`) or not; said once, at start, when it is off for the model."""
+    if asked == "off":
+        return "off"
+    if not checks_drafts:
+        log.info("speculative decoding is off for this model: its caches (a sliding window or a recurrent state) "
+                 "cannot drop the positions of drafts that were not accepted")
+        return "off"
+    return "lookup"
+
+
+def drafts_allowed(rules) -> bool:
+    """Whether a request with these decoding rules may draft: not when its sampler follows every token drawn
+    (a grammar, penalties) or scores prompt rows (echo); logprobs and logit bias are checked at each position."""
+    return rules is None or not (rules.needs_history or rules.echo_logprobs)
+
+
+class PromptLookup:
+    """The latest earlier occurrence of every run of 1..NGRAM tokens in a growing history, found in O(1)."""
+
+    def __init__(self) -> None:
+        self._seen: list[dict[tuple, int]] = [{} for _ in range(NGRAM + 1)]  # n -> run -> where its successor is
+        self._indexed = 0  # runs ending before this position are in _seen
+
+    def drafts(self, history: list[int], k: int) -> list[int]:
+        """Up to k tokens that followed the latest earlier occurrence of the history's last tokens."""
+        end = len(history)
+        for e in range(max(self._indexed, 1), end):  # runs that end at e (exclusive) and have a successor
+            for n in range(1, min(NGRAM, e) + 1):
+                self._seen[n][tuple(history[e - n:e])] = e
+        self._indexed = max(self._indexed, end)
+        for n in range(min(NGRAM, end), 0, -1):
+            at = self._seen[n].get(tuple(history[end - n:]))
+            if at is not None:
+                return history[at:at + k]
+        return []
+
+
+class Speculation:
+    """One request's drafting (the generation loop's, entry/generate.py)."""
+
+    def __init__(self, counts: SpeculationCounts | None = None, source: DraftSource | None = None):
+        """`source`: where drafts come from (prompt lookup unless given)."""
+        self.source = source or PromptLookup().drafts
+        self.k = START_DRAFTS
+        self.counts = counts or SpeculationCounts()
+        self._misses = 0
+        self._quiet = 0  # steps left without drafts
+        self._quiet_next = QUIET_STEPS
+        self._armed = False  # the step now due may have left already, without drafts (run ahead)
+
+    def next_drafts(self, history: list[int], room: int, crowded: bool) -> list[int]:
+        """Drafts for the step of history's last token. `room`: tokens the request may still take after that
+        step's own; `crowded`: other requests decode beside it at this entry."""
+        armed, self._armed = self._armed, False
+        if self._quiet:
+            self._quiet -= 1
+            return []
+        if armed or crowded or room <= 0:
+            return []
+        drafts = self.source(history, min(self.k, room))
+        if not drafts:
+            self._missed()
+        return drafts
+
+    def may_run_ahead(self, crowded: bool) -> bool:
+        """Whether the step after the one just sent may leave without drafts, before its token is known here
+        (run_ahead.py): when it would carry none anyway. Call after next_drafts, once per step."""
+        self._armed = crowded or self._quiet > 0
+        return self._armed
+
+    def checked(self, drafted: int, accepted: int) -> None:
+        """A step with `drafted` drafts came back with `accepted` of them."""
+        if not drafted:
+            return
+        c = self.counts
+        c.steps, c.proposed, c.accepted, c.tokens = c.steps + 1, c.proposed + drafted, c.accepted + accepted, \
+            c.tokens + accepted + 1
+        if accepted == drafted:
+            self.k = min(MAX_DRAFTS, self.k + 2)
+        elif accepted == 0:
+            self.k = max(MIN_DRAFTS, self.k // 2)
+        if accepted:
+            self._misses, self._quiet_next = 0, QUIET_STEPS
+        else:
+            self._missed()
+
+    def _missed(self) -> None:
+        self._misses += 1
+        if self._misses >= MISSES:
+            self._misses, self._quiet = 0, self._quiet_next
+            self._quiet_next = min(MAX_QUIET_STEPS, 2 * self._quiet_next)

@@ -1,0 +1,251 @@
+"""Speculative decoding through real stages in one process (entry/speculation.py, engine/draft_check.py):
+greedy tokens equal mlx-lm's and the tokens without drafts, whatever the drafts, through 1-, 2- and 3-way
+splits; a seeded sampled request draws the same tokens; every stage's caches end at the accepted length."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from swarm.engine.decoding_rules import DecodingRules
+from swarm.engine.sampling import SamplingParams
+from swarm.engine.shard import load_shard
+from swarm.engine.shard_runner import ShardRunner
+from swarm.engine.worker import MlxWorker
+from swarm.entry.generate import GenerationJob, generate_tokens
+from swarm.entry.speculation import PromptLookup, Speculation, SpeculationCounts
+from local_pipeline import LocalPipeline
+from helpers import TINY_FAMILIES, TINY_SHAPE
+from reference import reference_tokens
+
+GREEDY = SamplingParams(temperature=0.0)
+SPLITS = [[6], [1, 5], [2, 3, 1]]
+PROMPT = [3, 17, 42, 5, 99, 23, 7, 64, 12, 3, 17, 42]
+N = 24
+
+
+def ranges(sizes: list[int]) -> list[tuple[int, int]]:
+    bounds = [0]
+    for s in sizes:
+        bounds.append(bounds[-1] + s)
+    return list(zip(bounds, bounds[1:]))
+
+
+class Stages:
+    """A split of the model as real shard runners on one MLX thread."""
+
+    def __init__(self, model_dir, sizes: list[int]):
+        self.worker = MlxWorker()
+        self.stages = [ShardRunner(self.worker.run_sync(load_shard, model_dir, a, b)) for a, b in ranges(sizes)]
+        self.pipeline = LocalPipeline(self.stages, self.worker)
+
+    def run(self, prompt, n, sampling=GREEDY, speculation=None, rules=None, job_out=None):
+        async def pipe(_broken=None):
+            return self.pipeline
+
+        async def go():
+            job = GenerationJob("r1", prompt, sampling, n, speculation=speculation,
+                                rules=None if rules is None else rules)
+            if job_out is not None:
+                job_out.append(job)
+            return [t async for t in generate_tokens(job, pipe)]
+        tokens = asyncio.run(go())
+        assert all(s.active_requests == 0 for s in self.stages), "caches must be freed at the end"
+        return tokens
+
+    def close(self):
+        self.worker.close()
+
+
+def oracle(expected: list[int], prompt_len: int, wrong: bool = False):
+    """Drafts that are the reference's own next tokens (all accepted), or each off by one (all rejected)."""
+    def source(history: list[int], k: int) -> list[int]:
+        done = len(history) - prompt_len
+        drafts = expected[done:done + k]
+        return [(t + 1) % 50 for t in drafts] if wrong else drafts
+    return source
+
+
+@pytest.fixture(scope="module")
+def expected(llama):
+    tokens = [t for t, _ in reference_tokens(llama, PROMPT, N)]
+    assert len(set(tokens)) > 3, "the test model must not collapse into one token"
+    return tokens
+
+
+@pytest.mark.parametrize("sizes", SPLITS, ids=lambda s: "-".join(map(str, s)))
+def test_greedy_tokens_equal_mlx_lm_with_any_drafts(llama, expected, sizes):
+    stages = Stages(llama, sizes)
+    try:
+        assert stages.run(PROMPT, N) == expected, "without drafts"
+        for name, source in [("lookup", None), ("all accepted", oracle(expected, len(PROMPT))),
+                             ("all rejected", oracle(expected, len(PROMPT), wrong=True))]:
+            counts = SpeculationCounts()
+            assert stages.run(PROMPT, N, speculation=Speculation(counts, source)) == expected, name
+            if name == "all accepted":
+                assert counts.accepted == counts.proposed > N // 2, counts
+            if name == "all rejected":
+                assert counts.proposed > 0 and counts.accepted == 0, counts
+    finally:
+        stages.close()
+
+
+def test_drafts_past_max_tokens_and_eos_are_cut(llama, expected):
+    stages = Stages(llama, [2, 4])
+    try:
+        counts = SpeculationCounts()
+        assert stages.run(PROMPT, 7, speculation=Speculation(counts, oracle(expected, len(PROMPT)))) == expected[:7]
+        assert counts.steps and counts.proposed <= 6, "no draft asks past max_tokens"
+
+        eos = expected[9]
+
+        async def pipe(_b=None):
+            return stages.pipeline
+
+        async def go():
+            ahead = expected + [1] * 20  # (drafts of 8, past the EOS)
+            job = GenerationJob("r2", PROMPT, GREEDY, N, eos_ids=frozenset({eos}),
+                                speculation=Speculation(source=lambda h, k: ahead[len(h) - len(PROMPT):][:8]))
+            return [t async for t in generate_tokens(job, pipe)]
+        got = asyncio.run(go())
+        assert got == expected[:expected.index(eos) + 1], "an accepted EOS ends the answer there"
+    finally:
+        stages.close()
+
+
+def test_seeded_sampling_and_logprobs_are_the_same_with_drafts(llama):
+    sampling = SamplingParams(temperature=0.8, top_p=0.95, top_k=40, seed=77)
+    rules = DecodingRules(prompt_len=len(PROMPT), logprobs=3)
+    stages = Stages(llama, [3, 3])
+    try:
+        jobs: list = []  # (each run's job: its logprobs)
+        plain = stages.run(PROMPT, N, sampling, rules=rules, job_out=jobs)
+        counts = SpeculationCounts()
+        drafted = stages.run(PROMPT, N, sampling, rules=rules, job_out=jobs,
+                             speculation=Speculation(counts, oracle(plain, len(PROMPT))))
+        assert drafted == plain
+        assert counts.accepted > N // 2, counts
+        assert len(jobs[1].logprobs) == len(jobs[0].logprobs) == N
+        for a, b in zip(jobs[0].logprobs, jobs[1].logprobs):
+            assert a.ids.tolist() == b.ids.tolist()
+            assert abs(a.logprobs - b.logprobs).max() < 1e-4
+    finally:
+        stages.close()
+
+
+def test_prompt_lookup_proposes_what_followed_the_latest_occurrence():
+    lookup = PromptLookup()
+    assert lookup.drafts([1, 2, 3, 4, 5, 1, 2], 3) == [3, 4, 5]
+    assert lookup.drafts([1, 2, 3, 4, 5, 1, 2, 3, 9, 2, 3], 2) == [9, 2], "the latest occurrence of [2, 3]"
+    assert lookup.drafts([1, 2, 3, 4, 5, 1, 2, 3, 9, 2, 3, 7], 2) == []
+
+
+def test_the_prompt_cache_is_reused_after_a_speculative_turn(llama, expected):
+    """Turn 1 ends on a step whose drafts were rejected (its caches hold their positions): the stages keep
+    only what the answer holds, and turn 2 starts from it and gives mlx-lm's tokens."""
+    from swarm.entry.prompt_index import PromptIndex
+    worker = MlxWorker()
+    try:
+        runners = [ShardRunner(worker.run_sync(load_shard, llama, a, b), prompt_cache_bytes=32 << 20)
+                   for a, b in ranges([2, 4])]
+        pipeline = LocalPipeline(runners, worker, PromptIndex())
+
+        async def pipe(_broken=None):
+            return pipeline
+
+        async def turn(rid, prompt, n, speculation, eos=frozenset()):
+            job = GenerationJob(rid, prompt, GREEDY, n, eos, speculation=speculation)
+            return [t async for t in generate_tokens(job, pipe)]
+        counts = SpeculationCounts()
+        end = next(i for i in range(8, N) if expected[i] not in expected[:i])  # ends on a step with drafts
+
+        def past_the_end(history, k):  # right up to the end, then a wrong one: the last step's is rejected
+            done = len(history) - len(PROMPT)
+            return (expected[done:end] + [(expected[end] + 1) % 50])[:k]
+        first = asyncio.run(turn("t1", PROMPT, N, Speculation(counts, past_the_end), frozenset({expected[end]})))
+        assert first == expected[:end + 1] and counts.proposed > counts.accepted > 0
+        second_prompt = PROMPT + first + [9, 8, 7, 6]
+        want = [t for t, _ in reference_tokens(llama, second_prompt, 10)]
+        got = asyncio.run(turn("t2", second_prompt, 10, Speculation(source=oracle(want, len(second_prompt)))))
+        assert got == want
+        assert all(r.prompt_stats().hits == 1 for r in runners), [r.prompt_stats() for r in runners]
+    finally:
+        worker.close()
+
+
+def test_drafting_pauses_where_it_does_not_pay_and_lets_those_steps_run_ahead():
+    from swarm.entry import speculation as sp
+    never = Speculation(source=lambda h, k: [])
+    drafts, ahead = [], []
+    for i in range(40):
+        drafts.append(never.next_drafts([1, 2, 3], 10, crowded=False))
+        ahead.append(never.may_run_ahead(crowded=False))
+    assert not any(drafts)
+    assert ahead[:sp.MISSES - 1] == [False] * (sp.MISSES - 1) and all(ahead[sp.MISSES - 1:sp.MISSES + 7]), \
+        "after MISSES steps without drafts it pauses, and its steps run ahead"
+    always = Speculation(source=lambda h, k: [5] * k)
+    assert always.next_drafts([1], 10, crowded=True) == [] and always.may_run_ahead(crowded=True)
+    assert always.next_drafts([1], 10, crowded=False) == [], "the step after one run ahead carries no drafts"
+    always.may_run_ahead(crowded=False)
+    assert always.next_drafts([1], 2, crowded=False) == [5, 5], "never more than the room left"
+    always.checked(2, 2)
+    assert always.k == sp.START_DRAFTS + 2
+    always.checked(6, 0)
+    assert always.k == (sp.START_DRAFTS + 2) // 2
+
+
+def test_a_pipeline_broken_mid_draft_replays_the_accepted_history_only(llama, expected):
+    """The stage holding the drafts dies while a step with drafts is out: the request replays on new stages
+    what was accepted, and its tokens are mlx-lm's."""
+    from swarm.entry.pipeline import PipelineBroken
+    worker = MlxWorker()
+    try:
+        broke = []
+
+        class Breaking(LocalPipeline):
+            async def forward(self, request_id, tokens, start_pos, sampling, *args, drafts=None, **kwargs):
+                if drafts and not broke and start_pos > len(PROMPT) + 4:
+                    out = await super().forward(request_id, tokens, start_pos, sampling, *args, drafts=drafts,
+                                                **kwargs)  # (the stages computed it; its answer is lost)
+                    broke.append((start_pos, out))
+                    raise PipelineBroken("stage killed")
+                return await super().forward(request_id, tokens, start_pos, sampling, *args, drafts=drafts, **kwargs)
+        first = Breaking([ShardRunner(worker.run_sync(load_shard, llama, a, b)) for a, b in ranges([3, 3])], worker)
+        fresh = LocalPipeline([ShardRunner(worker.run_sync(load_shard, llama, a, b)) for a, b in ranges([1, 5])],
+                              worker)
+        pipes = [first, fresh]
+
+        async def pipe(broken=None):
+            return pipes[1] if broken is not None else pipes[0]
+
+        async def go():
+            job = GenerationJob("r", PROMPT, GREEDY, N, speculation=Speculation(
+                source=lambda h, k: (expected + [1] * 20)[len(h) - len(PROMPT):][:k]))
+            return [t async for t in generate_tokens(job, pipe)], job
+        tokens, job = asyncio.run(go())
+        assert broke and job.attempt == 1 and tokens == expected
+    finally:
+        worker.close()
+
+
+@pytest.mark.parametrize("family", [*TINY_FAMILIES, "gemma2", "phi3", "gemma3_text", "mamba"])
+def test_zoo_families_give_mlx_lm_tokens_with_drafts_or_draft_nothing(random_model, family):
+    """A family whose caches can drop positions gives mlx-lm's greedy tokens through a split whatever the drafts;
+    one whose caches cannot (a sliding window, a recurrent state) is known so at start (ModelBytes), and a
+    node serving it drafts nothing."""
+    from swarm.engine.model_bytes import measure_model_bytes
+    from swarm.entry.speculation import speculation_mode
+    model_dir = random_model(family, **TINY_SHAPE)
+    if not measure_model_bytes(model_dir, None).checks_drafts:
+        assert family in ("gemma3_text", "mamba") and speculation_mode("auto", False) == "off"
+        return
+    want = [t for t, _ in reference_tokens(model_dir, PROMPT, 16)]
+    stages = Stages(model_dir, [2, 4])
+    try:
+        for wrong in (False, True):
+            counts = SpeculationCounts()
+            assert stages.run(PROMPT, 16, speculation=Speculation(counts, oracle(want, len(PROMPT), wrong))) == want
+            assert counts.proposed > 0
+    finally:
+        stages.close()
