@@ -30,3 +30,21 @@ def test_a_node_left_out_that_announces_our_plan_with_it_is_taken_back_and_a_str
     coord._take_back_caught_up()
     assert coord.deadlines.left_out() == set()
     assert coord._plan_id(coord.deadlines.left_out()) == full
+
+
+def test_the_odd_one_out_takes_back_the_nodes_that_agree_on_a_plan_without_it():
+    """A member that was slow left the others out while they left it out, and each waited for the other to
+    announce its plan: the node outnumbered by nodes serving one plan among themselves takes them back (its
+    plan with them back in is then one they take it back for), and a lone claim does not move it."""
+    view = FixedView("s", {"s": {}, "a": {}, "b": {}, "c": {}})
+    coord = coordinator(view)
+    coord.plan = coord._make_plan(coord.members({"a", "b", "c"}))  # s serves a plan of its own
+    view.extras["s"] = {"plan": coord.plan.plan_id}
+    coord.deadlines.adopt(coord.plan)
+    coord.deadlines.leave_out(["a", "b", "c"])
+    view.extras["c"] = {"plan": "c-alone"}
+    coord._take_back_caught_up()
+    assert coord.deadlines.left_out() == {"a", "b", "c"}  # one node's plan against ours: a tie
+    view.extras["a"] = view.extras["b"] = {"plan": "a-and-b"}
+    coord._take_back_caught_up()
+    assert coord.deadlines.left_out() == {"c"}

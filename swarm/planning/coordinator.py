@@ -241,6 +241,24 @@ class Coordinator:
             plans = {said.serving, said.loading} - {""} if said else set()
             if plans and (all_back in plans or self._plan_id(out - {node}) in plans):
                 self.deadlines.take_back(node)
+        self._take_back_outnumbering(announced)
+
+    def _take_back_outnumbering(self, announced: dict[str, Announced]) -> None:
+        """Nodes we leave out that serve one plan among themselves, more of them than serve ours: we are
+        the odd one out (we were slow, and left them out while they left us out), and each side would wait
+        for the other to announce its plan until the time outs end. We take them back, so our plan is
+        the one with them in, which they take us back for."""
+        out = self.deadlines.left_out()
+        ours = 1 + sum(1 for said in announced.values() if self.plan and said.serving == self.plan.plan_id)
+        serving: dict[str, list[str]] = {}
+        for node in out:
+            said = announced.get(node)
+            if said and said.serving and (self.plan is None or said.serving != self.plan.plan_id):
+                serving.setdefault(said.serving, []).append(node)
+        for nodes in serving.values():
+            if len(nodes) > ours:
+                for node in nodes:
+                    self.deadlines.take_back(node)
 
     def _plan_id(self, left_out: set[str]) -> str | None:
         try:
