@@ -3,7 +3,9 @@
     sudo .venv/bin/python benchmarks/long_prompt_chunks.py [--chunks 32 64 128 256] [--tokens 5000]
 
 On 3 network-namespace hosts (tests/netns.py; root) serving the default model, no prompt cache. The
-chunk is the entry's choice (`--prefill-chunk`), so each node of a swarm runs another chunk and in turn
+chunk is the entry's choice (`--prefill-chunk`: the chunk beside other requests; a prompt alone goes in
+chunks of the larger of it and the backend's chunk for a prompt alone, entry/prompt_chunks.py), so
+each node of a swarm runs another chunk and in turn
 serves as the entry (after an untimed warm-up prompt): the short chat's quiet time (best of 3), a long
 prompt alone, then another long prompt with the short chat sent to the same entry 1 s after it, and a
 third with the short chat sent to another node. Prints per chunk: the long prompt's time alone and

@@ -11,7 +11,8 @@ One place says per backend:
 - whether a whole-model stage builds the next decode step before reading this one's token (GPUs);
 - the prompt chunk an entry sends when `--prefill-chunk` is not given (entry/generate.py): small on the
   CPU, where a chunk's pass is slow and is what a long prompt holds other requests back at a stage; 256
-  on a GPU, where a chunk is fast and a bigger pass keeps the device busy;
+  on a GPU, where a chunk is fast and a bigger pass keeps the device busy; and the larger chunk of a
+  prompt that no other request waits behind (64 on a CPU, mlx-lm's 2048 on a GPU);
 - whether the CPU-only tuning runs: the optimized-BLAS re-exec (engine/blas.py), prompt rows across CPU
   streams with BLAS thread switching (engine/row_streams.py), the heap tidy when the MLX thread falls idle
   (engine/worker.py), no MLX buffer cache (node/node.py). Each tunes MLX's CPU device; on a GPU they only
@@ -39,6 +40,13 @@ STANDIN_ENV = environment.DEVICE_STANDIN.name
 # Positions per prompt chunk by default (`prefill_chunk` below; docs/architecture.md has the CPU's figures).
 CPU_PREFILL_CHUNK = 16
 GPU_PREFILL_CHUNK = 256
+# Positions per chunk of a prompt no other request of its entry waits behind (`prefill_chunk_alone` below):
+# a request arriving meanwhile waits for the pass under way at each stage for each of its first frames (a
+# CPU reads ~100 positions a second of the default model: a short chat 1 s after a 5,500-token prompt
+# took 2.6x its quiet time at 128 on 3 netns hosts, the limit is 3x); mlx-lm's own prefill_step_size on
+# a GPU.
+CPU_PREFILL_CHUNK_ALONE = 64
+GPU_PREFILL_CHUNK_ALONE = 2048
 
 # Each backend's memory_kind: which memory a profile's offered bytes are (one of discovery.profile.MEMORY_KINDS).
 MEMORY_KIND_OF = {"cuda": "gpu", "metal": "working_set", "cpu": "ram"}
@@ -103,6 +111,13 @@ class Backend:
         what a long prompt holds a short request back, seconds on a CPU at 256; a GPU computes 256 fast
         and bigger passes use it better."""
         return GPU_PREFILL_CHUNK if self.is_gpu else CPU_PREFILL_CHUNK
+
+    @property
+    def prefill_chunk_alone(self) -> int:
+        """Positions per chunk of a prompt that no other request of its entry waits behind
+        (entry/prompt_chunks.py): large passes cost less per position and fewer trips, but a request
+        arriving meanwhile waits for the pass under way, so on a CPU it stays a fraction of a second's work."""
+        return GPU_PREFILL_CHUNK_ALONE if self.is_gpu else CPU_PREFILL_CHUNK_ALONE
 
     @property
     def warm_batch_widths(self) -> tuple[int, ...]:

@@ -19,6 +19,7 @@ class LocalPipeline:
         self.stages = stages
         self.worker = worker
         self.index = prompts
+        self.running: set[str] = set()  # requests that sent a frame and were not released
 
     @property
     def prompts(self) -> RoutePrompts:
@@ -28,6 +29,9 @@ class LocalPipeline:
     def route(self) -> tuple:
         """Which stages hold which layers (entry/prompt_index.py): other stages, another route."""
         return tuple((id(s), s.range.start, s.range.end) for s in self.stages)
+
+    def alone(self, request_id: str) -> bool:
+        return len(self.running) <= (request_id in self.running)
 
     def _run(self, request_id: str, tokens: list[int], start_pos: int, sampling, rules, prefix, drafts=None):
         tokens = tokens + (drafts or [])
@@ -42,12 +46,14 @@ class LocalPipeline:
 
     async def forward(self, request_id, tokens, start_pos, sampling, continue_unless=None, rules=None, prefix=None,
                       attempt=0, drafts=None):
+        self.running.add(request_id)
         try:
             return await self.worker.run(self._run, request_id, tokens, start_pos, sampling, rules, prefix, drafts)
         except PromptCacheMiss as e:
             raise PrefixMissed(str(e)) from None
 
     async def release(self, request_id: str, keep: list[int] | None = None) -> None:
+        self.running.discard(request_id)
         keep = self.prompts.keeping(keep)
 
         def _release():

@@ -1,8 +1,10 @@
 """What one machine produces: greedy tokens from mlx-lm on the whole model.
 
-mlx-lm reads the prompt in chunks of the swarm's default `--prefill-chunk` (its prefill_step_size), the
-backend's (a node of a test runs where this process does): the same schedule, so a prompt longer than
-one chunk gives the same text to the last bit.
+mlx-lm reads the prompt in chunks of the swarm's default chunk for a prompt alone at its entry (its
+prefill_step_size; entry/prompt_chunks.py), the backend's (a node of a test runs where this process
+does): the same schedule as a request that runs alone, so a prompt longer than one chunk gives the same
+text to the last bit. (Beside other requests a node reads prompts in smaller chunks: other boundaries,
+other rounding.)
 
 reference_chat, the text a node's answer is compared with, runs under the BLAS the nodes of this machine
 run under: where a node re-executes itself with an optimized BLAS preloaded (engine/blas.py), it runs in
@@ -27,9 +29,9 @@ import numpy as np
 from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model, load_tokenizer
 
-from swarm.entry.generate import default_prefill_step
+from swarm.entry.generate import default_prefill_alone
 
-PREFILL_STEP = default_prefill_step()
+PREFILL_STEP = default_prefill_alone()
 
 
 @lru_cache(maxsize=4)

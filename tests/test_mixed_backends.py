@@ -76,7 +76,7 @@ def test_a_whole_model_gpu_node_decodes_ahead_and_answers_exactly(tmp_path, llam
         for _ in range(3):
             run = stream_completion(cluster.entry.url, prompt, 24)
             assert want.matches(run), (run.token_ids, want.ids)
-        _, runs = concurrent_completions(cluster.entry.url, prompt, 24, 3)  # batched steps settle the ones ahead
+        _, runs = concurrent_completions(cluster.entry.url, [prompt] * 3, 24)  # batched steps settle the ones ahead
         assert all(r.tokens == runs[0].tokens for r in runs)
         run = stream_completion(cluster.entry.url, prompt, 24)  # and a lone stream after them still matches
         assert want.matches(run), (run.token_ids, want.ids)

@@ -37,7 +37,7 @@ def chained_tokens(model_dir, sizes: list[int], prompt: list[int], n: int,
             return pipeline
 
         async def run():
-            job = GenerationJob("r1", prompt, sampling, n, prefill_step=prefill_step)
+            job = GenerationJob("r1", prompt, sampling, n, prefill_step=prefill_step, prefill_alone=prefill_step)
             return [t async for t in generate_tokens(job, pipe)]
 
         tokens = asyncio.run(run())

@@ -1,11 +1,14 @@
 """swarm-bench: start 1..N local nodes on loopback, run fixed greedy prompts, print one table.
 
     swarm-bench [--model DIR|GGUF] [--nodes 1,2,3] [--tokens 64] [--concurrency 1,2,4] [--dtype auto]
+                [--prompts free,edit,typos,names] [--same-prompt] [--speculate off,lookup]
                 [--batch-decode N] [--baseline PYTHON] [--secret] [--skip-mlx-ring] [--quick] [--json [PATH]]
 
 Setups on the same model in the same run: mlx-lm alone in this process, the swarm
 with each node count (entry = stage 0, even split), and mlx-lm's ring pipeline
-(swarm/bench/mlx_ring_pipeline.py) for each node count > 1.
+(swarm/bench/mlx_ring_pipeline.py) for each node count > 1; one table per kind of prompt.
+Every request gets a prompt new to the nodes (their prompt caches would read a repeated one
+once); the warm column is a prompt sent again.
 """
 
 from __future__ import annotations
@@ -30,7 +33,19 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+def _names(allowed: tuple[str, ...] | None):
+    def parse(text: str) -> list[str]:
+        values = [x.strip() for x in text.split(",") if x.strip()]
+        if not values or len(set(values)) < len(values):
+            raise argparse.ArgumentTypeError(f"expected distinct comma-separated names, got {text!r}")
+        if allowed is not None and (bad := [v for v in values if v not in allowed]):
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(bad)}: choose from {', '.join(allowed)}")
+        return values
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from .prompts import PROMPTS
     p = argparse.ArgumentParser(prog="swarm-bench", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--model", default=None, help="mlx-lm model dir or .gguf (default: the built-in SmolLM2-135M)")
@@ -38,6 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, default=None, help="max_tokens per request (default: 64; --quick: 8)")
     p.add_argument("--concurrency", type=_ints, default=[1, 2, 4], help="simultaneous streams (default: 1,2,4)")
     p.add_argument("--runs", type=int, default=None, help="single-stream repeats, median (default: 3; --quick: 1)")
+    p.add_argument("--prompts", type=_names(tuple(PROMPTS)), default=["free"],
+                   help="kinds of prompt, a table each: free (text to continue) and the input-grounded edit (a "
+                        "60-line function), typos (a paragraph), names (a text's people) (default: free)")
+    p.add_argument("--same-prompt", action="store_true",
+                   help="send every request the same prompt (the nodes' prompt caches then read it once)")
+    p.add_argument("--speculate", type=_names(None), default=None, metavar="MODES",
+                   help="a swarm row per mode, its nodes started with --speculate=MODE, e.g. off,lookup "
+                        "(default: no such flag)")
     p.add_argument("--skip-mlx-ring", action="store_true", help="do not run mlx-lm's ring pipeline")
     p.add_argument("--quick", action="store_true", help="few tokens and one run (for tests)")
     p.add_argument("--memory-limit", default="2G", help="memory each node offers; equal limits give an even split")
@@ -80,12 +103,17 @@ def main(argv: list[str] | None = None) -> int:
     from .run import run_all
     tokens = args.tokens or (8 if args.quick else 64)
     runs = args.runs or (1 if args.quick else 3)
-    with tempfile.TemporaryDirectory(prefix="swarm-bench-") as tmp:
-        report = run_all(args.model, args.nodes, tokens, args.concurrency, runs, not args.skip_mlx_ring,
-                         args.memory_limit, Path(tmp), args.batch_decode, args.secret, args.baseline, args.dtype)
-    print(report.text, flush=True)
+    reports = []
+    for k, kind in enumerate(args.prompts):
+        with tempfile.TemporaryDirectory(prefix="swarm-bench-") as tmp:
+            reports.append(run_all(args.model, args.nodes, tokens, args.concurrency, runs,
+                                   not args.skip_mlx_ring and k == 0, args.memory_limit, Path(tmp), args.batch_decode,
+                                   args.secret, args.baseline, args.dtype, kind, not args.same_prompt,
+                                   args.speculate))
+    print("\n\n".join(r.text for r in reports), flush=True)
     if args.json:
-        dump = json.dumps(report.data, indent=2, default=str)
+        data = reports[0].data if len(reports) == 1 else {kind: r.data for kind, r in zip(args.prompts, reports)}
+        dump = json.dumps(data, indent=2, default=str)
         if args.json == "-":
             print(dump)
         else:

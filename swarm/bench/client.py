@@ -100,17 +100,18 @@ def _stream_completion(url: str, prompt: str, max_tokens: int, timeout: float, s
     return StreamRun("".join(parts), tokens, t_first - t0, t_last - t_first, t_end - t0, ids)
 
 
-def concurrent_completions(url: str, prompt: str, max_tokens: int, n: int) -> tuple[float, list[StreamRun]]:
-    """n streams started together; (wall seconds from their start to the last end, runs).
+def concurrent_completions(url: str, prompts: list[str], max_tokens: int) -> tuple[float, list[StreamRun]]:
+    """A stream per prompt, started together; (wall seconds from their start to the last end, runs).
 
     Each client has its thread and its connection before any request leaves, and all leave at once:
     mlx-lm's batch generation, which these rounds are compared with, has its n prompts at once too.
     (Started as the threads came up, the requests would reach the node spread over several ms, on a
     machine the node's first prompt pass already keeps busy.)"""
     t0: list[float] = []
+    n = len(prompts)
     start = threading.Barrier(n + 1, action=lambda: t0.append(time.perf_counter()))
     with ThreadPoolExecutor(n) as pool:
-        futures = [pool.submit(stream_completion, url, prompt, max_tokens, 600.0, start) for _ in range(n)]
+        futures = [pool.submit(stream_completion, url, prompt, max_tokens, 600.0, start) for prompt in prompts]
         try:
             start.wait(timeout=60)
         except threading.BrokenBarrierError:

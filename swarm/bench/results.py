@@ -12,7 +12,8 @@ class SetupResult:
     stages: int  # pipeline stages (1 for mlx-lm alone)
     split: str  # layer ranges per stage, e.g. "0-15, 15-30"
     prompt_tokens: int
-    ttft_s: float | None = None  # median over single-stream runs
+    ttft_s: float | None = None  # median over single-stream runs (each prompt new to the nodes by default)
+    ttft_warm_s: float | None = None  # a single-stream prompt sent again (the nodes' prompt caches hold it)
     decode_tps: float | None = None  # one stream, first token -> last
     aggregate_tps: dict[int, float | None] = field(default_factory=dict)  # concurrency -> tokens/s
     # concurrency -> median over rounds of (this / mlx-lm's batch generation run in the same round)

@@ -21,8 +21,8 @@ from . import ring
 from ..node.config import DEFAULT_BATCH_DECODE
 from ..node.secrets import new_secret_text
 from .cluster import LocalCluster
-from .measure import Expected, MlxLmAlone, measure_swarm, measure_swarm_pair
-from .prompts import PROMPT
+from .measure import BenchPrompts, MlxLmAlone, measure_swarm, measure_swarm_pair
+from .prompts import PROMPTS
 from .results import SetupResult, derive, hops_per_token
 from .table import markdown_table
 
@@ -69,7 +69,11 @@ def reference_text(tokenizer, ids: list[int]) -> str:
 
 def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrency: list[int], runs: int,
             with_ring: bool, memory_limit: str, workdir: Path, batch_decode: int = 0,
-            with_secret: bool = False, baseline: str | None = None, dtype: str = "auto") -> Report:
+            with_secret: bool = False, baseline: str | None = None, dtype: str = "auto",
+            prompt_kind: str = "free", cold_prompts: bool = True, speculate: list[str] | None = None) -> Report:
+    """`prompt_kind`: which of prompts.PROMPTS; `cold_prompts`: each request a prompt of its own (else
+    all the same); `speculate`: one swarm row per mode, its nodes started with `--speculate=<mode>`
+    (None: no such flag)."""
     from mlx_lm.utils import load_tokenizer
 
     from swarm.backend import this_backend
@@ -80,62 +84,58 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
     backend = this_backend()
     model = resolve_model(model_arg, backend=backend.kind)
     tokenizer = load_tokenizer(model.path, eos_token_ids=model.config.get("eos_token_id"))
-    prompt = list(tokenizer.encode(PROMPT))  # what a node's /v1/completions does with the text
+    eos = frozenset(tokenizer.eos_token_ids)
+    prompts = BenchPrompts(PROMPTS[prompt_kind], lambda text: list(tokenizer.encode(text)), eos, cold_prompts)
+    prompt = prompts.encode(prompts.single(0))  # what a node's /v1/completions does with the text
     hidden = int(model.config["hidden_size"])
 
-    progress(f"mlx-lm alone on {model.model_id} ({model.n_layers} layers), prompt {len(prompt)} tokens, "
+    progress(f"mlx-lm alone on {model.model_id} ({model.n_layers} layers), {prompt_kind} prompt {len(prompt)} tokens, "
              f"backend {backend.describe()}, --dtype {dtype}")
     load = loadavg()
     # mlx-lm's weights in the dtype the nodes run theirs (--dtype, as this backend reads it)
     alone = MlxLmAlone(model.path, dtype=backend.weights_dtype(dtype))
     act_dtype = model_float_dtype(alone.model)  # the activations' (and the wire's): what the layers compute in
     act_bytes = act_dtype.size
-    ref, ref_ids = alone.measure(prompt, max_tokens, concurrency, runs)
+    detokenize = partial(reference_text, tokenizer)
+    ref = alone.measure(prompts, max_tokens, concurrency, runs, detokenize)
     _with_load(ref, load)
     ring_ref = None
     ring_sizes = [k for k in nodes if k > 1] if with_ring else []
     if ring_sizes:
         ring_ref = alone.generate(ring.ring_prompt(tokenizer, len(prompt)), RING_HEAD)[0]
-    eos = frozenset(tokenizer.eos_token_ids)
-    reference = Expected(tuple(t for t in ref_ids if t not in eos), reference_text(tokenizer, ref_ids), eos)
     results: list[SetupResult] = [ref]
 
-    # (extra node args, row name suffix, kind, python to run the nodes with: None is this install);
-    # kinds other than "swarm" are no baseline for per-hop numbers. With --secret the open swarm and the
-    # secret one of each size are up at once and measured in alternating rounds (_open_and_secret).
+    variants = swarm_variants(dtype, with_secret, batch_decode, baseline, speculate)
     common = () if dtype == "auto" else ("--dtype", dtype)  # every node of every setup
-    variants: list[tuple[tuple[str, ...], str, str, str | None]] = [] if with_secret else [(common, "", "swarm", None)]
-    if batch_decode > 0:
-        variants.append(((*common, "--batch-decode", str(batch_decode)), f", batch-decode {batch_decode}",
-                         "swarm-batched", None))
-    if baseline:
-        variants.append((common, f", baseline ({_install_of(baseline)})", "swarm-baseline", baseline))
 
     # Pairing each swarm's concurrent rounds with a batch generation keeps mlx-lm's copy of the model
     # loaded beside the nodes' copy: only with room for both; else its ratios are to the first row's.
     paired = any(c > 1 for c in concurrency) and 2 * alone.weight_bytes() < measure_memory()[1]
-    mlx_batch_tps = partial(alone.batch_tps, prompt, max_tokens) if paired else None
-    if not paired:
-        alone.close()
+    mlx_batch_tps = partial(alone.batch_tps, prompts, max_tokens) if paired else None
+    if paired:  # each concurrent stream's prompt is compared with mlx-lm's ids for it
+        prompts.reference = alone.reference(max_tokens, detokenize)
+    else:
+        alone.close()  # (concurrent streams' prompts have no ids of mlx-lm's then: not compared)
         if any(c > 1 for c in concurrency):
             progress("no room for mlx-lm's copy of the model beside the nodes': concurrent ratios are to its first row")
 
     for n in nodes:
         if with_secret:
             results += _open_and_secret(n, workdir, str(model.path), memory_limit, len(prompt), max_tokens,
-                                        concurrency, runs, reference, mlx_batch_tps, common)
+                                        concurrency, runs, prompts, mlx_batch_tps, common)
         for extra, suffix, kind, python in variants:
             progress(f"swarm with {n} node(s){suffix}: starting")
             with LocalCluster(n, workdir, str(model.path), memory_limit, extra_args=extra, python=python) as cluster:
                 load = loadavg()
                 progress(f"swarm with {n} node(s): plan {cluster.topology['plan']['plan_id']} stages "
                          + ", ".join(f"{s['node_id']}[{s['start']},{s['end']})" for s in cluster.stages))
-                r = measure_swarm(cluster, PROMPT, len(prompt), max_tokens, concurrency, runs, reference, mlx_batch_tps)
+                r = measure_swarm(cluster, prompts, len(prompt), max_tokens, concurrency, runs, mlx_batch_tps)
                 r.name += suffix
                 r.kind = kind
                 results.append(_with_load(r, load))
 
     if paired:
+        prompts.reference = None
         alone.close()  # (kept until here: each swarm's concurrent rounds are paired with its batch generation)
     if with_ring:
         for k in ring_sizes:
@@ -149,10 +149,14 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
               f"backend {backend.describe()}, BLAS: {blas_in_use()} "
               f"threads={environment.OPENBLAS_NUM_THREADS.get() or 'default'}, 1-min load average at the end {loadavg():.1f}\n"
               f"weights: --dtype {dtype} (activations {str(act_dtype).removeprefix('mlx.core.')})\n"
-              f"model: {model.model_id} ({model.n_layers} layers, hidden {hidden}), prompt {len(prompt)} tokens, "
+              f"model: {model.model_id} ({model.n_layers} layers, hidden {hidden}), {prompt_kind} prompt {len(prompt)} "
+              f"tokens ({'a distinct one per request' if cold_prompts else 'the same for every request'}), "
               f"max_tokens {max_tokens}, greedy, single-stream numbers are the median of {runs} run(s)\n")
     notes = (
         "\nRatios in parentheses are to mlx-lm alone (TTFT: time ratio, lower is better).\n"
+        "TTFT: each request a prompt new to the nodes (unless --same-prompt); TTFT warm: the first single-stream "
+        "prompt sent again, which the stages' prompt caches hold (its ratio is to mlx-lm's cold TTFT).\n"
+        "Speculate rows: nodes started with --speculate=<mode> (--speculate).\n"
         "Decode tok/s: one stream, first token to last. Aggregate tok/s: all tokens of c simultaneous "
         "streams / wall time, prefill included (the c clients connect first and send at once); at c > 1 a "
         "swarm row's is the median of --runs rounds, and its "
@@ -184,9 +188,28 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
     return Report(text, data)
 
 
+def swarm_variants(dtype: str, with_secret: bool, batch_decode: int, baseline: str | None,
+                   speculate: list[str] | None) -> list[tuple[tuple[str, ...], str, str, str | None]]:
+    """The swarm setups each size runs, but the open and secret pair (--secret: _open_and_secret): (extra
+    node args, row name suffix, kind, python to run the nodes with: None is this install). Kinds other
+    than "swarm" are no baseline for per-hop numbers. A node flag is added only when asked for."""
+    common = () if dtype == "auto" else ("--dtype", dtype)  # every node of every setup
+    variants: list[tuple[tuple[str, ...], str, str, str | None]] = [] if with_secret else [(common, "", "swarm", None)]
+    if speculate and not with_secret:  # a row per mode instead (the first one is the per-hop baseline's kind)
+        variants = [((*common, f"--speculate={mode}"), f", speculate {mode}", "swarm" if k == 0 else "swarm-speculate",
+                     None) for k, mode in enumerate(speculate)]
+    if batch_decode > 0:
+        variants.append(((*common, "--batch-decode", str(batch_decode)), f", batch-decode {batch_decode}",
+                         "swarm-batched", None))
+    if baseline:
+        variants.append((common, f", baseline ({_install_of(baseline)})", "swarm-baseline", baseline))
+    return variants
+
+
 def _open_and_secret(n: int, workdir: Path, model: str, memory_limit: str, prompt_tokens: int, max_tokens: int,
-                     concurrency: list[int], runs: int, reference: Expected,
-                     mlx_batch_tps: Callable[[int], float] | None, common: tuple[str, ...] = ()) -> list[SetupResult]:
+                     concurrency: list[int], runs: int, prompts: BenchPrompts,
+                     mlx_batch_tps: Callable[[int, int], float] | None,
+                     common: tuple[str, ...] = ()) -> list[SetupResult]:
     """The open swarm of n nodes and one with a swarm secret, both up at once, in alternating rounds."""
     progress(f"swarm with {n} node(s), open and with a secret side by side: starting")
     secret = (*common, f"--secret={new_secret_text()}")
@@ -196,7 +219,7 @@ def _open_and_secret(n: int, workdir: Path, model: str, memory_limit: str, promp
     with LocalCluster(n, workdir / "open", model, memory_limit, extra_args=common) as open_, \
             LocalCluster(n, workdir / "secret", model, memory_limit, extra_args=secret) as sealed:
         load = loadavg()
-        ro, rs = measure_swarm_pair(open_, sealed, PROMPT, prompt_tokens, max_tokens, concurrency, runs, reference,
+        ro, rs = measure_swarm_pair(open_, sealed, prompts, prompt_tokens, max_tokens, concurrency, runs,
                                     mlx_batch_tps)
     rs.name += ", secret"
     rs.kind = "swarm-secret"

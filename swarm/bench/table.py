@@ -30,7 +30,7 @@ def _step(r: SetupResult) -> str:
 
 def markdown_table(results: list[SetupResult], concurrency: list[int]) -> str:
     ref = next((r for r in results if r.kind == "mlx-lm" and r.measured), None)
-    head = ["setup", "stages (layers)", "TTFT ms", "decode tok/s, 1 stream",
+    head = ["setup", "stages (layers)", "TTFT ms", "TTFT warm ms", "decode tok/s, 1 stream",
             *[f"aggregate tok/s @{c}" for c in concurrency], "decode step ms: compute + overhead", "per-hop decode ms", "overhead/hop ms", "prefill act. MB/s",
             "same tokens", "note"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 3) + ["---"] * 2) + "|"]
@@ -41,6 +41,8 @@ def markdown_table(results: list[SetupResult], concurrency: list[int]) -> str:
             # TTFT ratio is time (lower is better); the others are rates (higher is better).
             cells = [r.name, f"{r.stages} ({r.split})",
                      _with_ratio(r.ttft_s * 1e3 if r.ttft_s else None, ref.ttft_s * 1e3 if ref else None, "{:.0f}"),
+                     _with_ratio(r.ttft_warm_s * 1e3 if r.ttft_warm_s else None, ref.ttft_s * 1e3 if ref else None,
+                                 "{:.0f}"),
                      _with_ratio(r.decode_tps, ref.decode_tps if ref else None),
                      *[_aggregate(r, ref, c) for c in concurrency],
                      _step(r), _num(r.per_hop_ms, "{:.2f}"), _num(r.hop_overhead_ms, "{:.2f}"), _num(r.prefill_mb_s), r.same_tokens, r.note]

@@ -37,16 +37,18 @@ from ..engine.sampling import SamplingParams
 from ..engine.token_logprobs import SampledToken, TokenLogprobs
 from ..planning.errors import NoPipeline
 from .pipeline import Pipeline, PipelineBroken, PrefixMissed, Verified
+from .prompt_chunks import next_chunk
 from .prompt_index import Reuse
 from .speculation import Speculation
 
 log = logging.getLogger(__name__)
 
-# The prefill schedule of mlx_lm.generate (prompt[:-1] in chunks, then the last token alone),
-# in chunks of `--prefill-chunk` positions (its prefill_step_size): greedy output matches mlx-lm's
-# at the same step size token for token. Each stage serves other requests between two chunks of
-# a prompt (stage/stage_service.py), so a chunk is what a long prompt holds a short request back.
-# Its default is the backend's (backend.py: small on a CPU, where a chunk's pass is slow). A stage
+# The prefill schedule of mlx_lm.generate (prompt[:-1] in chunks, then the last token alone): in
+# large chunks while no other request of the entry runs, in chunks of `--prefill-chunk` positions
+# beside one (prompt_chunks.py); alone throughout, greedy output matches mlx-lm's at prefill_step_size
+# = the large chunk token for token. Each stage serves other requests between two chunks of a prompt
+# (stage/stage_service.py), so a chunk is what a long prompt holds a short request back. Both sizes'
+# defaults are the backend's (backend.py: small on a CPU, where a chunk's pass is slow). A stage
 # takes no bigger chunk than MAX_CHUNK (engine/input_limits.py).
 # Prompt logprobs (echo) need the logits of every prompt position: (chunk, vocab) floats at a time.
 ECHO_PREFILL_STEP = 64
@@ -55,6 +57,11 @@ ECHO_PREFILL_STEP = 64
 def default_prefill_step() -> int:
     """Positions per prompt chunk when `--prefill-chunk` is not given: this process's backend's."""
     return this_backend().prefill_chunk
+
+
+def default_prefill_alone() -> int:
+    """Positions per chunk of a prompt no other request waits behind: this process's backend's."""
+    return this_backend().prefill_chunk_alone
 
 
 @dataclass
@@ -73,9 +80,11 @@ class GenerationJob:
     may_reuse: bool = True  # may start from a prefix the stages keep (not after a miss)
     reused: Reuse | None = None  # what the current attempt started from, until its first token came
     attempt: int = 0  # restarts so far (a replay, a miss): the stages tell attempts apart
-    prefill_step: int = field(default_factory=default_prefill_step)  # positions per prompt chunk
+    prefill_step: int = field(default_factory=default_prefill_step)  # positions per prompt chunk beside others
+    prefill_alone: int = field(default_factory=default_prefill_alone)  # ... alone (at least prefill_step)
     prefilling: bool = True  # its prompt (or a replay's history) is being read
     speculation: Speculation | None = None  # its decode steps carry drafts (speculation.py); None: never
+    prompt_chunks: int = 0  # prompt chunks sent so far (every attempt's; /health sums them)
 
     def reusable_now(self) -> bool:
         """Prompt logprobs need every prompt position computed: such a request runs cold."""
@@ -143,7 +152,8 @@ async def _next_tokens(job: GenerationJob, pipeline: Pipeline) -> list[int]:
     """The next step's tokens: one, or the drafts accepted and the token after them."""
     history = job.prompt + job.generated
     rules = job.rules_now()
-    step = ECHO_PREFILL_STEP if rules is not None and rules.echo_logprobs else job.prefill_step
+    echo = rules is not None and rules.echo_logprobs
+    step, alone_step = (ECHO_PREFILL_STEP, ECHO_PREFILL_STEP) if echo else (job.prefill_step, job.prefill_alone)
     prefix = None
     if job.cached == 0 and job.reusable_now():
         job.reused = pipeline.prompts.reusable(history)
@@ -154,16 +164,17 @@ async def _next_tokens(job: GenerationJob, pipeline: Pipeline) -> list[int]:
     job.prefilling = len(history) - 1 - job.cached > 0
     spec = job.speculation if not job.prefilling and prefix is None and job.cached > 0 else None
     while len(history) - 1 - job.cached > 0:
-        n = min(step, len(history) - 1 - job.cached)
+        n = next_chunk(len(history) - 1 - job.cached, step, alone_step, pipeline.alone(job.request_id))
         await pipeline.forward(job.request_id, history[job.cached:job.cached + n], job.cached, None, rules=rules,
                                prefix=prefix, attempt=job.attempt)
         job.cached += n
+        job.prompt_chunks += 1
         prefix = None
     more = len(job.generated) + 1 < job.max_tokens  # after this token, another step is wanted ...
     drafts: list[int] = []
     ahead = more
     if job.speculation is not None:
-        crowded = pipeline.crowded(job.request_id) if hasattr(pipeline, "crowded") else False
+        crowded = not pipeline.alone(job.request_id)
         if spec is not None:
             drafts = spec.next_drafts(history, job.max_tokens - len(job.generated) - 1, crowded)
         ahead = more and not drafts and job.speculation.may_run_ahead(crowded)  # (a step with drafts never)

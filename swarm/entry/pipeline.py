@@ -57,5 +57,9 @@ class Pipeline(Protocol):
         drafts: draft tokens after `tokens` (the last token alone), checked in the same pass: a Verified comes
         back (a step that left without them, run ahead, brings a Verified of its one token)."""
 
+    def alone(self, request_id: str) -> bool:
+        """Whether no other request of this entry runs beside `request_id` now (its prompt may go in
+        large chunks: prompt_chunks.py)."""
+
     async def release(self, request_id: str, keep: list[int] | None = None) -> None:
         """keep: the ids of the positions the request's caches hold, for the stages to keep (prompt caches)."""

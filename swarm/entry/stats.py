@@ -27,6 +27,7 @@ class RequestStats:
         self.active: dict[str, object] = {}  # request id -> its job (generate.py): whether it is prefilling
         self.total_requests = 0
         self.total_tokens = 0
+        self.finished_prompt_chunks = 0  # prompt chunks finished requests sent (prompt_chunks.py)
         self._recent: deque[float] = deque()
 
     @contextmanager
@@ -42,6 +43,7 @@ class RequestStats:
             yield
         finally:
             self.active.pop(request_id, None)
+            self.finished_prompt_chunks += getattr(job, "prompt_chunks", 0)
             self._event("request_finished", {"request": label, "tokens": self.total_tokens - counted})
 
     def token(self) -> None:
@@ -51,6 +53,10 @@ class RequestStats:
     def prefilling(self) -> int:
         """Active requests whose prompt (or a replay's history) is being read."""
         return sum(1 for job in list(self.active.values()) if getattr(job, "prefilling", False))
+
+    def prompt_chunks(self) -> int:
+        """Prompt chunks this entry sent (each a trip through every stage), finished requests' and active ones'."""
+        return self.finished_prompt_chunks + sum(getattr(job, "prompt_chunks", 0) for job in list(self.active.values()))
 
     def tokens_per_second(self) -> float:
         now = time.monotonic()
@@ -64,7 +70,8 @@ class RequestStats:
     def to_dict(self) -> dict:
         return {"active_requests": len(self.active), "prefilling": self.prefilling(),
                 "tokens_per_second": round(self.tokens_per_second(), 2),
-                "total_requests": self.total_requests, "total_tokens": self.total_tokens}
+                "total_requests": self.total_requests, "total_tokens": self.total_tokens,
+                "prompt_chunks": self.prompt_chunks()}
 
     def _event(self, kind: str, data: dict) -> None:
         if self._emit is not None:

@@ -11,7 +11,8 @@ the token timeout bounds the wait for one chunk, not for the whole prompt: a pro
 read is alive however long it is. A prompt alone at its entry keeps one chunk per stage out and
 one travelling: every stage has a chunk to read while the answers travel, and a prompt of a few
 chunks goes out whole. Beside another request of this entry it keeps PROMPT_CHUNKS_OUT out, so
-that request's steps meet fewer chunks at the stages.
+that request's steps meet fewer chunks at the stages. Whether a request is alone also sets its next
+chunk's size (`alone`, entry/prompt_chunks.py): large alone, small beside others.
 
 A stage may take our frames and return nothing (it reads none of them): a sampled step, or a
 request's first prompt chunk, whose answer is overdue (StepWatch) has its plan's stages checked,
@@ -120,10 +121,6 @@ class SwarmPipeline:
             return Verified.of(drafts, token.accepted if drafts else 0, token.token, token.logprobs)
         return token.token if token.logprobs is None else SampledToken(token.token, token.logprobs)
 
-    def crowded(self, request_id: str) -> bool:
-        """Do other requests of this entry run beside this one (speculation.py steps aside for them)?"""
-        return self.own.others_than(request_id)
-
     async def _prompt_chunk_out(self, request_id: str, answered, positions: int, watched: bool) -> None:
         """A prompt chunk left: wait until fewer of the request's are unanswered than may be out now.
         `watched`: the request's first chunk, which no stage holds back (stage/chunk_hold.py), is
@@ -136,6 +133,9 @@ class SwarmPipeline:
                 await self._wait_watched(request_id, fut, n, "prompt chunk read")
             else:
                 await self.pending.wait(request_id, fut, self.token_timeout, "prompt chunk read")
+
+    def alone(self, request_id: str) -> bool:
+        return not self.own.others_than(request_id)
 
     def _chunks_allowed_out(self, request_id: str) -> int:
         """Alone at this entry: a chunk at every stage and one travelling. Beside another of its requests:
