@@ -311,6 +311,28 @@ def test_a_stage_shows_its_prompt_cache():
     assert "cache" not in screen[screen.index("cold"):], screen  # nothing kept, never hit: nothing shown
 
 
+def test_an_entry_shows_its_drafts_and_tokens_per_pass():
+    from rich.console import Console
+
+    from tui.widgets.node_table import NodeTable
+
+    drafts = {"mode": "lookup", "steps": 40, "drafts_proposed": 160, "drafts_accepted": 97, "tokens_per_pass": 3.425}
+    raw = {"model": {"n_layers": 30}, "plan": {"stages": [{"node_id": "a", "start": 0, "end": 15},
+                                                          {"node_id": "b", "start": 15, "end": 30}]},
+           "nodes": [{"id": "a", "name": "entry", "state": "serving", "layers": [0, 15],
+                      "stats": {"speculation": drafts}},
+                     {"id": "b", "name": "quiet", "state": "serving", "layers": [15, 30],
+                      "stats": {"speculation": {"mode": "lookup", "steps": 0, "drafts_proposed": 0,
+                                                "drafts_accepted": 0, "tokens_per_pass": None}}}]}
+    table = NodeTable()
+    table.topology = Topology.parse(raw)
+    console = Console(width=100, record=True)
+    console.print(table._table())
+    screen = console.export_text()
+    assert screen.splitlines()[3].split() == ["3.4/pass", "drafts", "97/160"], screen
+    assert "drafts" not in screen[screen.index("quiet"):], screen  # never drafted: nothing shown
+
+
 def test_the_header_warns_of_an_open_swarm_only():
     from tui.widgets.header import SwarmHeader
     raw = {"swarm": "home", "model": {"id": "m"}, "can_serve": True, "nodes": []}

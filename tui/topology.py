@@ -41,15 +41,21 @@ class Stats:
     cache_bytes: int = 0
     cache_hits: int = 0
     cache_tokens_saved: int = 0
+    # the entry's speculative decoding: draft tokens its steps carried, and tokens per such step
+    drafts_proposed: int = 0
+    drafts_accepted: int = 0
+    tokens_per_pass: float = 0.0
 
     @classmethod
     def parse(cls, raw: Any) -> "Stats":
         d = _d(raw)
         pc = _d(d.get("prompt_cache"))
+        sp = _d(d.get("speculation"))
         return cls(_f(d.get("tokens_per_second"), 0.0), _i(d.get("active_requests"), 0),
                    _i(d.get("total_requests"), 0), _i(d.get("total_tokens"), 0),
                    _i(pc.get("entries"), 0), _i(pc.get("bytes"), 0), _i(pc.get("hits"), 0),
-                   _i(pc.get("tokens_saved"), 0))
+                   _i(pc.get("tokens_saved"), 0), _i(sp.get("drafts_proposed"), 0),
+                   _i(sp.get("drafts_accepted"), 0), _f(sp.get("tokens_per_pass"), 0.0))
 
 
 @dataclass

@@ -44,6 +44,15 @@ def _prompt_cache(node: NodeInfo) -> list[str]:
     return [f"cache {s.cache_entries}×{human_bytes(s.cache_bytes)}", f"{s.cache_hits} hits", f"{saved_text} saved"]
 
 
+def _speculation(node: NodeInfo) -> tuple[str, str] | None:
+    """The third line's words for the live and layers columns: tokens per pass of the steps that carried
+    drafts, and the drafts accepted of those proposed, "drafts 97/160" (none: this entry never drafted)."""
+    s = node.stats
+    if not s.drafts_proposed:
+        return None
+    return f"{s.tokens_per_pass:.1f}/pass", f"drafts {s.drafts_accepted}/{s.drafts_proposed}"
+
+
 def _two(first, second) -> Text:
     a = first if isinstance(first, Text) else Text(str(first))
     b = second if isinstance(second, Text) else Text(str(second))
@@ -85,11 +94,13 @@ class NodeTable(Static):
                 _two(_speed(node), self._state(node)), _two(live, reqs), layers]
 
     @staticmethod
-    def _with_prompt_cache(node: NodeInfo, cells: list[Text]) -> list[Text]:
-        words = _prompt_cache(node)
-        if not words:
+    def _with_third_line(node: NodeInfo, cells: list[Text]) -> list[Text]:
+        """A third line for a stage's prompt cache and its entry's drafts, when there is any."""
+        cache, drafts = _prompt_cache(node), _speculation(node)
+        if not cache and not drafts:
             return cells
-        third = [Text(""), *(Text(w, "cyan") for w in words), Text(""), Text("")]
+        third = [Text("")] + [Text(w, "cyan") for w in cache or ("", "", "")]
+        third += [Text(w, "green") for w in drafts or ("", "")]
         return [_two(cell, extra) for cell, extra in zip(cells, third)]
 
     @staticmethod
@@ -118,7 +129,7 @@ class NodeTable(Static):
             head = Text(f"[{start},{end})", "bold").append(count, "dim")
             # A stage still getting (new) layers from peers shows that instead of where they sit.
             bar = self._fetch(node, bar_w) or layer_bar(start, end, t.n_layers, bar_w)
-            table.add_row(*self._with_prompt_cache(node, self._cells(node, link, _two(head, bar))))
+            table.add_row(*self._with_third_line(node, self._cells(node, link, _two(head, bar))))
         for node, reason in t.others():
             link = _two(Text("·", "dim"), Text(" "))
             why = _two(Text("idle", "blue"), self._fetch(node, bar_w) or Text(reason or "", "dim italic"))
