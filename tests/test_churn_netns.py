@@ -95,6 +95,7 @@ def test_ten_kill_restart_cycles_during_streams(tiny_swarm, tiny_undisturbed):
     swarm, undisturbed = tiny_swarm, tiny_undisturbed
     entry = swarm.nodes[0]
     slow: list[str] = []
+    drafted = drafts(entry)
     for cycle in range(10):
         victim = swarm.nodes[1 + cycle % 2]
         kind = "seeded" if cycle % 3 == 2 else "greedy"
@@ -114,6 +115,15 @@ def test_ten_kill_restart_cycles_during_streams(tiny_swarm, tiny_undisturbed):
         swarm.wait_serving(stages=3)
     print("recovery times:", [f"{t:.2f}" for t in RECOVERY_TIMES])
     assert max(RECOVERY_TIMES) < 30, "\n\n".join(slow)
+    # The streams' steps carried drafts (speculation is on by default): kills landed with drafts out too.
+    assert drafts(entry)["drafts_accepted"] > drafted["drafts_accepted"], (drafted, drafts(entry))
+
+
+def drafts(node) -> dict:
+    """The entry's speculation counters (/health)."""
+    status, health = node.get("/health")
+    assert status == 200, health
+    return health["speculation"]
 
 
 def test_link_cut_and_restored(tiny_swarm, tiny_undisturbed):

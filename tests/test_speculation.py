@@ -249,3 +249,41 @@ def test_zoo_families_give_mlx_lm_tokens_with_drafts_or_draft_nothing(random_mod
             assert counts.proposed > 0
     finally:
         stages.close()
+
+
+def test_accepting_drafts_while_they_match_keeps_the_target_distribution():
+    """The sampling rule on a small vocabulary, a fixed set of seeds: what a checked step emits is, seed by
+    seed, what steps of one position draw, so the first token follows the target's distribution whatever
+    the drafts, and the token after an accepted draft follows the next position's."""
+    import math
+
+    import mlx.core as mx
+
+    from swarm.engine.draft_check import DraftCheck
+    from swarm.engine.sampling import sampled
+
+    rows = mx.array([[2.0, 1.0, 0.5, 0.0, -1.0], [0.0, 1.5, 0.2, 1.0, 0.3], [1.0, 1.0, 1.0, 1.0, 1.0]])
+    target = [mx.softmax(rows[i]).tolist() for i in range(2)]
+    seeds, pos = range(3000), 40
+    for drafts in ([0, 1], [4, 4], [1, 3]):
+        first, second = [0] * 5, [0] * 5
+        for seed in seeds:
+            sampling = SamplingParams(temperature=1.0, seed=seed)
+            check = DraftCheck(rows, drafts, sampling, pos)
+            mx.eval(check.arrays())
+            accepted, token = check.result()[:2]
+            emitted = drafts[:accepted] + [token]
+            alone = [sampled(rows[i], sampling, pos + i + 1).item() for i in range(len(emitted))]
+            assert emitted == alone, (seed, drafts, emitted, alone)
+            first[emitted[0]] += 1
+            if accepted:
+                second[emitted[1]] += 1
+        # chi-square against the target with 4 degrees of freedom: 18.5 is its 0.999 quantile
+        n = len(seeds)
+        chi = sum((first[v] - n * p) ** 2 / (n * p) for v, p in enumerate(target[0]))
+        assert chi < 18.5, (drafts, first, target[0])
+        after = sum(second)
+        if after >= 200:
+            chi = sum((second[v] - after * p) ** 2 / (after * p) for v, p in enumerate(target[1]))
+            assert chi < 18.5, (drafts, second, target[1])
+        assert math.isclose(first[drafts[0]] / n, target[0][drafts[0]], abs_tol=0.04), "acceptance of draft 1"
