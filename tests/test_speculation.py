@@ -15,7 +15,7 @@ from swarm.engine.shard_runner import ShardRunner
 from swarm.engine.worker import MlxWorker
 from swarm.entry.generate import GenerationJob, generate_tokens
 from swarm.entry.speculation import PromptLookup, Speculation, SpeculationCounts
-from local_pipeline import LocalPipeline
+from local_pipeline import LocalPipeline, Stages, ranges
 from helpers import TINY_FAMILIES, TINY_SHAPE
 from reference import reference_tokens
 
@@ -23,39 +23,6 @@ GREEDY = SamplingParams(temperature=0.0)
 SPLITS = [[6], [1, 5], [2, 3, 1]]
 PROMPT = [3, 17, 42, 5, 99, 23, 7, 64, 12, 3, 17, 42]
 N = 24
-
-
-def ranges(sizes: list[int]) -> list[tuple[int, int]]:
-    bounds = [0]
-    for s in sizes:
-        bounds.append(bounds[-1] + s)
-    return list(zip(bounds, bounds[1:]))
-
-
-class Stages:
-    """A split of the model as real shard runners on one MLX thread."""
-
-    def __init__(self, model_dir, sizes: list[int]):
-        self.worker = MlxWorker()
-        self.stages = [ShardRunner(self.worker.run_sync(load_shard, model_dir, a, b)) for a, b in ranges(sizes)]
-        self.pipeline = LocalPipeline(self.stages, self.worker)
-
-    def run(self, prompt, n, sampling=GREEDY, speculation=None, rules=None, job_out=None):
-        async def pipe(_broken=None):
-            return self.pipeline
-
-        async def go():
-            job = GenerationJob("r1", prompt, sampling, n, speculation=speculation,
-                                rules=None if rules is None else rules)
-            if job_out is not None:
-                job_out.append(job)
-            return [t async for t in generate_tokens(job, pipe)]
-        tokens = asyncio.run(go())
-        assert all(s.active_requests == 0 for s in self.stages), "caches must be freed at the end"
-        return tokens
-
-    def close(self):
-        self.worker.close()
 
 
 def oracle(expected: list[int], prompt_len: int, wrong: bool = False):
