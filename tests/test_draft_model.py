@@ -62,7 +62,8 @@ def test_greedy_tokens_equal_mlx_lm_with_a_draft_model(llama, other, expected, s
 
 
 def test_seeded_sampling_gives_the_same_tokens_with_a_draft_model(llama):
-    sampling = SamplingParams(temperature=0.8, top_p=0.95, top_k=40, seed=77)
+    # (cool enough that the draft model's greedy drafts match some draws of the random test model, not all)
+    sampling = SamplingParams(temperature=0.05, top_p=0.95, top_k=40, seed=77)
     stages = Stages(llama, [3, 3])
     try:
         plain = stages.run(PROMPT, N, sampling)
@@ -70,7 +71,7 @@ def test_seeded_sampling_gives_the_same_tokens_with_a_draft_model(llama):
         drafted = stages.run(PROMPT, N, sampling, speculation=Speculation(counts, draft_model(stages, llama)
                                                                          .for_request()))
         assert drafted == plain
-        assert counts.proposed > 0 and counts.accepted > 0, counts
+        assert counts.proposed > counts.accepted > 0, counts
     finally:
         stages.close()
 
@@ -133,9 +134,10 @@ def test_a_request_that_fails_frees_its_draft_cache(llama):
 def test_drafts_stop_below_the_served_models_vocabulary(llama, expected):
     stages = Stages(llama, [6])
     try:
-        source = draft_model(stages, llama, vocab_limit=min(expected[3:7])).for_request()
+        ahead = expected[3:7]
+        source = draft_model(stages, llama, vocab_limit=max(ahead)).for_request()
         got = asyncio.run(source(PROMPT + expected[:3], 4))
-        assert got == expected[3:3 + expected[3:7].index(min(expected[3:7]))], "cut at the first id past it"
+        assert got == ahead[:ahead.index(max(ahead))], "cut at the first id at or past it"
         source.close()
     finally:
         stages.close()
