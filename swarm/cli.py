@@ -120,8 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speculate", default="auto", choices=["off", "lookup", "draft", "auto"],
                    help="decode steps carry draft tokens that the last stage checks in the same pass, so each "
                         "accepted one saves a trip through the pipeline (same output): lookup proposes what "
-                        "followed the last few tokens earlier in the prompt or answer; draft (a draft model) is "
-                        "not available yet; auto: lookup (default: %(default)s)")
+                        "followed the last few tokens earlier in the prompt or answer; draft: the greedy tokens "
+                        "of --draft-model; auto: lookup, and with --draft-model lookup where the last 3 tokens "
+                        "occurred before, the draft model otherwise (default: %(default)s)")
+    p.add_argument("--draft-model", default=None, metavar="PATH",
+                   help="a small local mlx-lm model (a directory, a .gguf file or a repo id in the local Hugging "
+                        "Face cache) of the served model's vocabulary, which this node, as an entry, drafts with "
+                        "(--speculate draft or auto); held whole here, not split among the swarm")
     p.add_argument("--speed", type=_speed, default=None, metavar="SECONDS",
                    help="state this node's speed (seconds per layer per decoded token, e.g. 0.002) instead "
                         "of measuring it; nodes stating the same speed get equal shares of the layers")
@@ -239,9 +244,8 @@ def _prompt_cache(text: str) -> int | None:
 def config_from_args(args: argparse.Namespace) -> NodeConfig:
     if args.join and args.model:
         raise SystemExit("swarm-node: error: give --model or --join, not both")
-    if args.speculate == "draft":
-        raise SystemExit("swarm-node: error: --speculate draft needs a draft model, which this node cannot load "
-                         "yet; use lookup or auto")
+    if args.speculate == "draft" and not args.draft_model:
+        raise ValueError("--speculate draft needs a draft model: give --draft-model PATH")  # (exit 2)
     return NodeConfig(model=args.model, join=args.join, api_host=args.api_host, api_port=args.api_port,
                       peer_port=args.peer_port, state_dir=args.state_dir, cache_dir=args.cache_dir,
                       node_id=args.node_id, name=args.name, dtype=args.dtype,
@@ -252,7 +256,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
                       memory_limit=args.memory_limit, prompt_cache=args.prompt_cache, speed=args.speed,
                       strategy=args.strategy, recovery_timeout=args.recovery_timeout,
                       token_timeout=args.token_timeout, prefill_chunk=args.prefill_chunk, peer_host=args.peer_host,
-                      speculate=args.speculate,
+                      speculate=args.speculate, draft_model=args.draft_model,
                       batch_decode=args.batch_decode, prompt_gather_ms=args.prompt_gather,
                       max_active=args.max_active, max_queue=args.max_queue,
                       api_key=args.api_key, http_timeout=args.http_timeout,
@@ -353,7 +357,7 @@ def _main(argv: list[str] | None) -> int:
 
     try:
         node = Node(config_from_args(args))
-    except ValueError as e:  # e.g. an empty api-key file
+    except ValueError as e:  # e.g. an empty api-key file, flags that do not go together
         print(f"swarm-node: error: {e}", file=sys.stderr)
         return 2
     try:
@@ -372,7 +376,8 @@ def _main(argv: list[str] | None) -> int:
             return 2
         try:
             asyncio.run(serve(node))
-        except (PortError, DuplicateNodeId) as e:  # a port taken since check_port; an id that cannot change
+        except (PortError, DuplicateNodeId, ModelError) as e:  # a port taken since check_port; an id that
+            # cannot change; a draft model that does not fit a model learned from peers
             print(f"swarm-node: error: {e}", file=sys.stderr)
             return 2
         except OSError as e:

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import mlx.core as mx
 
 from swarm.engine.prompt_cache import PromptCacheMiss
+from swarm.engine.sampling import SamplingParams
+from swarm.engine.shard import load_shard
 from swarm.engine.shard_runner import ShardRunner
 from swarm.engine.worker import MlxWorker
 from swarm.engine.draft_check import Checked
+from swarm.entry.generate import GenerationJob, generate_tokens
 from swarm.entry.pipeline import PrefixMissed, Verified
 from swarm.entry.prompt_index import PromptIndex, RoutePrompts
+
+GREEDY = SamplingParams(temperature=0.0)
+
 
 class LocalPipeline:
     """All stages in this process, chained on the MLX worker thread. With `prompts` (an entry's index),
@@ -60,3 +68,36 @@ class LocalPipeline:
             for stage in self.stages:
                 stage.release(request_id, keep=keep)
         await self.worker.run(_release)
+
+
+def ranges(sizes: list[int]) -> list[tuple[int, int]]:
+    bounds = [0]
+    for s in sizes:
+        bounds.append(bounds[-1] + s)
+    return list(zip(bounds, bounds[1:]))
+
+
+class Stages:
+    """A split of the model as real shard runners on one MLX thread, and a request run through them."""
+
+    def __init__(self, model_dir, sizes: list[int]):
+        self.worker = MlxWorker()
+        self.stages = [ShardRunner(self.worker.run_sync(load_shard, model_dir, a, b)) for a, b in ranges(sizes)]
+        self.pipeline = LocalPipeline(self.stages, self.worker)
+
+    def run(self, prompt, n, sampling=GREEDY, speculation=None, rules=None, job_out=None):
+        async def pipe(_broken=None):
+            return self.pipeline
+
+        async def go():
+            job = GenerationJob("r1", prompt, sampling, n, speculation=speculation,
+                                rules=None if rules is None else rules)
+            if job_out is not None:
+                job_out.append(job)
+            return [t async for t in generate_tokens(job, pipe)]
+        tokens = asyncio.run(go())
+        assert all(s.active_requests == 0 for s in self.stages), "caches must be freed at the end"
+        return tokens
+
+    def close(self):
+        self.worker.close()

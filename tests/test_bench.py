@@ -98,6 +98,9 @@ def test_speculate_rows_pass_the_node_flag_only_when_asked() -> None:
         (("--speculate=lookup",), ", speculate lookup", "swarm-speculate", None)]
     assert swarm_variants("float32", False, 4, None, ["lookup"])[0][0] == ("--dtype", "float32", "--speculate=lookup")
     assert build_parser().parse_args(["--speculate", "off,lookup"]).speculate == ["off", "lookup"]
+    assert [v[0] for v in swarm_variants("auto", False, 0, None, ["lookup", "draft"], "/m/small")] == [
+        ("--speculate=lookup",), ("--speculate=draft", "--draft-model=/m/small")]
+    assert build_parser().parse_args(["--draft-model", "/m/small"]).draft_model == "/m/small"
     assert build_parser().parse_args([]).speculate is None
     assert build_parser().parse_args(["--prompts", "free,typos"]).prompts == ["free", "typos"]
     with pytest.raises(SystemExit):

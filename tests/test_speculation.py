@@ -15,7 +15,7 @@ from swarm.engine.shard_runner import ShardRunner
 from swarm.engine.worker import MlxWorker
 from swarm.entry.generate import GenerationJob, generate_tokens
 from swarm.entry.speculation import PromptLookup, Speculation, SpeculationCounts
-from local_pipeline import LocalPipeline
+from local_pipeline import LocalPipeline, Stages, ranges
 from helpers import TINY_FAMILIES, TINY_SHAPE
 from reference import reference_tokens
 
@@ -23,39 +23,6 @@ GREEDY = SamplingParams(temperature=0.0)
 SPLITS = [[6], [1, 5], [2, 3, 1]]
 PROMPT = [3, 17, 42, 5, 99, 23, 7, 64, 12, 3, 17, 42]
 N = 24
-
-
-def ranges(sizes: list[int]) -> list[tuple[int, int]]:
-    bounds = [0]
-    for s in sizes:
-        bounds.append(bounds[-1] + s)
-    return list(zip(bounds, bounds[1:]))
-
-
-class Stages:
-    """A split of the model as real shard runners on one MLX thread."""
-
-    def __init__(self, model_dir, sizes: list[int]):
-        self.worker = MlxWorker()
-        self.stages = [ShardRunner(self.worker.run_sync(load_shard, model_dir, a, b)) for a, b in ranges(sizes)]
-        self.pipeline = LocalPipeline(self.stages, self.worker)
-
-    def run(self, prompt, n, sampling=GREEDY, speculation=None, rules=None, job_out=None):
-        async def pipe(_broken=None):
-            return self.pipeline
-
-        async def go():
-            job = GenerationJob("r1", prompt, sampling, n, speculation=speculation,
-                                rules=None if rules is None else rules)
-            if job_out is not None:
-                job_out.append(job)
-            return [t async for t in generate_tokens(job, pipe)]
-        tokens = asyncio.run(go())
-        assert all(s.active_requests == 0 for s in self.stages), "caches must be freed at the end"
-        return tokens
-
-    def close(self):
-        self.worker.close()
 
 
 def oracle(expected: list[int], prompt_len: int, wrong: bool = False):
@@ -176,19 +143,22 @@ def test_the_prompt_cache_is_reused_after_a_speculative_turn(llama, expected):
 
 def test_drafting_pauses_where_it_does_not_pay_and_lets_those_steps_run_ahead():
     from swarm.entry import speculation as sp
+
+    def next_drafts(spec, *args, **kwargs):
+        return asyncio.run(spec.next_drafts(*args, **kwargs))
     never = Speculation(source=lambda h, k: [])
     drafts, ahead = [], []
     for i in range(40):
-        drafts.append(never.next_drafts([1, 2, 3], 10, crowded=False))
+        drafts.append(next_drafts(never, [1, 2, 3], 10, crowded=False))
         ahead.append(never.may_run_ahead(crowded=False))
     assert not any(drafts)
     assert ahead[:sp.MISSES - 1] == [False] * (sp.MISSES - 1) and all(ahead[sp.MISSES - 1:sp.MISSES + 7]), \
         "after MISSES steps without drafts it pauses, and its steps run ahead"
     always = Speculation(source=lambda h, k: [5] * k)
-    assert always.next_drafts([1], 10, crowded=True) == [] and always.may_run_ahead(crowded=True)
-    assert always.next_drafts([1], 10, crowded=False) == [], "the step after one run ahead carries no drafts"
+    assert next_drafts(always, [1], 10, crowded=True) == [] and always.may_run_ahead(crowded=True)
+    assert next_drafts(always, [1], 10, crowded=False) == [], "the step after one run ahead carries no drafts"
     always.may_run_ahead(crowded=False)
-    assert always.next_drafts([1], 2, crowded=False) == [5, 5], "never more than the room left"
+    assert next_drafts(always, [1], 2, crowded=False) == [5, 5], "never more than the room left"
     always.checked(2, 2)
     assert always.k == sp.START_DRAFTS + 2
     always.checked(6, 0)

@@ -1,8 +1,9 @@
 """swarm-bench: start 1..N local nodes on loopback, run fixed greedy prompts, print one table.
 
     swarm-bench [--model DIR|GGUF] [--nodes 1,2,3] [--tokens 64] [--concurrency 1,2,4] [--dtype auto]
-                [--prompts free,edit,typos,names] [--same-prompt] [--speculate off,lookup]
-                [--batch-decode N] [--baseline PYTHON] [--secret] [--skip-mlx-ring] [--quick] [--json [PATH]]
+                [--prompts free,edit,typos,names] [--same-prompt] [--speculate off,lookup,draft]
+                [--draft-model PATH] [--batch-decode N] [--baseline PYTHON] [--secret] [--skip-mlx-ring]
+                [--quick] [--json [PATH]]
 
 Setups on the same model in the same run: mlx-lm alone in this process, the swarm
 with each node count (entry = stage 0, even split), and mlx-lm's ring pipeline
@@ -61,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speculate", type=_names(None), default=None, metavar="MODES",
                    help="a swarm row per mode, its nodes started with --speculate=MODE, e.g. off,lookup "
                         "(default: no such flag)")
+    p.add_argument("--draft-model", default=None, metavar="PATH",
+                   help="the nodes' --draft-model in --speculate rows of modes that use one (draft, auto)")
     p.add_argument("--skip-mlx-ring", action="store_true", help="do not run mlx-lm's ring pipeline")
     p.add_argument("--quick", action="store_true", help="few tokens and one run (for tests)")
     p.add_argument("--memory-limit", default="2G", help="memory each node offers; equal limits give an even split")
@@ -109,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             reports.append(run_all(args.model, args.nodes, tokens, args.concurrency, runs,
                                    not args.skip_mlx_ring and k == 0, args.memory_limit, Path(tmp), args.batch_decode,
                                    args.secret, args.baseline, args.dtype, kind, not args.same_prompt,
-                                   args.speculate))
+                                   args.speculate, args.draft_model))
     print("\n\n".join(r.text for r in reports), flush=True)
     if args.json:
         data = reports[0].data if len(reports) == 1 else {kind: r.data for kind, r in zip(args.prompts, reports)}

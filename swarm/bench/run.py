@@ -70,10 +70,11 @@ def reference_text(tokenizer, ids: list[int]) -> str:
 def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrency: list[int], runs: int,
             with_ring: bool, memory_limit: str, workdir: Path, batch_decode: int = 0,
             with_secret: bool = False, baseline: str | None = None, dtype: str = "auto",
-            prompt_kind: str = "free", cold_prompts: bool = True, speculate: list[str] | None = None) -> Report:
+            prompt_kind: str = "free", cold_prompts: bool = True, speculate: list[str] | None = None,
+            draft_model: str | None = None) -> Report:
     """`prompt_kind`: which of prompts.PROMPTS; `cold_prompts`: each request a prompt of its own (else
     all the same); `speculate`: one swarm row per mode, its nodes started with `--speculate=<mode>`
-    (None: no such flag)."""
+    (None: no such flag), with `--draft-model=<draft_model>` where the mode uses one (draft, auto)."""
     from mlx_lm.utils import load_tokenizer
 
     from swarm.backend import this_backend
@@ -105,7 +106,7 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
         ring_ref = alone.generate(ring.ring_prompt(tokenizer, len(prompt)), RING_HEAD)[0]
     results: list[SetupResult] = [ref]
 
-    variants = swarm_variants(dtype, with_secret, batch_decode, baseline, speculate)
+    variants = swarm_variants(dtype, with_secret, batch_decode, baseline, speculate, draft_model)
     common = () if dtype == "auto" else ("--dtype", dtype)  # every node of every setup
 
     # Pairing each swarm's concurrent rounds with a batch generation keeps mlx-lm's copy of the model
@@ -189,15 +190,18 @@ def run_all(model_arg: str | None, nodes: list[int], max_tokens: int, concurrenc
 
 
 def swarm_variants(dtype: str, with_secret: bool, batch_decode: int, baseline: str | None,
-                   speculate: list[str] | None) -> list[tuple[tuple[str, ...], str, str, str | None]]:
+                   speculate: list[str] | None, draft_model: str | None = None
+                   ) -> list[tuple[tuple[str, ...], str, str, str | None]]:
     """The swarm setups each size runs, but the open and secret pair (--secret: _open_and_secret): (extra
     node args, row name suffix, kind, python to run the nodes with: None is this install). Kinds other
     than "swarm" are no baseline for per-hop numbers. A node flag is added only when asked for."""
     common = () if dtype == "auto" else ("--dtype", dtype)  # every node of every setup
     variants: list[tuple[tuple[str, ...], str, str, str | None]] = [] if with_secret else [(common, "", "swarm", None)]
     if speculate and not with_secret:  # a row per mode instead (the first one is the per-hop baseline's kind)
-        variants = [((*common, f"--speculate={mode}"), f", speculate {mode}", "swarm" if k == 0 else "swarm-speculate",
-                     None) for k, mode in enumerate(speculate)]
+        def drafting(mode: str) -> tuple[str, ...]:
+            return (f"--draft-model={draft_model}",) if draft_model and mode in ("draft", "auto") else ()
+        variants = [((*common, f"--speculate={mode}", *drafting(mode)), f", speculate {mode}",
+                     "swarm" if k == 0 else "swarm-speculate", None) for k, mode in enumerate(speculate)]
     if batch_decode > 0:
         variants.append(((*common, "--batch-decode", str(batch_decode)), f", batch-decode {batch_decode}",
                          "swarm-batched", None))

@@ -20,7 +20,9 @@ request's caches hold, to keep them for the next turn.
 A request that speculates (speculation.py) sends draft tokens with its decode steps, and a step brings
 the drafts its last stage accepted and the token after them: its history (and a replay's) holds those
 only, and its position moves past them, where every stage cuts its caches back to (a stop or max_tokens
-inside them ends it there, and the stages keep only what it kept).
+inside them ends it there, and the stages keep only what it kept). Drafts from a draft model are computed on
+the MLX thread while this loop awaits them; its cache for the request follows the accepted history by
+itself (draft_model.py), a replay's too, and is freed when the request ends, however it ends.
 """
 
 from __future__ import annotations
@@ -144,6 +146,8 @@ async def generate_tokens(job: GenerationJob, get_pipeline: PipelineSource,
                 if token in job.eos_ids:
                     return
     finally:
+        if job.speculation is not None:
+            job.speculation.close()  # (a draft model's cache for it)
         # (a request that stopped mid-prefill holds fewer positions on some stage: that stage keeps nothing)
         await _release_quietly(pipeline, job.request_id, (job.prompt + job.generated)[:job.cached])
 
@@ -176,7 +180,7 @@ async def _next_tokens(job: GenerationJob, pipeline: Pipeline) -> list[int]:
     if job.speculation is not None:
         crowded = not pipeline.alone(job.request_id)
         if spec is not None:
-            drafts = spec.next_drafts(history, job.max_tokens - len(job.generated) - 1, crowded)
+            drafts = await spec.next_drafts(history, job.max_tokens - len(job.generated) - 1, crowded)
         ahead = more and not drafts and job.speculation.may_run_ahead(crowded)  # (a step with drafts never)
     token = await pipeline.forward(job.request_id, history[-1:], job.cached, job.sampling,
                                    continue_unless=job.eos_ids if ahead else None,  # ... unless it is EOS

@@ -16,7 +16,7 @@ from ..engine.sampling import SamplingParams
 from ..engine.token_logprobs import TokenLogprobs
 from .chat_prompt import ChatPrompt
 from .generate import GenerationJob, PipelineSource, default_prefill_step, generate_tokens
-from .speculation import Speculation, SpeculationCounts, drafts_allowed
+from .speculation import DraftModels, SpeculationCounts, drafts_allowed, request_speculation
 from .stats import RequestStats
 from .text_output import TextOutput
 from .tool_call_output import ToolCallOutput
@@ -82,9 +82,11 @@ def content_chars(messages: list[dict]) -> int:
 class InferenceService:
     def __init__(self, tokenizer, context_length: int, get_pipeline: PipelineSource,
                  stats: RequestStats, default_max_tokens: int = 512, recovery_timeout: float = 30.0,
-                 vocab: GrammarVocab | None = None, prefill_step: int | None = None, speculate: str = "off"):
+                 vocab: GrammarVocab | None = None, prefill_step: int | None = None, speculate: str = "off",
+                 draft_model: DraftModels | None = None):
         """`prefill_step`: positions per prompt chunk (`--prefill-chunk`, generate.py); None: the backend's.
-        `speculate`: 'lookup' drafts decode steps by prompt lookup, 'off' never (speculation.py)."""
+        `speculate`: what decode steps draft with, speculation_mode's ('off': nothing; speculation.py), with
+        `draft_model` (draft_model.py) where it says 'draft'."""
         self.tokenizer = tokenizer
         self.context_length = context_length
         self.get_pipeline = get_pipeline
@@ -93,6 +95,7 @@ class InferenceService:
         self.recovery_timeout = recovery_timeout
         self.prefill_step = prefill_step or default_prefill_step()
         self.speculate = speculate
+        self.draft_model = draft_model if "draft" in speculate else None
         self.speculation = SpeculationCounts()  # what this entry's requests drafted (/health)
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
         self.vocab = vocab or GrammarVocab(tokenizer)
@@ -106,7 +109,8 @@ class InferenceService:
 
     def speculation_status(self) -> dict:
         """For /health: the mode, and what this entry's requests drafted (speculation.py)."""
-        return {"mode": self.speculate, **self.speculation.as_dict()}
+        model = {"draft_model": self.draft_model.name} if self.draft_model is not None else {}
+        return {"mode": self.speculate, **model, **self.speculation.as_dict()}
 
     async def off_loop(self, fn, *args):
         """fn(*args) on the prompt threads (templating, tokenizing, grammars), awaited on the loop."""
@@ -153,11 +157,12 @@ class InferenceService:
         """Text events for one completion. `rules`: what the last stage's sampler applies; `tool_calls`:
         where tool calls are taken out of the text (chat with tools); `speculate`: False keeps its steps
         free of drafts (a grammar or penalties do too: speculation.py)."""
-        drafting = speculate and self.speculate == "lookup" and drafts_allowed(rules)
+        drafting = speculate and drafts_allowed(rules)
         job = GenerationJob(uuid.uuid4().hex, prompt, sampling, max_tokens, self.eos_ids,
                             rules=replace(rules, prompt_len=len(prompt)) if rules is not None else None,
                             prefill_step=self.prefill_step,
-                            speculation=Speculation(self.speculation) if drafting else None)
+                            speculation=request_speculation(self.speculate, self.speculation, self.draft_model)
+                            if drafting else None)
         out = TextOutput(self.tokenizer, stop)
         scores: list[TokenScore] = []  # of tokens whose text has not gone out yet
         ids: list[int] = []  # tokens not yet in a delta

@@ -9,6 +9,15 @@ to make, and what came of them; the stages and the wire only carry and check the
 Guesses come from prompt lookup (llama.cpp's lookup decoding, vLLM's n-gram proposer): the last 3 (then
 2, then 1) tokens of the prompt and answer so far, their latest earlier occurrence, and the tokens that
 followed it. Strong where answers quote their input (rewrites, edits, extraction), idle on free text.
+Or from a draft model (`--draft-model`, draft_model.py): a small model of the same tokenizer, whose greedy
+tokens are the guesses, on free text too. `auto` with a draft model asks lookup first and takes its guesses
+when the last NGRAM tokens occurred before (a quote under way: free, and often long), the draft model
+otherwise (a shorter match is mostly chance in a long history, where the model guesses better).
+
+Guesses are greedy also for a sampled request: the last stage accepts a guess while it equals the token it
+drew itself at that position (from the request's own (seed, position) key), so what comes out is the
+target's draws whatever the guesses, and a sampled guess would only match less often. (The min(1, p/q)
+rule of speculative sampling is for drafts drawn at random from the draft model; these are not.)
 
 How many: each request starts at START_DRAFTS, grows by two after a step whose drafts were all accepted
 (up to MAX_DRAFTS), halves after one whose first draft was not. Where guessing does not pay (nothing to
@@ -22,11 +31,23 @@ passes at the stages (one position each), which a step with drafts would leave, 
 
 from __future__ import annotations
 
+import inspect
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Awaitable, Callable, Protocol
 
-DraftSource = Callable[[list[int], int], list[int]]  # (history, most drafts) -> drafts
+# (history, most drafts) -> drafts, or an awaitable of them (a draft model computes on the MLX thread); a
+# source with a close() has it called when the request ends.
+DraftSource = Callable[[list[int], int], list[int] | Awaitable[list[int]]]
+
+
+class DraftModels(Protocol):
+    """A draft model shared by an entry's requests (draft_model.py): one DraftSource per request."""
+
+    name: str
+
+    def for_request(self) -> DraftSource: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +58,8 @@ NGRAM = 3  # longest run of last tokens looked up
 MISSES = 4  # steps in a row without an accepted draft before a pause
 QUIET_STEPS = 8
 MAX_QUIET_STEPS = 64
-MODES = ("off", "lookup", "draft", "auto")
+MODES = ("off", "lookup", "draft", "auto")  # --speculate
+DRAFTING = ("off", "lookup", "draft", "lookup+draft")  # what a node's requests draft with (speculation_mode)
 
 
 @dataclass
@@ -54,16 +76,31 @@ class SpeculationCounts:
                 "tokens_per_pass": round(self.tokens / self.steps, 3) if self.steps else None}
 
 
-def speculation_mode(asked: str, checks_drafts: bool) -> str:
-    """What this node's requests draft with ('lookup' or 'off') for `--speculate asked`, on a model whose caches
-    can drop unaccepted positions (`checks_drafts`) or not; said once, at start, when it is off for the model."""
+def speculation_mode(asked: str, checks_drafts: bool, draft_model: bool = False) -> str:
+    """What this node's requests draft with (one of DRAFTING) for `--speculate asked`, on a model whose caches
+    can drop unaccepted positions (`checks_drafts`) or not, with a draft model or not (`--speculate draft`
+    without one is refused before: cli.py); said once, at start, when it is off for the model."""
     if asked == "off":
         return "off"
     if not checks_drafts:
         log.info("speculative decoding is off for this model: its caches (a sliding window or a recurrent state) "
-                 "cannot drop the positions of drafts that were not accepted")
+                 "cannot drop the positions of drafts that were not accepted%s",
+                 "; the draft model is not used" if draft_model else "")
         return "off"
-    return "lookup"
+    if asked == "lookup" or not draft_model:
+        return "lookup"
+    return "draft" if asked == "draft" else "lookup+draft"
+
+
+def request_speculation(mode: str, counts: SpeculationCounts, draft_model: DraftModels | None = None
+                        ) -> Speculation | None:
+    """A request's drafting for the node's `mode` (speculation_mode's); None: it drafts nothing."""
+    if mode == "off":
+        return None
+    if mode == "lookup":
+        return Speculation(counts)
+    source = draft_model.for_request()
+    return Speculation(counts, LookupFirst(source) if mode == "lookup+draft" else source)
 
 
 def drafts_allowed(rules) -> bool:
@@ -75,7 +112,9 @@ def drafts_allowed(rules) -> bool:
 class PromptLookup:
     """The latest earlier occurrence of every run of 1..NGRAM tokens in a growing history, found in O(1)."""
 
-    def __init__(self) -> None:
+    def __init__(self, shortest: int = 1) -> None:
+        """`shortest`: the shortest run of last tokens that counts as found."""
+        self.shortest = shortest
         self._seen: list[dict[tuple, int]] = [{} for _ in range(NGRAM + 1)]  # n -> run -> where its successor is
         self._indexed = 0  # runs ending before this position are in _seen
 
@@ -86,18 +125,33 @@ class PromptLookup:
             for n in range(1, min(NGRAM, e) + 1):
                 self._seen[n][tuple(history[e - n:e])] = e
         self._indexed = max(self._indexed, end)
-        for n in range(min(NGRAM, end), 0, -1):
+        for n in range(min(NGRAM, end), self.shortest - 1, -1):
             at = self._seen[n].get(tuple(history[end - n:]))
             if at is not None:
                 return history[at:at + k]
         return []
 
 
+class LookupFirst:
+    """Prompt lookup's guesses where the last NGRAM tokens occurred before, else the draft model's."""
+
+    def __init__(self, model: DraftSource):
+        self.lookup, self.model = PromptLookup(shortest=NGRAM), model
+
+    async def __call__(self, history: list[int], k: int) -> list[int]:
+        return self.lookup.drafts(history, k) or await self.model(history, k)
+
+    def close(self) -> None:
+        if (close := getattr(self.model, "close", None)) is not None:
+            close()
+
+
 class Speculation:
     """One request's drafting (the generation loop's, entry/generate.py)."""
 
     def __init__(self, counts: SpeculationCounts | None = None, source: DraftSource | None = None):
-        """`source`: where drafts come from (prompt lookup unless given)."""
+        """`source`: where drafts come from (prompt lookup unless given); its close(), if any, is called when
+        the request ends (close below)."""
         self.source = source or PromptLookup().drafts
         self.k = START_DRAFTS
         self.counts = counts or SpeculationCounts()
@@ -106,7 +160,7 @@ class Speculation:
         self._quiet_next = QUIET_STEPS
         self._armed = False  # the step now due may have left already, without drafts (run ahead)
 
-    def next_drafts(self, history: list[int], room: int, crowded: bool) -> list[int]:
+    async def next_drafts(self, history: list[int], room: int, crowded: bool) -> list[int]:
         """Drafts for the step of history's last token. `room`: tokens the request may still take after that
         step's own; `crowded`: other requests decode beside it at this entry."""
         armed, self._armed = self._armed, False
@@ -116,6 +170,8 @@ class Speculation:
         if armed or crowded or room <= 0:
             return []
         drafts = self.source(history, min(self.k, room))
+        if inspect.isawaitable(drafts):
+            drafts = await drafts
         if not drafts:
             self._missed()
         return drafts
@@ -141,6 +197,12 @@ class Speculation:
             self._misses, self._quiet_next = 0, QUIET_STEPS
         else:
             self._missed()
+
+    def close(self) -> None:
+        """The request ended (done, failed or cut off): its source frees what it holds for it."""
+        close = getattr(self.source, "close", None)
+        if close is not None:
+            close()
 
     def _missed(self) -> None:
         self._misses += 1

@@ -38,7 +38,7 @@ from ..entry.pending_tokens import PendingTokens
 from ..entry.prompt_index import PromptIndex
 from ..entry.run_ahead import RunAhead
 from ..entry.service import InferenceService
-from ..entry.speculation import speculation_mode
+from ..entry.draft_model import DraftModel
 from ..entry.stats import RequestStats
 from ..entry.swarm_pipeline import SwarmPipelines
 from ..events import EventBus
@@ -170,7 +170,10 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
                   sizes: ModelBytes, spec: ModelSpec, vocab: int | None, dtype, dequantize: bool, outlined: Outline,
                   backend: Backend,
                   defaults: GenerationDefaults, gate: RequestGate, api_key: Secret, secret: Secret | None,
-                  loop: asyncio.AbstractEventLoop, guard: WebGuard) -> Serving:
+                  loop: asyncio.AbstractEventLoop, guard: WebGuard, speculate: str = "off",
+                  draft_model: DraftModel | None = None) -> Serving:
+    """`speculate`: what the entry's requests draft with (entry/speculation.py's speculation_mode), with
+    `draft_model` where it says so."""
     node_id, discovery, lane = peers.profile.node_id, peers.discovery, peers.lane
 
     # The stage: the layers this node holds, and the frames for them queued, batched and computed.
@@ -239,7 +242,7 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
                                watch=coordinator)
     service = InferenceService(tokenizer, model.context_length, pipelines, stats, cfg.default_max_tokens,
                                cfg.recovery_timeout, grammar_vocab, cfg.prefill_chunk,
-                               speculate=speculation_mode(cfg.speculate, sizes.checks_drafts))
+                               speculate=speculate, draft_model=draft_model)
 
     # What the node tells: /health, /v1/topology, and the HTTP API over it all.
     peer_stats = PeerStats(discovery)

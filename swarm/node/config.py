@@ -68,6 +68,7 @@ class NodeConfig:
     token_timeout: float = DEFAULT_TOKEN_TIMEOUT
     prefill_chunk: int | None = None  # positions per prompt chunk; None: the backend's (backend.py)
     speculate: str = "auto"  # draft tokens in decode steps (entry/speculation.py): off, lookup, draft, auto
+    draft_model: str | None = None  # a local model the entry drafts with (entry/draft_model.py)
     batch_decode: int = DEFAULT_BATCH_DECODE  # most decode steps of different requests run as one pass (1: never)
     prompt_gather_ms: float = DEFAULT_PROMPT_GATHER_MS  # a burst's prompts share a pass (0: never wait)
     max_active: int = DEFAULT_MAX_ACTIVE  # requests this node generates for at once, as their entry

@@ -40,6 +40,8 @@ from ..engine.model_outline import Outline
 from ..engine.shard import check_splittable
 from ..engine.speed_probe import cached_speed, measure_speed
 from ..engine.worker import MlxWorker
+from ..entry.draft_model import DraftModel, check_draft_model
+from ..entry.speculation import speculation_mode
 from ..models.generation_defaults import generation_defaults
 from ..models.resolve import (LocalModel, describe_model, is_local_spec, models_root, resolve_model,
                               where_not_found)
@@ -109,6 +111,7 @@ class Node:
         self._reminted_at: float | None = None
         self._from_peers = False  # the model's files were fetched from peers (kept across a start over)
         self.outline: Outline | None = None  # the model's, once it is known and checked
+        self.draft_files: LocalModel | None = None  # --draft-model's, once checked against the model
 
     def prepare_secret(self) -> None:
         """Find the swarm secret (flag, environment, state dir); ValueError for an unusable one."""
@@ -129,6 +132,9 @@ class Node:
     def _check_model(self) -> None:
         self.outline = check_splittable(self.model.path)  # the one outline of the model, for all that builds it
         self.tokenizer = load_tokenizer(self.model.path, eos_token_ids=self.model.config.get("eos_token_id"))
+        if self.config.draft_model:
+            self.draft_files = check_draft_model(self.config.draft_model, self.model, self.tokenizer,
+                                                 self.config.cache_dir, self.backend.kind)
         log.info("model %s: %d layers, from %s", self.model.model_id, self.model.n_layers, self.model.path)
 
     async def _measure(self, model: LocalModel) -> tuple[ModelBytes, float]:
@@ -223,6 +229,7 @@ class Node:
             log.info("measuring the model's layers%s",
                      "" if cfg.speed else " and this machine's speed (cached for an hour)")
         sizes, speed = await self._measure(model) if model is not None else (None, 0.0)
+        speculate, draft = await self._speculation(model, sizes) if model is not None else (None, None)
         profile = build_local_profile(
             state_dir=cfg.state_dir, swarm=cfg.swarm, name=cfg.name, api_port=cfg.api_port,
             peer_port=cfg.peer_port, backend=self.backend.kind, speed=speed,
@@ -234,6 +241,8 @@ class Node:
             profile = profile.replace(node_id=cfg.node_id)
         if cfg.prompt_cache:  # a fixed prompt cache is memory the model's layers cannot have
             profile = profile.replace(memory_available=max(0, profile.memory_available - cfg.prompt_cache))
+        if draft is not None:  # nor is the draft model's
+            profile = profile.replace(memory_available=max(0, profile.memory_available - draft.weight_bytes))
 
         store = None if model is None else (ChunkStore.partial if self._from_peers else ChunkStore.complete)(
             model.path, model.manifest)  # partial: fetched before this start (it starts over under a new id)
@@ -246,13 +255,14 @@ class Node:
             model, sizes, speed = await self._model_from_peers(peers.discovery, peers.weights)
             await peers.discovery.update_profile(model_id=model.model_id, model_fingerprint=model.fingerprint,
                                                  speed=speed, state=NodeState.JOINING)
+            speculate, draft = await self._speculation(model, sizes)  # (its memory is not taken off the offer)
 
         defaults = generation_defaults(model.path, cfg.temperature, cfg.top_p, cfg.top_k)
         log.info("requests that leave sampling out get %s", defaults.describe())
         serving = build_serving(cfg, peers, worker, model, self.tokenizer, sizes,
                                 model_spec(sizes, cfg.kv_reserve_tokens), vocab_size(model.config), self.dtype,
                                 self.dequantize, self.outline, self.backend, defaults, self.gate, key,
-                                self.secret, loop, self.web_guard)
+                                self.secret, loop, self.web_guard, speculate, draft)
 
         # Start, in the same order: the inbox takes messages before the peer port accepts them, the
         # API answers before discovery announces it.
@@ -293,6 +303,17 @@ class Node:
         urls = reachable_urls(cfg.api_host, runner.addresses[0][1])
         ready = asyncio.create_task(_say_ready(coordinator, urls), name="say-ready")
         self._stops.append(lambda: _cancel(ready))
+
+    async def _speculation(self, model: LocalModel, sizes: ModelBytes) -> tuple[str, DraftModel | None]:
+        """What this node's requests draft with (speculation.py), and the draft model, loaded when used."""
+        cfg = self.config
+        mode = speculation_mode(cfg.speculate, sizes.checks_drafts, self.draft_files is not None)
+        if "draft" not in mode:
+            if self.draft_files is not None and sizes.checks_drafts:
+                log.info("the draft model is not used: --speculate %s", cfg.speculate)
+            return mode, None
+        return mode, await DraftModel.load(self.draft_files, self.worker, self.dtype, self.dequantize,
+                                           vocab_size(model.config))
 
     async def _start(self, start, stop) -> None:
         await start()
