@@ -17,9 +17,8 @@ from swarm.engine.worker import MlxWorker
 from swarm.entry.generate import GenerationJob, default_prefill_alone, default_prefill_step, generate_tokens
 from swarm.entry.prompt_chunks import next_chunk
 from helpers import openai_client
-from local_pipeline import LocalPipeline
+from local_pipeline import LocalPipeline, ranges
 from reference import PREFILL_STEP, reference_tokens
-from test_shard_chaining import splits_to_ranges
 
 GREEDY = SamplingParams(temperature=0.0)
 SMALL, LARGE = default_prefill_step(), default_prefill_alone()
@@ -65,7 +64,7 @@ def _run(model_dir, sizes: list[int], jobs, arrive_after: int | None = None):
     answered. Returns ({request: tokens}, the chunks in order)."""
     worker = MlxWorker()
     try:
-        stages = [ShardRunner(worker.run_sync(load_shard, model_dir, a, b)) for a, b in splits_to_ranges(sizes)]
+        stages = [ShardRunner(worker.run_sync(load_shard, model_dir, a, b)) for a, b in ranges(sizes)]
         pipeline = Recording(stages, worker)
 
         async def pipe(_broken=None):

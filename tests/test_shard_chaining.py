@@ -13,24 +13,17 @@ from swarm.engine.worker import MlxWorker
 from swarm.node.config import MIN_PREFILL_CHUNK
 from swarm.entry.generate import GenerationJob, generate_tokens
 from helpers import TINY_FAMILIES
-from local_pipeline import LocalPipeline
+from local_pipeline import LocalPipeline, ranges
 from reference import PREFILL_STEP, reference_tokens
 
 GREEDY = SamplingParams(temperature=0.0)
-
-
-def splits_to_ranges(sizes: list[int]) -> list[tuple[int, int]]:
-    bounds = [0]
-    for s in sizes:
-        bounds.append(bounds[-1] + s)
-    return list(zip(bounds, bounds[1:]))
 
 
 def chained_tokens(model_dir, sizes: list[int], prompt: list[int], n: int,
                    sampling: SamplingParams = GREEDY, prefill_step: int = PREFILL_STEP) -> list[int]:
     worker = MlxWorker()
     try:
-        stages = [ShardRunner(worker.run_sync(load_shard, model_dir, a, b)) for a, b in splits_to_ranges(sizes)]
+        stages = [ShardRunner(worker.run_sync(load_shard, model_dir, a, b)) for a, b in ranges(sizes)]
         pipeline = LocalPipeline(stages, worker)
 
         async def pipe(_broken=None):
