@@ -116,7 +116,9 @@ def test_ten_kill_restart_cycles_during_streams(tiny_swarm, tiny_undisturbed):
     print("recovery times:", [f"{t:.2f}" for t in RECOVERY_TIMES])
     assert max(RECOVERY_TIMES) < 30, "\n\n".join(slow)
     # The streams' steps carried drafts (speculation is on by default): kills landed with drafts out too.
-    assert drafts(entry)["drafts_accepted"] > drafted["drafts_accepted"], (drafted, drafts(entry))
+    # (The tiny llama's answers accept few of prompt lookup's; a replay of accepted drafts after a broken
+    # pipeline is test_speculation.py's.)
+    assert drafts(entry)["drafts_proposed"] > drafted["drafts_proposed"] + 20, (drafted, drafts(entry))
 
 
 def drafts(node) -> dict:
