@@ -43,7 +43,8 @@ def stranger_port() -> int:
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory, llama, stranger_port):
     workdir = tmp_path_factory.mktemp("hostile-peers")
-    args = ("--peer", f"{HOST}:{stranger_port}", "--recovery-timeout", "10")
+    # Stated speeds: a speed the nodes re-measured mid-stream could re-plan and replay the victim.
+    args = ("--peer", f"{HOST}:{stranger_port}", "--recovery-timeout", "10", "--speed", "0.002")
     with LocalCluster(2, workdir, str(llama), log_level="DEBUG", extra_args=args) as cluster:
         yield cluster
 
