@@ -14,7 +14,7 @@ pass. So a round trip is a sample only when neither end can have kept it waiting
 (engine/busy_spans.py): this thread worked at most SLIGHT_S between sending the ping and reading its
 Pong, and the peer says it had worked at most that much for at least the whole round trip before it
 read the ping (Pong.quiet_us). Other answers keep the peer asked as often, and are no sample: while
-passes fill both ends' time the estimate keeps what the last honest samples said.
+passes fill either end's time the estimate keeps what the last honest samples said.
 The frame-hold switch's delay is the link's: a held frame leaves on time unless work kept it.
 
 The sampling runs on the event loop, like everything else here except the `mlx_` methods.
