@@ -5,7 +5,7 @@
 Three nodes on network-namespace hosts (tests/netns.py; root), equal stated speeds; the link between
 node 1 and node 2 carries HOLD_MS each way (each holds every data frame to the other that long:
 SWARM_HOLD_FRAMES, a real delay). The same swarm runs twice: once planning from its measured links,
-once without SWARM_PLAN_LINKS=on (today's partitioner, which sees no link). Each prints its plan and
+once with SWARM_PLAN_LINKS=off (the network-blind partitioner, which sees no link). Each prints its plan and
 greedy single-stream decode rate (best of --runs, after a warm-up). The default model is a small random
 llama (6 layers, hidden 512), where a stage's compute is well under the slow link; with
 --model pointing at a larger model, the layers' compute may outweigh the link and both plans agree.
@@ -34,7 +34,7 @@ def run(root: Path, model: Path, hold_ms: int, tokens: int, runs: int, plan_link
     ids = [load_or_mint_node_id(root / f"state{i}") for i in range(3)]
     cluster = SwarmCluster(root, 3, ["--model", str(model)], start=False)
     try:
-        env = {"SWARM_PLAN_LINKS": "on"} if plan_links else {}
+        env = {} if plan_links else {"SWARM_PLAN_LINKS": "off"}
         cluster.nodes[0].start(env=env)
         cluster.nodes[1].start(env={**env, "SWARM_HOLD_FRAMES": f"{ids[2]}:{hold_ms}"})
         cluster.nodes[2].start(env={**env, "SWARM_HOLD_FRAMES": f"{ids[1]}:{hold_ms}"})
@@ -74,7 +74,7 @@ def main() -> int:
         for links in (True, False):
             stages, rate = run(Path(tmp) / ("links" if links else "blind"), Path(model), args.hold_ms,
                                args.tokens, args.runs, links)
-            name = "plan from measured links" if links else "network-blind plan (today's partitioner)"
+            name = "plan from measured links" if links else "network-blind plan (SWARM_PLAN_LINKS=off)"
             results[links] = rate
             print(f"{name:42s} stages (node, layers) {stages}: {rate:.1f} tok/s")
         print(f"ratio: {results[True] / results[False]:.2f}x")

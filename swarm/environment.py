@@ -58,9 +58,9 @@ ALLOWED_HOSTS = Variable("SWARM_ALLOWED_HOSTS", "more names the API answers to, 
 HOLD_FRAMES = Variable("SWARM_HOLD_FRAMES", "for tests: `PEER_ID:MS,...` (or `*:MS`): this node's data lane holds "
                        "every frame to those peers that long before sending it (a slow link without netem)",
                        "transport/frame_hold.py")
-PLAN_LINKS = Variable("SWARM_PLAN_LINKS", "`on`: plan over the measured round trips (stage order, slow links "
-                      "left out); unset or anything else: plan as if no link had been measured, for now "
-                      "(benchmarks/link_aware_plan.py compares the two)",
+PLAN_LINKS = Variable("SWARM_PLAN_LINKS", "`off`: plan as if no link had been measured; unset or anything "
+                      "else: plan over the measured round trips (stage order, slow links left out; "
+                      "benchmarks/link_aware_plan.py compares the two)",
                       "planning/link_view.py")
 
 VARIABLES = (SECRET, API_KEY, CACHE_DIR, XDG_CACHE_HOME, XDG_STATE_HOME, STATE_DIR, BLAS, BLAS_ACTIVE,

@@ -10,6 +10,7 @@ from peer_nodes import PeerNode
 
 from swarm.transport.frame_hold import FrameHold
 from swarm.transport.messages import Forward
+from swarm.transport.ping_messages import Pong
 
 pytestmark = pytest.mark.timeout(60)
 HOLD_S = 0.2
@@ -41,6 +42,28 @@ async def test_frames_to_a_held_peer_wait_and_keep_their_order() -> None:
         assert c_took < b_took  # another peer's frame went on meanwhile
     finally:
         for node in (a, b, c):
+            await node.stop()
+
+
+async def test_a_pong_kept_past_its_time_by_work_says_it_waited() -> None:
+    """Held frames leave from the MLX thread: one due during a pass leaves after it, which a real link
+    would not have done, so a Pong that did says its ping may have waited (node/link_meter.py)."""
+    addresses: dict = {}
+    a = await PeerNode("node-a", addresses, hold=FrameHold({"node-b": HOLD_S})).start()
+    b = await PeerNode("node-b", addresses).start()
+    try:
+        await a.send("node-b", Pong(0, 5000))  # (one that waits for its link to open says so too)
+        [(_, dialed)] = await b.received_async(1, timeout=30)
+        on_time = []
+        for nonce in range(1, 6):  # (on a loaded machine one may be kept by this thread's preemption)
+            await a.send("node-b", Pong(nonce, 5000))
+            on_time += [m for _, m in await b.received_async(1, timeout=30) if m.quiet_us]
+        await a.send("node-b", Pong(9, 5000))
+        a.worker.post(time.sleep, HOLD_S * 2)  # a pass under way when the Pong is due
+        [(_, late)] = await b.received_async(1, timeout=30)
+        assert dialed == Pong(0, 0) and on_time and late == Pong(9, 0)
+    finally:
+        for node in (a, b):
             await node.stop()
 
 

@@ -103,3 +103,14 @@ def test_a_minute_and_a_half_of_pongs_read_late_never_makes_a_link_look_far():
     before = estimate.rtt
     late = [estimate.rtt_sample(60.0 + 2 * i, 0.0003 + 0.04 + rng.random() * 0.2) for i in range(45)]
     assert estimate.rtt == before, late
+
+
+def test_without_samples_what_was_advertised_stays() -> None:
+    """A swarm whose passes keep every round trip from being a sample (node/link_meter.py) keeps the last."""
+    estimate = LinkEstimate()
+    run(estimate, random.Random(3), 0.0, 60.0, 0.0003)
+    advertised_then = (estimate.rtt, estimate.bw)
+    for t in range(60, 3660, 2):
+        estimate.check(float(t))
+    assert (estimate.rtt, estimate.bw) == advertised_then and estimate.rtt is not None
+    assert estimate.least_rtt() < 0.001

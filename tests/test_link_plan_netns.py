@@ -19,7 +19,6 @@ from swarm_cluster import SwarmCluster
 pytestmark = pytest.mark.skipif(netns_unavailable_reason() is not None, reason=str(netns_unavailable_reason()))
 
 HOLD_MS = 30
-PLAN_LINKS = {"SWARM_PLAN_LINKS": "on"}  # (plans over links are opt-in for now: planning/link_view.py)
 QUESTION = "What is the capital of France?"
 TOKENS = 12
 
@@ -35,8 +34,8 @@ def test_a_node_whose_links_carry_30ms_is_left_out_once_measured(tmp_path, llama
     cluster = SwarmCluster(tmp_path, 4, ["--model", str(llama)], start=False)
     try:
         for node in cluster.nodes[:3]:
-            node.start(env=PLAN_LINKS)
-        cluster.nodes[3].start(env={**PLAN_LINKS, "SWARM_HOLD_FRAMES": f"*:{HOLD_MS}"})
+            node.start()
+        cluster.nodes[3].start(env={"SWARM_HOLD_FRAMES": f"*:{HOLD_MS}"})
         slow = None
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:  # until all four agree on a plan that leaves node 3 out

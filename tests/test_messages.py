@@ -14,6 +14,7 @@ from swarm.transport.errors import ProtocolError
 from swarm.transport.frames import Frame, FrameParser, encode_frame
 from swarm.transport.handshake_messages import Hello, Rejection
 from swarm.transport.messages import MAX_KEEP_IDS, Error, Forward, Release, Token, decode
+from swarm.transport.ping_messages import MAX_QUIET_US, Ping, Pong
 
 SAMPLING = SamplingParams(temperature=0.7, top_p=0.9, top_k=40, seed=2**64 - 1)
 
@@ -54,7 +55,8 @@ def hidden_in() -> Forward:
 
 @pytest.mark.parametrize("message", [
     tokens_in(), hidden_in(), Token("r1", "plan1", 4, 49151, 1500), Error("r1", "plan1", "cache", "lost"),
-    Release("r1"), Hello(1, "node-a", "swarm"), Rejection("swarm", "not ours")], ids=lambda m: type(m).__name__)
+    Release("r1"), Hello(1, "node-a", "swarm"), Rejection("swarm", "not ours"), Ping(5, 16), Pong(5, 1500),
+    Pong(5)], ids=lambda m: type(m).__name__)
 def test_every_message_round_trips(message) -> None:
     got = decode(on_the_wire(message))
     if isinstance(message, Forward):
@@ -73,6 +75,14 @@ def test_a_prompt_sent_on_beside_others_says_how_many_and_one_sent_alone_says_no
     assert decode(on_the_wire(onward)).together == 4
     alone = prompt.onward(10, encode_array(mx.ones((1, 3, 8))), compute_us=5)
     assert "tg" not in alone.to_frame()[0] and decode(on_the_wire(alone)).together == 0
+
+
+def test_a_pong_says_how_long_its_ping_may_have_waited_or_nothing() -> None:
+    assert decode(on_the_wire(Pong.answering(5, 0.25))).quiet_s() == pytest.approx(0.25)
+    assert decode(on_the_wire(Pong.answering(5, 0.25).waited())).quiet_s() == 0.0
+    assert Pong.answering(5, 1e12).quiet_us == MAX_QUIET_US and Pong.answering(5, -1.0).quiet_us == 0
+    assert "q" not in Pong(5).to_frame()[0]  # (as a peer that does not say sends it)
+    assert decode(Frame({"t": "pong", "n": 5})) == Pong(5) and Pong(5).quiet_s() is None
 
 
 def test_a_forward_knows_its_step() -> None:
@@ -95,6 +105,13 @@ BAD = [
     (Token("r1", "plan1", 4, 3), {"a": -1}, "'a'"),
     (Error("r1", "plan1", "cache", "lost"), {"a": "2"}, "'a'"),
     (Release("r1"), {"a": 2**31}, "'a'"),
+    (Pong(5, 0), {"q": -1}, "'q'"),
+    (Pong(5, 0), {"q": MAX_QUIET_US + 1}, "'q'"),
+    (Pong(5, 0), {"q": float("nan")}, "'q'"),
+    (Pong(5, 0), {"q": 1.5}, "'q'"),
+    (Pong(5, 0), {"q": "1"}, "'q'"),
+    (Pong(5, 0), {"q": True}, "'q'"),
+    (Pong(5, 0), {"n": -1}, "'n'"),
     (tokens_in(), {"rid": ""}, "rid"),
     (tokens_in(), {"rid": 7}, "rid"),
     (tokens_in(), {"rid": "x" * 129}, "rid"),

@@ -1,5 +1,6 @@
 """The coordinator plans from the links every member advertises (planning/link_view.py): a member
-whose links are slow is left out by every node alike; with no links the plan is today's."""
+whose links are slow is left out by every node alike; with no links, or SWARM_PLAN_LINKS=off, the
+plan is the network-blind one."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def links(me: str, ids: str, slow_to: set[str]) -> dict:
 
 
 def test_every_node_leaves_out_the_member_whose_links_are_slow_and_plans_as_before_without_links(monkeypatch):
-    monkeypatch.setenv("SWARM_PLAN_LINKS", "on")
+    monkeypatch.delenv("SWARM_PLAN_LINKS", raising=False)  # (on by default)
     ids = "abcd"
     measured = {n: links(n, ids, {"d"}) for n in ids}
     plans = set()
@@ -37,8 +38,8 @@ def test_every_node_leaves_out_the_member_whose_links_are_slow_and_plans_as_befo
     assert [s.node_id for s in without._make_plan(without.members(set())).stages] == list(ids)
 
 
-def test_without_swarm_plan_links_on_the_links_change_no_plan(monkeypatch):
-    monkeypatch.delenv("SWARM_PLAN_LINKS", raising=False)
+def test_with_swarm_plan_links_off_the_links_change_no_plan(monkeypatch):
+    monkeypatch.setenv("SWARM_PLAN_LINKS", "off")
     ids = "abcd"
     coord = coordinator(FixedView("a", {n: {} for n in ids}, {n: links(n, ids, {"d"}) for n in ids}))
     assert [s.node_id for s in coord._make_plan(coord.members(set())).stages] == list(ids)

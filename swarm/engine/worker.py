@@ -6,6 +6,7 @@ thread waits in select() on a wake-up socket (jobs from the event loop) and on
 the sockets the data lane gave it (transport/lane.py), so a frame for our
 stage is read, computed and sent on by this thread alone. When it falls idle
 after work, it tidies the heap before a hop has to (see _merge_freed_blocks).
+It records when it works (busy_spans.py): how long a frame read now may have waited behind work.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from typing import Callable, TypeVar
+
+from .busy_spans import SLIGHT_S, BusySpans
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -48,6 +51,7 @@ class MlxWorker:
         self._recheck_at: float | None = None  # mlx_recheck_at's
         self._round_since: float | None = None  # when the round of work under way began (None: waiting for work)
         self._long_rounds: deque[tuple[float, float]] = deque(maxlen=256)  # (ended, seconds) of rounds kept
+        self._busy = BusySpans(time.monotonic())  # MLX thread only
         self._thread = threading.Thread(target=self._serve, name="mlx", daemon=True)
         self._thread.start()
 
@@ -127,6 +131,18 @@ class MlxWorker:
         else:
             self._selector.unregister(sock)
 
+    def mlx_worked(self) -> float:
+        """Seconds this thread has worked so far: a clock that runs only while it works (busy_spans.py)."""
+        return self._busy.worked(time.monotonic())
+
+    def mlx_worked_since(self, then: float) -> float:
+        """Seconds this thread worked since `then` (time.monotonic)."""
+        return self._busy.worked_since(then, time.monotonic())
+
+    def mlx_quiet(self, slight: float = SLIGHT_S) -> float:
+        """How far back from now this thread worked at most `slight` seconds in all (busy_spans.py)."""
+        return self._busy.quiet(time.monotonic(), slight)
+
     def mlx_take_in(self) -> None:
         """Between two passes of a run of work: handle what arrived meanwhile (frames, posted jobs)
         without waiting, so that it queues behind the work under way rather than after all of it. On
@@ -166,9 +182,12 @@ class MlxWorker:
             if not events and not recheck:
                 if self._untidy and self._tidy_heap:
                     self._untidy = False
+                    self._busy.begin(time.monotonic())
                     _merge_freed_blocks()
+                    self._busy.end(time.monotonic())
                 continue
             self._round_since = time.monotonic()
+            self._busy.begin(self._round_since)
             for key, mask in events:
                 self._fire(key, mask)
             self._recheck_at = None  # a callback that still waits asks again
@@ -186,6 +205,7 @@ class MlxWorker:
     def _note_round(self, since: float) -> None:
         self._round_since = None
         now = time.monotonic()
+        self._busy.end(now)
         if now - since >= KEEP_ROUNDS_OVER_S:
             while self._long_rounds and self._long_rounds[0][0] < now - ROUNDS_KEPT_S:
                 self._long_rounds.popleft()

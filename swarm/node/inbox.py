@@ -89,7 +89,7 @@ class NodeInbox:
             if self.probes is not None:
                 self.probes.mlx_answered(sender, message.nonce)
         elif isinstance(message, Ping):
-            answer_ping(self.lane, sender, message)
+            answer_ping(self.lane, self.worker, sender, message)
         elif isinstance(message, Pong):
             if self.links is not None:
                 self.links.mlx_pong(sender, message)

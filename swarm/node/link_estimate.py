@@ -1,21 +1,24 @@
 """What this node advertises of its link to one peer, from its pings (link_meter.py): noise kept out.
 
 Every node plans from the same view, and a change of the view re-plans, so an advertised link changes
-only when the measurement has clearly moved and stayed moved:
+only when the measurement has clearly moved and stayed moved. The samples are round trips neither end's
+passes kept waiting (link_meter.py drops the others), but what else loads a machine (other threads,
+other programs, queues) still only ever adds to one:
 
-- round trip: the least of the samples (queueing, a peer busy with a pass and reading our ping late,
-  a loaded machine only ever add to a round trip: the least is the link's); advertised once
-  MIN_SAMPLES came over FIRST_SPAN_S, then changed only when that least differs from the advertised
-  value by more than REL_CHANGE of it (and ABS_CHANGE_S) at every check for HOLD_S: the least of the last WINDOW_S for a
-  faster link, of the last RISE_WINDOW_S for a slower one (a stretch of long passes at either end, a
-  long prompt's, must not look like a slow link);
+- round trip: the least of the samples (the least is the link's); advertised once MIN_SAMPLES came
+  over FIRST_SPAN_S, then changed only when that least differs from the advertised value by more than
+  REL_CHANGE of it (and ABS_CHANGE_S) at every check for HOLD_S: the least of the last WINDOW_S for a
+  faster link, of the last RISE_WINDOW_S for a slower one (a link must look slower for a long while);
 - bandwidth: a padded ping's time beyond the least round trip is what its padding took on the link
   (capped at BW_CAP: a bounded probe cannot tell faster links apart, their times are all noise). A
-  busy peer or a loaded machine only ever makes a link look slower (a pong read late after a pass of
-  a long prompt, or loading its layers at start), so the most of the estimates of the last
+  loaded machine only ever makes a link look slower, so the most of the estimates of the last
   BW_WINDOW_S is the link's: advertised once BW_SAMPLES came over at least BW_FIRST_SPAN_S, then
   changed only when that most differs from it by more than BW_FACTOR (a link that got slower shows
   once a whole window saw nothing faster).
+
+The windows are counted back from the newest sample, not from now: while no sample comes (passes at
+either end the whole time, a swarm busy for an hour), nothing is forgotten and nothing changes, and
+what is advertised is what the last samples said; a link never sampled is not advertised.
 
 Pure: times come from the caller's clock.
 """

@@ -8,8 +8,16 @@ link_estimate.py). A peer that does not answer within PONG_TIMEOUT_S is asked le
 (up to MAX_EVERY_S apart). What link_estimate.py makes of the samples is published in the profile's
 `links` when it changes (discovery/link_costs.py).
 
-The ping's send time and its Pong's arrival are both read on the MLX thread, which also writes and
-reads the frames; the samples go to the event loop, where everything else here runs.
+The ping is sent and its Pong read on the MLX thread, which also runs the passes, and so does the
+peer's: a ping or a Pong that arrives during a pass is read after it, and its round trip times the
+pass. So a round trip is a sample only when neither end can have kept it waiting behind work
+(engine/busy_spans.py): this thread worked at most SLIGHT_S between sending the ping and reading its
+Pong, and the peer says it had worked at most that much for at least the whole round trip before it
+read the ping (Pong.quiet_us). Other answers keep the peer asked as often, and are no sample: while
+passes fill either end's time the estimate keeps what the last honest samples said.
+The frame-hold switch's delay is the link's: a held frame leaves on time unless work kept it.
+
+The sampling runs on the event loop, like everything else here except the `mlx_` methods.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import secrets
 import time
 from typing import Awaitable, Callable
 
+from ..engine.busy_spans import SLIGHT_S
 from ..engine.worker import MlxWorker
 from ..transport.errors import PeerUnreachable
 from ..transport.lane import DataLane
@@ -57,8 +66,9 @@ class LinkMeter:
         self.own_id, self.lane, self.worker, self.loop = own_id, lane, worker, loop
         self._peers_now, self._publish, self.clock = peers, publish, clock
         self._peers: dict[str, _Peer] = {}  # event loop only
-        # MLX thread only: nonce -> (peer, sent at, padding, whether its link was being opened)
-        self._sent: dict[int, tuple[str, float, int, bool]] = {}
+        # MLX thread only: nonce -> (peer, sent at, this thread's work clock then, padding, whether its
+        # link was being opened)
+        self._sent: dict[int, tuple[str, float, float, int, bool]] = {}
         self.published: dict[str, tuple[float, float]] = {}
         self._task: asyncio.Task | None = None
 
@@ -115,7 +125,7 @@ class LinkMeter:
             return  # a peer gone from the view, or an answer after we gave up on it
         state.every = PING_EVERY_S
         if seconds is None:
-            return  # it answered, but its round trip counted a dial
+            return  # it answered, but its round trip counted a dial, or may have waited behind work
         if pad:
             state.estimate.padded_sample(self.clock(), seconds, pad)
         else:
@@ -131,19 +141,29 @@ class LinkMeter:
         except PeerUnreachable:
             return  # the lane logged it; the ping goes unanswered and the peer is asked less often
         # While its link is being opened the round trip counts the dial: an answer, not a sample.
-        self._sent[nonce] = (peer, time.monotonic(), pad, self.lane.mlx_opening(peer) is not None)
+        self._sent[nonce] = (peer, time.monotonic(), self.worker.mlx_worked(), pad,
+                             self.lane.mlx_opening(peer) is not None)
 
     def mlx_pong(self, sender: str, pong: Pong) -> None:
         """A Pong from `sender` (the node's inbox, MLX thread)."""
         sent = self._sent.pop(pong.nonce, None)
         if sent is None or sent[0] != sender:  # (a nonce is only good from the node it went to)
             return
-        peer, at, pad, dialing = sent
-        seconds = None if dialing else time.monotonic() - at
+        peer, at, worked, pad, dialing = sent
+        seconds = time.monotonic() - at
+        if dialing or not honest(seconds, self.worker.mlx_worked() - worked, pong.quiet_s()):
+            seconds = None
         self.loop.call_soon_threadsafe(self._sampled, peer, pong.nonce, seconds, pad)
 
 
-def answer_ping(lane: DataLane, sender: str, ping: Ping) -> None:
-    """A peer's Ping: answered at once (MLX thread)."""
+def honest(seconds: float, worked_s: float, peer_quiet_s: float | None) -> bool:
+    """Whether a round trip of `seconds` timed its link only: this thread worked `worked_s` meanwhile,
+    and the peer had worked next to nothing for `peer_quiet_s` before it read the ping (None: it does
+    not say)."""
+    return worked_s <= SLIGHT_S and peer_quiet_s is not None and peer_quiet_s >= seconds
+
+
+def answer_ping(lane: DataLane, worker: MlxWorker, sender: str, ping: Ping) -> None:
+    """A peer's Ping: answered at once, saying how long it may have waited here (MLX thread)."""
     with contextlib.suppress(PeerUnreachable):  # it asked and went: nobody waits for the answer
-        lane.mlx_send(sender, Pong(ping.nonce))
+        lane.mlx_send(sender, Pong.answering(ping.nonce, worker.mlx_quiet()))

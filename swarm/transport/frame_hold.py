@@ -3,7 +3,9 @@
 This kernel has no netem, so a test that wants a 30 ms link between two nodes on one machine sets
 SWARM_HOLD_FRAMES on one of them: its data lane (lane.py) really keeps each frame to those peers
 back that long, activations, tokens, probes and pings alike, in order, so what is measured of the
-link (node/link_meter.py) and what requests pay on it are the same.
+link (node/link_meter.py) and what requests pay on it are the same. Held frames leave from the MLX
+thread, so one due during a pass leaves after it: a Pong that left late so says (lane.py), since a
+real link would not have kept it.
 
     SWARM_HOLD_FRAMES="PEER_ID:MS,OTHER_ID:MS"    or    SWARM_HOLD_FRAMES="*:MS"   (every peer)
 """
@@ -50,12 +52,12 @@ class FrameHold:
     def hold(self, due: float, peer: str, message: Any) -> None:
         self._held.append((due, peer, message))
 
-    def release_due(self, now: float, send: Callable[[str, Any], None]) -> float | None:
-        """Send (`send(peer, message)`) what is due, in the order held; returns when the next is due."""
+    def release_due(self, now: float, send: Callable[[str, Any, float], None]) -> float | None:
+        """Send (`send(peer, message, due)`) what is due, in the order held; returns when the next is due."""
         while self._held:
             due, peer, message = self._held[0]
             if due > now:
                 return min(d for d, _, _ in self._held)
             self._held.popleft()
-            send(peer, message)
+            send(peer, message, due)
         return None

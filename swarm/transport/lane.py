@@ -36,6 +36,10 @@ without waking another thread (benchmarks/lean_pipeline.py measures the floor).
   timer calls `retire_idle` (the MLX thread has no timers of its own).
 - For tests, frames to some peers can be held back a fixed time before they are written
   (frame_hold.py, SWARM_HOLD_FRAMES): a slow link without netem, paid by every frame.
+- A Pong that cannot leave at once (its link is being opened, or bytes wait for its socket,
+  or it was held and this thread's work kept it past its time) leaves marked as having
+  waited (ping_messages.py): whatever kept it, this thread's passes may have, and they are
+  no part of the link's round trip.
 - A message to this node itself is handed to the handler directly: the entry's own
   steps into its own stage 0, the last stage's token for its own request.
 
@@ -55,6 +59,7 @@ import time
 from concurrent.futures import Future
 from typing import Callable, Protocol
 
+from ..engine.busy_spans import SLIGHT_S
 from . import hop_trace
 from .connection import DEFAULT_QUEUE_LIMIT, PeerConnection, QueueFull
 from .errors import PeerUnreachable, ProtocolError
@@ -65,6 +70,7 @@ from .link_opener import HeldFrames, LinkOpener, Opened, open_link
 from .links import PeerLinks
 from .handshake_messages import HANDSHAKE_MESSAGES, Rejection
 from .messages import Forward, Message, Token, decode
+from .ping_messages import Pong
 
 log = logging.getLogger("swarm.transport")
 _TRACING = hop_trace.enabled()  # read once: off, the hop pays one global lookup for it
@@ -87,6 +93,8 @@ class WriteWatch(Protocol):
     def mlx_recheck_at(self, deadline: float) -> None: ...
 
     def after_events(self, fn: Callable[[], None]) -> None: ...
+
+    def mlx_worked_since(self, then: float) -> float: ...
 
 
 class DataLane:
@@ -157,12 +165,14 @@ class DataLane:
         self._mlx_send_now(node_id, message)
 
     def _mlx_send_now(self, node_id: str, message: Message) -> None:
-        header, payload = message.to_frame()
         held = self._opening.get(node_id)
         if held is None:
             conn = self._link(node_id)
             if conn is None:
                 held = self._opening[node_id] = HeldFrames(self.queue_limit)
+        if type(message) is Pong and (held is not None or conn in self._backlogged):
+            message = message.waited()
+        header, payload = message.to_frame()
         if held is not None:
             try:
                 held.hold(header, payload)
@@ -181,7 +191,9 @@ class DataLane:
         if after is not None:
             self._writes.mlx_recheck_at(after)
 
-    def _mlx_send_held(self, node_id: str, message: Message) -> None:
+    def _mlx_send_held(self, node_id: str, message: Message, due: float) -> None:
+        if type(message) is Pong and self._writes.mlx_worked_since(due) > SLIGHT_S:
+            message = message.waited()
         try:
             self._mlx_send_now(node_id, message)
         except PeerUnreachable as exc:  # its sender has moved on: told like a link that broke
