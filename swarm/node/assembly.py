@@ -228,7 +228,8 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
 
         head_layers = sizes.head / max(1, sum(sizes.per_layer) / max(1, len(sizes.per_layer)))
         speed = SpeedFollower(PresentSpeed(discovery.profile.speed), worker, head_layers, publish_speed,
-                              lambda: SpeedProbe(model.path, model.n_layers, dtype, dequantize, outlined))
+                              lambda: SpeedProbe(model.path, model.n_layers, dtype, dequantize, outlined),
+                              moves_layers=coordinator.moves_layers)
         stage_service.on_pass = speed.mlx_pass
 
     inbox = NodeInbox(lane, worker, sender_rules, stage_service, entry_inbox, probes,

@@ -5,7 +5,9 @@ pass of one row is a sample of seconds per layer, its time shared among the stag
 the last stage, the head's share (its bytes as so many layers': a decode pass reads every weight
 once, so it costs about in proportion to the bytes it reads). The event loop takes the samples every
 CHECK_S, applies the rule, and on a change re-publishes the profile's speed and re-plans (the
-coordinator re-plans on a peer's change of speed already; our own is no peer event).
+coordinator re-plans on a peer's change of speed already; our own is no peer event). A change that
+would move no layers (`moves_layers`: the plan with it holds as many layers on every node, in another
+order at most) is not advertised: every node would re-plan, and replay its requests, for nothing.
 
 A node found slow that is then given no work (the plan moved its layers away) would keep its slow
 speed for ever: while idle and slow, it runs its speed probe (engine/speed_probe.py) every
@@ -36,12 +38,14 @@ class SpeedFollower:
     def __init__(self, present: PresentSpeed, worker: MlxWorker, head_layers: float,
                  publish: Callable[[float], Awaitable[None]],
                  make_probe: Callable[[], Callable[[], float]] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 moves_layers: Callable[[float], bool] | None = None) -> None:
         """`head_layers`: the last stage's head, in layers' worth of bytes; `publish(speed)`: advertise it
         and re-plan; `make_probe()`: a probe (engine/speed_probe.SpeedProbe) whose call gives this
         machine's speed now (both on the MLX thread), for an idle node found slow: kept while it is."""
         self.present, self.worker, self.head_layers = present, worker, head_layers
         self._publish, self._make_probe, self.clock = publish, make_probe, clock
+        self._moves_layers = moves_layers  # whether a speed would move layers (else it is not advertised)
         self._probe: Callable[[], float] | None = None
         self._samples: deque[tuple[float, float]] = deque(maxlen=MAX_KEPT)  # appended on the MLX thread
         self._last_probe = 0.0
@@ -87,6 +91,11 @@ class SpeedFollower:
             present.sample(now, measured, PROBE_ALPHA)
         before = present.advertised
         speed = present.check(now)
+        if speed is not None and self._moves_layers is not None and not self._moves_layers(speed):
+            present.advertised = before  # (asked again after another hold, while it stays off)
+            log.debug("speed %.3f -> %.3f ms per layer per token would move no layers: not advertised",
+                      before * 1e3, speed * 1e3)
+            return
         if speed is not None:
             log.info("speed %.3f -> %.3f ms per layer per token (measured %s)", before * 1e3, speed * 1e3,
                      "by the probe, idle" if idle else "on this stage's passes")

@@ -28,6 +28,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
+from dataclasses import replace
 from typing import Callable
 
 from discovery import Discovery
@@ -135,6 +136,19 @@ class Coordinator:
         links = members_links(((p.node_id, p.profile) for p in self.discovery.view(include_self=True)),
                               {m.node_id for m in members})
         return make_plan(self.spec, members, self.strategy, links=links)
+
+    def moves_layers(self, speed: float) -> bool:
+        """Whether this node advertising `speed` would change how many layers a node holds (not only
+        the stages' order, which the partitioner sorts fastest first: an order alone changes no token's
+        trip over equal links, and a re-plan for it would replay every request in flight)."""
+        if self.plan is None:
+            return True
+        members = [replace(m, seconds_per_layer=speed) if m.node_id == self.node_id else m for m in self.members()]
+        try:
+            plan = self._make_plan(members)
+        except InsufficientMemoryError:
+            return True
+        return _layer_counts(plan) != _layer_counts(self.plan)
 
     def _describe(self, plan: Plan) -> str:
         """Each stage's layers and what it runs them on: "a[0,10) on cuda, 23.0 GiB gpu, ..."."""
@@ -339,6 +353,10 @@ class Coordinator:
         self._note_agreement()
         async with self._changed:
             self._changed.notify_all()
+
+
+def _layer_counts(plan: Plan) -> dict[str, int]:
+    return {s.node_id: s.n_layers for s in plan.stages}
 
 
 def _id(plan: Plan | None) -> str | None:
