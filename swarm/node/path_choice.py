@@ -43,8 +43,8 @@ OTHERS_EVERY_S = 3.0
 MAX_EVERY_S = 30.0
 PROBE_TIMEOUT_S = 1.0  # connect, hello and the pings (generous for a loaded machine)
 
-# (peer, address) -> what the lane is told: (peer, address, problem) when an address stopped answering,
-# (peer, address, None) when a link we dialed should move to the clearly faster `address`.
+# What the lane is told (it runs it on the MLX thread): (peer, address, problem) when `address` stopped
+# answering, (peer, address, None) when `address` is clearly the fastest and the link is elsewhere.
 Tell = Callable[[str, str, str | None], None]
 
 
