@@ -17,9 +17,9 @@ without waking another thread (benchmarks/lean_pipeline.py measures the floor).
   is reported like a link that broke (`on_broken`). A peer with several addresses is
   dialed at the best one first, then the others in turn (`endpoints_of`: the path
   choice, node/path_choice.py, which also moves a link off an address that stopped
-  answering or onto a clearly faster one: `mlx_path_failed`, `mlx_path_faster`). Connections the peer opened come
-  from the listener (listener.py: accepted and answered on the event loop) through
-  `take_over`.
+  answering or onto a clearly faster one: `mlx_path_failed`, `mlx_path_faster`).
+  Connections the peer opened come from the listener (listener.py: accepted and
+  answered on the event loop) through `take_over`.
 - Every frame that comes in is decoded into a typed message here (messages.py),
   once, with the sender's node id known from the hello; a malformed one closes its
   connection with one log line, and nobody else notices.
