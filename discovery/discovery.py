@@ -278,7 +278,7 @@ class Discovery:
         # (seen in tests: one multicast announcement of a new plan never arrived), so
         # every profile change reaches every peer within one probe interval.
         try:
-            profile = await self._fetch(*peer.endpoint, self._timeout)
+            profile = await self._fetch_any(peer)
         except OwnResourcesExhausted as exc:
             now = asyncio.get_running_loop().time()
             if now - self._exhausted_said_at > 60:
@@ -294,6 +294,18 @@ class Discovery:
         # Another id answering at its endpoint (it restarted under a new id, or the port is
         # another node's now): the probed one is not there.
         return profile.node_id == peer.node_id
+
+    async def _fetch_any(self, peer: PeerInfo) -> NodeProfile:
+        """The profile from the first of the peer's addresses that answers: a peer with several (Wi-Fi and
+        a cable) is there while any of them answers; the data lane moves off one that stopped
+        (swarm/node/path_choice.py). ProfileExchangeError from the last when none does."""
+        for i, address in enumerate(peer.addresses):
+            try:
+                return await self._fetch(address, peer.profile.peer_port, self._timeout)
+            except ProfileExchangeError:
+                if i == len(peer.addresses) - 1:
+                    raise
+        raise ProfileExchangeError("no address")
 
     async def _poll_loop(self) -> None:
         loop = asyncio.get_running_loop()

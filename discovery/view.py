@@ -49,7 +49,7 @@ class PeerEvent:
 @dataclass
 class PeerInfo:
     profile: NodeProfile
-    addresses: tuple[str, ...]  # first one is used for liveness and SWPF
+    addresses: tuple[str, ...]  # the first is the endpoint (SWPF); liveness asks the others too
     source: str  # "mdns" | "static" | "self"
     last_seen: float = field(default_factory=time.time)  # unix time of last sign of life
 

@@ -55,8 +55,9 @@ ALLOWED_ORIGINS = Variable("SWARM_ALLOWED_ORIGINS", "web pages that may call the
                            "(--allowed-origins wins; api/origins.py)", "cli.py")
 ALLOWED_HOSTS = Variable("SWARM_ALLOWED_HOSTS", "more names the API answers to, comma-separated "
                          "(--allowed-hosts wins; api/hosts.py)", "cli.py")
-HOLD_FRAMES = Variable("SWARM_HOLD_FRAMES", "for tests: `PEER_ID:MS,...` (or `*:MS`): this node's data lane holds "
-                       "every frame to those peers that long before sending it (a slow link without netem)",
+HOLD_FRAMES = Variable("SWARM_HOLD_FRAMES", "for tests: `PEER_ID:MS,...` (or `ADDRESS:MS`, `*:MS`): this node's data "
+                       "lane holds every frame to those peers (or over links on those addresses) that long "
+                       "before sending it (a slow link without netem)",
                        "transport/frame_hold.py")
 PLAN_LINKS = Variable("SWARM_PLAN_LINKS", "`off`: plan as if no link had been measured; unset or anything "
                       "else: plan over the measured round trips (stage order, slow links left out; "

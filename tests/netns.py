@@ -9,6 +9,8 @@
 
 Every host is a namespace `sw<run>-h<i>` with its own lo and an eth0 that is
 one end of a veth pair; the other end sits on bridge br0 in `sw<run>-br`.
+`Network(log_dir, lans=2)` gives every host a second address on a second LAN
+(eth1 on br1, SUBNETS[1]): two paths between each pair of hosts.
 Nothing is created in the default namespace, so no test packet can reach a
 real interface. Names carry a random run id so parallel or leftover runs
 never collide; everything is deleted in close(), and at interpreter exit as a
@@ -29,7 +31,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-SUBNET = "10.77.1"  # private /24; only ever configured inside our namespaces
+SUBNETS = ("10.77.1", "10.77.2")  # private /24s, one per LAN; only ever configured inside our namespaces
+SUBNET = SUBNETS[0]
 
 _live_networks: set[Network] = set()
 
@@ -158,25 +161,31 @@ class Host:
         self.index = index
         self.name = f"h{index}"
         self.ns = f"sw{network.run_id}-h{index}"
-        self.ip = f"{SUBNET}.{index + 1}"
-        self.veth = f"vh{index}"  # bridge-side end, lives in the bridge namespace
+        self.ips = [f"{subnet}.{index + 1}" for subnet in SUBNETS[:network.lans]]  # one per LAN, eth<lan>
+        self.ip = self.ips[0]
+        self.veth = f"vh{index}"  # bridge-side end on LAN 0, lives in the bridge namespace
         self.procs: list[Proc] = []
+
+    def veth_on(self, lan: int) -> str:
+        return self.veth if lan == 0 else f"{self.veth}l{lan}"
 
     def _create(self) -> None:
         br = self.network.bridge_ns
         _run(["ip", "netns", "add", self.ns])
-        _in_ns(br, "ip", "link", "add", self.veth, "type", "veth", "peer", "name", "eth0", "netns", self.ns)
-        _in_ns(br, "ip", "link", "set", self.veth, "master", "br0")
-        _in_ns(br, "ip", "link", "set", self.veth, "up")
-        for argv in (
-            ["ip", "link", "set", "lo", "up"],
-            ["ip", "link", "set", "lo", "multicast", "on"],
-            ["ip", "addr", "add", f"{self.ip}/24", "dev", "eth0"],
-            ["ip", "link", "set", "eth0", "multicast", "on"],
-            ["ip", "link", "set", "eth0", "up"],
-            ["ip", "route", "add", "224.0.0.0/4", "dev", "eth0"],
-        ):
-            _in_ns(self.ns, *argv)
+        _in_ns(self.ns, "ip", "link", "set", "lo", "up")
+        _in_ns(self.ns, "ip", "link", "set", "lo", "multicast", "on")
+        for lan, ip in enumerate(self.ips):
+            veth, eth = self.veth_on(lan), f"eth{lan}"
+            _in_ns(br, "ip", "link", "add", veth, "type", "veth", "peer", "name", eth, "netns", self.ns)
+            _in_ns(br, "ip", "link", "set", veth, "master", f"br{lan}")
+            _in_ns(br, "ip", "link", "set", veth, "up")
+            for argv in (
+                ["ip", "addr", "add", f"{ip}/24", "dev", eth],
+                ["ip", "link", "set", eth, "multicast", "on"],
+                ["ip", "link", "set", eth, "up"],
+            ):
+                _in_ns(self.ns, *argv)
+        _in_ns(self.ns, "ip", "route", "add", "224.0.0.0/4", "dev", "eth0")
 
     def exec(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run a short command inside this host."""
@@ -198,21 +207,24 @@ class Host:
         self.procs.append(proc)
         return proc
 
-    def link_down(self) -> None:
-        """Cut this host off the bridge (like pulling its cable)."""
-        _in_ns(self.network.bridge_ns, "ip", "link", "set", self.veth, "down")
+    def link_down(self, lan: int = 0) -> None:
+        """Cut this host off a LAN's bridge (like pulling its cable: its own interface stays up)."""
+        _in_ns(self.network.bridge_ns, "ip", "link", "set", self.veth_on(lan), "down")
 
-    def link_up(self) -> None:
-        _in_ns(self.network.bridge_ns, "ip", "link", "set", self.veth, "up")
+    def link_up(self, lan: int = 0) -> None:
+        _in_ns(self.network.bridge_ns, "ip", "link", "set", self.veth_on(lan), "up")
 
 
 class Network:
-    """A private LAN: one bridge namespace plus host namespaces added on demand."""
+    """A private LAN (or `lans` of them): one bridge namespace plus host namespaces added on demand."""
 
-    def __init__(self, log_dir: str | os.PathLike[str]) -> None:
+    def __init__(self, log_dir: str | os.PathLike[str], lans: int = 1) -> None:
         reason = netns_unavailable_reason()
         if reason:
             raise RuntimeError(reason)
+        if not 1 <= lans <= len(SUBNETS):
+            raise ValueError(f"1 to {len(SUBNETS)} LANs")
+        self.lans = lans
         self.run_id = secrets.token_hex(3)
         self.bridge_ns = f"sw{self.run_id}-br"
         self.log_dir = Path(log_dir)
@@ -223,10 +235,11 @@ class Network:
         try:
             _run(["ip", "netns", "add", self.bridge_ns])
             self._namespaces.append(self.bridge_ns)
-            _in_ns(self.bridge_ns, "ip", "link", "add", "br0", "type", "bridge")
-            # Snooping would drop multicast until a querier appears; we have none.
-            _in_ns(self.bridge_ns, "ip", "link", "set", "br0", "type", "bridge", "mcast_snooping", "0")
-            _in_ns(self.bridge_ns, "ip", "link", "set", "br0", "up")
+            for lan in range(lans):
+                _in_ns(self.bridge_ns, "ip", "link", "add", f"br{lan}", "type", "bridge")
+                # Snooping would drop multicast until a querier appears; we have none.
+                _in_ns(self.bridge_ns, "ip", "link", "set", f"br{lan}", "type", "bridge", "mcast_snooping", "0")
+                _in_ns(self.bridge_ns, "ip", "link", "set", f"br{lan}", "up")
         except BaseException:
             self.close()
             raise

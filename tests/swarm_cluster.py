@@ -37,7 +37,8 @@ class SwarmNode:
         # (measured speeds of hosts sharing 2 cores are noise). A test may state its own.
         stated = self.cluster.stated_speed and "--speed" not in self.cluster.common + self.extra
         speed = ["--speed", TEST_SPEED] if stated else []
-        argv = [sys.executable, *(program or ["-m", "swarm.cli"]), "--interface", self.host.ip, "--name", f"node{self.index}",
+        interfaces = [arg for ip in self.host.ips for arg in ("--interface", ip)]  # (every LAN's, in order)
+        argv = [sys.executable, *(program or ["-m", "swarm.cli"]), *interfaces, "--name", f"node{self.index}",
                 "--state-dir", str(self.cluster.root / f"state{self.index}"), "--api-port", str(API_PORT),
                 "--peer-port", str(PEER_PORT), *speed, *self.cluster.common, *self.extra]
         # All test hosts share this machine's cores: one BLAS thread per node, or their
@@ -69,11 +70,12 @@ class SwarmNode:
 class SwarmCluster:
     def __init__(self, root: Path, n: int, common: list[str], per_node: list[list[str]] | None = None,
                  secret: str | None = None, start: bool = True, api_key: str | None = None,
-                 stated_speed: bool = True):
+                 stated_speed: bool = True, lans: int = 1):
         """`secret`: written into every node's state dir (the file a node reads its swarm secret from).
         `stated_speed` False: the nodes measure their speeds and follow them (no --speed).
         `start` False: the hosts exist, the nodes are started by the test (`node.start()`).
-        `api_key`: every node's (--api-key), which get and post send."""
+        `api_key`: every node's (--api-key), which get and post send. `lans`: every host is on this many
+        LANs (netns.Network), with an address on each, advertised in that order."""
         self.root = Path(root)
         self.api_key, self.stated_speed = api_key, stated_speed
         self.common = common + (["--api-key", api_key] if api_key else [])
@@ -81,7 +83,7 @@ class SwarmCluster:
             for i in range(n):
                 (self.root / f"state{i}").mkdir(parents=True, exist_ok=True)
                 (self.root / f"state{i}" / "secret").write_text(secret + "\n")
-        self.network = Network(self.root / "net")
+        self.network = Network(self.root / "net", lans=lans)
         try:
             hosts = self.network.add_hosts(n)
             self.nodes = [SwarmNode(self, h, i, (per_node or [[]] * n)[i]) for i, h in enumerate(hosts)]

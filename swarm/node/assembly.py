@@ -66,6 +66,7 @@ from .config import AUTO_PROMPT_CACHE, NodeConfig
 from .inbox import NodeInbox
 from .lane_probe import LaneProbe
 from .link_meter import LinkMeter
+from .path_choice import PATH_PURPOSE, PathChoice, serve_paths
 from .mlx_rounds import ROUND_MAX_PAYLOAD, ROUND_PURPOSE, ask_round, serve_round
 from .present_speed import PresentSpeed
 from .secrets import API_KEY_FROM_SECRET, Secret
@@ -83,6 +84,7 @@ class PeerSide:
     listener: PeerListener
     weights: PeerWeights
     prove: Callable  # (Claim) -> awaitable: the peer proves it holds those layers, or it raises
+    paths: PathChoice  # which of a peer's addresses its data link takes
     ask_round: Callable  # (peer, timeout) -> awaitable: its MLX thread's longest recent round, or None
 
 
@@ -102,10 +104,21 @@ def build_peer_side(cfg: NodeConfig, profile: NodeProfile, worker: MlxWorker, li
                           fetch_profile=ProfileFetcher(auth), mdns_is_hint=link_key is not None)
 
     # The peer data path: one connection per peer, read and written on the MLX thread; every message
-    # goes to the node's inbox (Serving), and so does a link that breaks.
+    # goes to the node's inbox (Serving), and so does a link that breaks. A peer with several addresses
+    # is reached at the fastest that answers (path_choice.py).
     links = PeerLinks(node_id)
+    hold = FrameHold.from_environment()
+
+    def tell_lane(peer: str, address: str, problem: str | None) -> None:
+        if problem is None:
+            worker.post(lane.mlx_path_faster, peer, address)
+        else:
+            worker.post(lane.mlx_path_failed, peer, address, problem)
+
+    paths = PathChoice(discovery.view, auth, links, tell_lane, hold)
     lane = DataLane(node_id, cfg.swarm, links, worker.watch, worker.post, discovery.endpoint_of, key=link_key,
-                    auth=auth, writes=worker, hold=FrameHold.from_environment())
+                    auth=auth, writes=worker, hold=hold,
+                    endpoints_of=lambda peer: paths.endpoints_of(peer, discovery.endpoint_of(peer)))
     listener = PeerListener(node_id, cfg.swarm, cfg.peer_host, cfg.peer_port, links, lane,
                             lambda: discovery.profile, key=link_key, auth=auth, is_member=discovery.is_peer_address,
                             on_proved=discovery.heard_from)
@@ -138,6 +151,9 @@ def build_peer_side(cfg: NodeConfig, profile: NodeProfile, worker: MlxWorker, li
         finally:
             await link.close()
 
+    # Path probes: answered on the event loop, held like the lane's frames to their address.
+    listener.serve_purpose(PATH_PURPOSE, serve_paths(hold))
+
     # How busy a peer's MLX thread has been: asked of one that does not answer a probe.
     listener.serve_purpose(ROUND_PURPOSE, serve_round(worker))
 
@@ -148,7 +164,8 @@ def build_peer_side(cfg: NodeConfig, profile: NodeProfile, worker: MlxWorker, li
         return await ask_round(lambda: dial_stream(endpoint, auth, ROUND_PURPOSE, expected_peer=peer,
                                                    max_payload=ROUND_MAX_PAYLOAD, timeout=timeout), timeout)
 
-    return PeerSide(profile, discovery, peer_events, links, lane, listener, weights, prove, ask_peer_round)
+    return PeerSide(profile, discovery, peer_events, links, lane, listener, weights, prove, paths,
+                    ask_peer_round)
 
 
 @dataclass
@@ -250,7 +267,7 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
     status = NodeStatus(model, backend, discovery, coordinator, host, stage_service, peers.links, stats,
                         hop_timing, peer_stats, peers.weights, api_key=bool(api_key),
                         peers=peer_security.describe(secret), prompt_chunk=service.prefill_step,
-                        speculation=service.speculation_status)
+                        speculation=service.speculation_status, paths=peers.paths)
     admission = Admission(cfg.max_active, cfg.max_queue)
     app = make_app(service, status, events, model.model_id, admission, defaults, gate, api_key=api_access(api_key),
                    body_timeout=cfg.http_timeout, guard=guard)

@@ -110,3 +110,5 @@ class NodeInbox:
         """The lane's report: the link to `peer` broke."""
         self.stage.mlx_link_broken(peer, problem)
         self.entry.mlx_link_broken(peer, problem)
+        if self.probes is not None:
+            self.probes.mlx_link_broken(peer)

@@ -11,6 +11,9 @@ When no answer came within PROBE_TIMEOUT_S, the peer is asked for its MLX thread
 round of work (node/mlx_rounds.py): if it turned its rounds over quickly all along and still has not
 read the probe, nothing it computes holds the probe back, and it gets TURNOVER_GRACE_S more, not the
 whole allowance. No answer, or a long round: the whole allowance.
+
+A probe whose link broke while it waited (its path stopped answering: node/path_choice.py) goes once
+more, on the peer's next link: a path that broke says nothing of whether the peer reads its lane.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class LaneProbe:
         """`ask_round`: a peer's MLX thread's longest recent round of work (None: never asked)."""
         self.lane, self.worker, self.loop, self.ask_round = lane, worker, loop, ask_round
         self._waiting: dict[int, tuple[str, asyncio.Future]] = {}  # nonce -> (node, its answer)
+        self._resent: set[int] = set()  # probes sent again once their link broke (event loop)
 
     async def probe(self, node: str, timeout: float) -> bool:
         """True if `node` answered within `timeout` s (less if it computes nothing meanwhile); else its link is broken."""
@@ -67,12 +71,31 @@ class LaneProbe:
             why = f"it did not take a probe within {min(timeout, PROBE_TIMEOUT_S):.0f} s"
         finally:
             self._waiting.pop(nonce, None)
+            self._resent.discard(nonce)
         await self.worker.run(self.lane.mlx_break, node, why)
         return False
 
     def _mlx_send(self, node: str, probe: Probe):
         self.lane.mlx_send(node, probe)
         return self.lane.mlx_opening(node)
+
+    def mlx_link_broken(self, node: str) -> None:
+        """The link to `node` broke (MLX thread): the probes that wait for it go again, once each."""
+        self.loop.call_soon_threadsafe(self._resend, node)
+
+    def _resend(self, node: str) -> None:
+        nonces = [n for n, (peer, answered) in self._waiting.items()
+                  if peer == node and not answered.done() and n not in self._resent]
+        if nonces:
+            self._resent.update(nonces)
+            self.worker.post(self._mlx_resend, node, nonces)
+
+    def _mlx_resend(self, node: str, nonces: list[int]) -> None:
+        for nonce in nonces:
+            try:
+                self.lane.mlx_send(node, Probe(nonce))
+            except PeerUnreachable:
+                return  # the lane said why; the probe runs out its time
 
     def mlx_answered(self, sender: str, nonce: int) -> None:
         """A Probed from `sender` (MLX thread)."""

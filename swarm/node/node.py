@@ -295,6 +295,7 @@ class Node:
         coordinator = serving.coordinator
         await self._start(coordinator.start, coordinator.stop)
         await self._start(serving.link_meter.start, serving.link_meter.stop)
+        await self._start(peers.paths.start, peers.paths.stop)
         if serving.speed is not None:
             await self._start(serving.speed.start, serving.speed.stop)
         consumer = asyncio.create_task(_consume_peer_events(peers.peer_events, serving.inbox, coordinator),

@@ -31,12 +31,14 @@ class NodeStatus:
     def __init__(self, model: LocalModel, backend: Backend, discovery: Discovery, coordinator: Coordinator,
                  host: StageHost, stage_service: StageService, links: PeerLinks, stats: RequestStats,
                  hop_timing: HopTiming, peer_stats: PeerStats, weights: PeerWeights, *, api_key: bool = False,
-                 peers: dict | None = None, prompt_chunk: int = 0, speculation: Callable[[], dict] | None = None):
+                 peers: dict | None = None, prompt_chunk: int = 0, speculation: Callable[[], dict] | None = None,
+                 paths=None):
+        """`paths`: node/path_choice.py's PathChoice (/health's peer_paths), None: not reported."""
         self.model, self.backend, self.discovery, self.coordinator = model, backend, discovery, coordinator
         self.peers_security = peers or {"peers": "open"}  # node/peer_security.py, describe
         self.host, self.stage_service, self.links = host, stage_service, links
         self.stats, self.hop_timing, self.peer_stats = stats, hop_timing, peer_stats
-        self.weights = weights
+        self.weights, self.paths = weights, paths
         self.api_key = api_key
         self.prompt_chunk = prompt_chunk  # positions per chunk of the prompts this entry sends
         self.speculation = speculation or (lambda: {"mode": "off"})  # what this entry's requests drafted
@@ -71,7 +73,8 @@ class NodeStatus:
                                     "ahead_taken": runner.ahead.taken if runner else 0,
                                     "ahead_undone": runner.ahead.undone if runner else 0,
                                     "prompt_chunk": self.prompt_chunk, "prompt_chunks_held": service.hold.held},
-                "peer_connections": self.links.snapshot(), "fetch": self.weights.status.to_dict()}
+                "peer_connections": self.links.snapshot(),
+                **({"peer_paths": self.paths.snapshot()} if self.paths is not None else {}), "fetch": self.weights.status.to_dict()}
 
     def _device(self) -> dict:
         """The backend's device and the memory this node offers the swarm (its profile's, after --memory-limit)."""

@@ -69,6 +69,11 @@ class PeerConnection:
         self._readable = select.poll()  # asked before every write: has the peer hung up?
         self._readable.register(sock, select.POLLIN)
 
+    @property
+    def host(self) -> str:
+        """The other end's address (the peer's address this link is on)."""
+        return self.where.rpartition(":")[0]
+
     def __repr__(self) -> str:
         return f"<PeerConnection {'to' if self.dialed else 'from'} {self.peer} at {self.where}>"
 

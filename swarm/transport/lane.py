@@ -14,9 +14,12 @@ without waking another thread (benchmarks/lean_pipeline.py measures the floor).
   there is, whoever opened it, and dials (connect + hello, within the connect
   timeout) only when there is none: on a thread of its own (link_opener.py), while
   that peer's frames wait in order and every other peer's go on; a dial that fails
-  is reported like a link that broke (`on_broken`). Connections the peer opened come
-  from the listener (listener.py: accepted and answered on the event loop) through
-  `take_over`.
+  is reported like a link that broke (`on_broken`). A peer with several addresses is
+  dialed at the best one first, then the others in turn (`endpoints_of`: the path
+  choice, node/path_choice.py, which also moves a link off an address that stopped
+  answering or onto a clearly faster one: `mlx_path_failed`, `mlx_path_faster`).
+  Connections the peer opened come from the listener (listener.py: accepted and
+  answered on the event loop) through `take_over`.
 - Every frame that comes in is decoded into a typed message here (messages.py),
   once, with the sender's node id known from the hello; a malformed one closes its
   connection with one log line, and nobody else notices.
@@ -34,8 +37,9 @@ without waking another thread (benchmarks/lean_pipeline.py measures the floor).
   its last frames read): a peer, or a stranger in an open swarm, holds no idle
   connection for long; the next frame to that peer dials a new one. The listener's
   timer calls `retire_idle` (the MLX thread has no timers of its own).
-- For tests, frames to some peers can be held back a fixed time before they are written
-  (frame_hold.py, SWARM_HOLD_FRAMES): a slow link without netem, paid by every frame.
+- For tests, frames to some peers (or over links on some addresses) can be held back a fixed
+  time before they are written (frame_hold.py, SWARM_HOLD_FRAMES): a slow link without netem,
+  paid by every frame.
 - A Pong that cannot leave at once (its link is being opened, or bytes wait for its socket,
   or it was held and this thread's work kept it past its time) leaves marked as having
   waited (ping_messages.py): whatever kept it, this thread's passes may have, and they are
@@ -83,6 +87,9 @@ DEFAULT_CONNECT_TIMEOUT = 2.0
 DEFAULT_STALL_TIMEOUT = 4.0  # a link whose waiting bytes the peer takes none of for this long is broken
 DEFAULT_IDLE_TIMEOUT = 60.0
 RETIRED_GRACE_S = 10.0  # a retired link whose peer never closes its end is closed after this
+# A link moves to a faster address only after this long without a frame: frames on the old link and the
+# new one could otherwise be read out of order.
+MOVE_IDLE_S = 0.5
 
 
 class WriteWatch(Protocol):
@@ -104,17 +111,20 @@ class DataLane:
                  stall_timeout: float = DEFAULT_STALL_TIMEOUT, key: bytes | None = None,
                  on_broken: OnBroken | None = None, auth: LinkAuth | None = None,
                  writes: WriteWatch | None = None, queue_limit: int = DEFAULT_QUEUE_LIMIT,
-                 hold: FrameHold | None = None) -> None:
+                 hold: FrameHold | None = None,
+                 endpoints_of: Callable[[str], list[tuple[str, int]]] | None = None) -> None:
         """`key`: the stretched swarm secret (link_crypto.stretch_secret); None: an open swarm. `auth`: the
         node's (one for all its handshakes), else one of the lane's own from `key`. `writes`: the MLX
         thread's selector, for sends the socket could not take at once and links being opened; None: such a
         send waits for room (at most `stall_timeout`), and a dial for its hello, on the spot (tools that send
         from one loop of their own). `hold`: frames to some peers held back a while (frame_hold.py, tests;
-        needs `writes`)."""
+        needs `writes`). `endpoints_of`: a peer's endpoints, the one to dial first first (empty: not in the
+        view); None: `address_of`'s alone."""
         self.node_id, self.swarm, self.links = node_id, swarm, links
         self.auth = auth or LinkAuth(node_id, swarm, key)
         self._on_broken = on_broken
-        self._watch, self._post, self._address_of = watch, post, address_of
+        self._watch, self._post = watch, post
+        self._endpoints_of = endpoints_of or (lambda peer: [e] if (e := address_of(peer)) is not None else [])
         self.max_payload = max_payload
         self.connect_timeout, self.stall_timeout, self.queue_limit = connect_timeout, stall_timeout, queue_limit
         self._writes = writes
@@ -157,12 +167,20 @@ class DataLane:
         if node_id == self.node_id:
             self._deliver(node_id, message, message.to_frame()[0] if _TRACING else None)
             return
-        if self._hold is not None and (delay := self._hold.delay_for(node_id)) > 0:
+        if self._hold is not None and (delay := self._hold.delay_for(node_id, self._mlx_host_of(node_id))) > 0:
             due = time.monotonic() + delay
             self._hold.hold(due, node_id, message)
             self._writes.mlx_recheck_at(due)
             return
         self._mlx_send_now(node_id, message)
+
+    def _mlx_host_of(self, node_id: str) -> str | None:
+        """The address frames to `node_id` go to now: its link's, else the one a dial tries first."""
+        conn = self.links.link(node_id)
+        if conn is not None:
+            return conn.host
+        endpoints = self._endpoints_of(node_id)
+        return endpoints[0][0] if endpoints else None
 
     def _mlx_send_now(self, node_id: str, message: Message) -> None:
         held = self._opening.get(node_id)
@@ -285,6 +303,23 @@ class DataLane:
         if conn is not None:
             self._close(conn, problem)
 
+    def mlx_path_failed(self, node_id: str, address: str, problem: str) -> None:
+        """`node_id` stopped answering at `address` (path_choice.py): a link on it is broken (what was sent
+        on it may never be read: `on_broken` is told); the next frame dials its next address."""
+        conn = self.links.link(node_id)
+        if conn is not None and conn.host == address:
+            self._close(conn, problem)
+
+    def mlx_path_faster(self, node_id: str, address: str) -> None:
+        """`address` is clearly the fastest of `node_id`'s (path_choice.py): a link we dialed elsewhere is
+        retired once idle (its last frames are read), and the next frame dials `address`. A link the peer
+        dialed is its choice of our addresses, and stays."""
+        conn = self.links.link(node_id)
+        if (conn is not None and conn.dialed and conn.host != address
+                and time.monotonic() - conn.last_active > MOVE_IDLE_S and conn not in self._backlogged):
+            log.info("moving the link to %s from %s to %s", node_id, conn.host, address)
+            self._retire(conn)
+
     def mlx_drop(self, node_id: str) -> None:
         """The peer left: close our connection to it."""
         self._forget_held(node_id)
@@ -308,8 +343,8 @@ class DataLane:
 
     def _link(self, node_id: str) -> PeerConnection | None:
         """The link to `node_id`; None: it is being opened (off this thread, see link_opener.py)."""
-        address = self._address_of(node_id)
-        if address is None:
+        endpoints = self._endpoints_of(node_id)
+        if not endpoints:
             raise PeerUnreachable(node_id, "not in this node's view of the swarm")
         conn = self.links.link(node_id)
         if conn is not None and conn.peer_closed():
@@ -320,9 +355,9 @@ class DataLane:
         if conn is not None:
             return conn
         if self._writes is None:  # a tool's own loop: nothing else waits on this thread
-            return self._mlx_opened(node_id, open_link(self.links, self.auth, node_id, address, self.connect_timeout,
-                                                       self.max_payload))
-        self._opener.start(node_id, address, self._mlx_dialed)
+            return self._mlx_opened(node_id, open_link(self.links, self.auth, node_id, endpoints,
+                                                       self.connect_timeout, self.max_payload))
+        self._opener.start(node_id, endpoints, self._mlx_dialed)
         return None
 
     def _mlx_dialed(self, node_id: str, opened: Opened | None, problem: str | None) -> None:

@@ -9,6 +9,7 @@ is posted back to the MLX thread, which sends them.
 
 from __future__ import annotations
 
+import logging
 import threading
 from concurrent.futures import Future
 from typing import Callable, NamedTuple
@@ -19,6 +20,8 @@ from .handshake import dial
 from .link_handshake import LinkAuth
 from .links import PeerLinks
 
+log = logging.getLogger("swarm.transport")
+
 
 class Opened(NamedTuple):
     conn: PeerConnection
@@ -26,33 +29,43 @@ class Opened(NamedTuple):
     ours: bool  # we dialed it (else the peer's arrived: the listener hands it over, read from there)
 
 
-def open_link(links: PeerLinks, auth: LinkAuth, node_id: str, address: tuple[str, int], timeout: float,
+def open_link(links: PeerLinks, auth: LinkAuth, node_id: str, addresses: list[tuple[str, int]], timeout: float,
               max_payload: int) -> Opened:
-    """The link to `node_id`: one that arrives meanwhile, or one we dial. Waits (any thread but the
-    MLX thread's); PeerUnreachable when there is none within `timeout` (twice, if the peer is
-    dialing us at the same moment)."""
-    where = f"{address[0]}:{address[1]}"
+    """The link to `node_id`: one that arrives meanwhile, or one we dial, at the first of `addresses` (best
+    first: path_choice.py) that answers. Waits (any thread but the MLX thread's); PeerUnreachable when there
+    is none within `timeout` per address (twice, if the peer is dialing us at the same moment)."""
     try:
         conn = links.begin_dial(node_id, timeout)
     except TimeoutError as exc:
         raise PeerUnreachable(node_id, str(exc)) from None
     if conn is not None:
         return Opened(conn, None, False)  # it connected to us meanwhile
-    replaced = None
+    failures: list[str] = []
+    duplicate = False
     try:
-        conn = dial(address, auth, node_id, timeout, max_payload)
-    except HandshakeRejected as exc:
-        if exc.kind != "duplicate":
-            raise PeerUnreachable(node_id, f"{where}: {exc}") from None
-    except (OSError, ProtocolError) as exc:
-        raise PeerUnreachable(node_id, f"{where}: {type(exc).__name__}: {exc}") from None
+        for address in addresses:
+            where = f"{address[0]}:{address[1]}"
+            try:
+                conn = dial(address, auth, node_id, timeout, max_payload)
+                break
+            except HandshakeRejected as exc:
+                if exc.kind == "duplicate":
+                    duplicate = True
+                    break
+                failures.append(f"{where}: {exc}")
+            except (OSError, ProtocolError) as exc:
+                failures.append(f"{where}: {type(exc).__name__}: {exc}")
     finally:
         replaced = links.end_dial(node_id, conn)
-    if conn is None:  # refused as a duplicate: the lower id is connecting to us, and its connection stays
+    if duplicate:  # the lower id is connecting to us, and its connection stays
         conn = links.wait_arrival(node_id, timeout)
         if conn is None:
             raise PeerUnreachable(node_id, f"{where} is connecting to us instead and did not arrive in time")
         return Opened(conn, None, False)
+    if conn is None:
+        raise PeerUnreachable(node_id, "; ".join(failures) or "no address to dial")
+    if failures:
+        log.warning("connected to %s at %s: %s", node_id, conn.where, "; ".join(failures))
     return Opened(conn, replaced, True)
 
 
@@ -104,13 +117,13 @@ class LinkOpener:
         with self._lock:
             self._closed = True
 
-    def start(self, node_id: str, address: tuple[str, int], done: Done) -> None:
-        threading.Thread(target=self._open_on_dial_thread, args=(node_id, address, done), daemon=True,
+    def start(self, node_id: str, addresses: list[tuple[str, int]], done: Done) -> None:
+        threading.Thread(target=self._open_on_dial_thread, args=(node_id, addresses, done), daemon=True,
                          name=f"dial {node_id}").start()
 
-    def _open_on_dial_thread(self, node_id: str, address: tuple[str, int], done: Done) -> None:
+    def _open_on_dial_thread(self, node_id: str, addresses: list[tuple[str, int]], done: Done) -> None:
         try:
-            opened = open_link(self.links, self.auth, node_id, address, self.timeout, self.max_payload)
+            opened = open_link(self.links, self.auth, node_id, addresses, self.timeout, self.max_payload)
         except PeerUnreachable as exc:
             self._post(done, node_id, None, exc.reason)
         except Exception as exc:  # a bug: reported as a failed dial, not a frame lost without a word

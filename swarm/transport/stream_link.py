@@ -39,6 +39,12 @@ class StreamFrameLink:
         self._cipher, self.idle_timeout = cipher, idle_timeout
 
     @property
+    def remote_host(self) -> str | None:
+        """The other end's address."""
+        peer = self._writer.get_extra_info("peername")
+        return peer[0] if peer else None
+
+    @property
     def sealed(self) -> bool:
         return self._cipher is not None
 
