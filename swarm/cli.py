@@ -243,7 +243,7 @@ def _prompt_cache(text: str) -> int | None:
 
 def config_from_args(args: argparse.Namespace) -> NodeConfig:
     if args.join and args.model:
-        raise SystemExit("swarm-node: error: give --model or --join, not both")
+        raise ValueError("give --model or --join, not both")  # (exit 2)
     if args.speculate == "draft" and not args.draft_model:
         raise ValueError("--speculate draft needs a draft model: give --draft-model PATH")  # (exit 2)
     return NodeConfig(model=args.model, join=args.join, api_host=args.api_host, api_port=args.api_port,

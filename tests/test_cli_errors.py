@@ -110,3 +110,9 @@ def test_a_secret_that_begins_with_a_dash_is_refused_with_how_to_give_it(tmp_pat
     r = run_node("--secret", "-Zm9vYmFy", "--no-mdns", tmp_path=tmp_path)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "--secret" in r.stderr and "--flag=VALUE" in r.stderr, r.stderr
+
+
+def test_model_and_join_together_are_refused_in_one_line(tmp_path):
+    r = run_node("--model", "somewhere", "--join", "--no-mdns", tmp_path=tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "--model or --join" in r.stderr, r.stderr
