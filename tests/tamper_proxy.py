@@ -10,7 +10,7 @@ connection (one whose hello names no purpose, or "data"): XOR its last 256 bytes
 once (a frame carrying one position's hidden states: all of them).
 {"tamper": [LO, HI], "between": [IP_A, IP_B]}: the same, in either direction, on a
 data connection between those two hosts only (whichever of them dialed). stdout says, as JSON lines: "ready", "open"/"close" of each
-connection (with its purpose), and "tampered". A connection reset on one side is
+connection (with its purpose; a close with the bytes it carried both ways), and "tampered". A connection reset on one side is
 passed on as a reset on the other.
 """
 
@@ -74,7 +74,7 @@ class Relay:
                 _reset(writer)
                 return
             client = (writer.get_extra_info("peername") or ("?",))[0]
-            state = {"purpose": None, "first": b"", "ends": frozenset({client, target[0]})}
+            state = {"purpose": None, "first": b"", "ends": frozenset({client, target[0]}), "bytes": 0}
             with open(self.record / f"conn-{n}.bin", "wb") as rec:
                 await asyncio.gather(self.pump(reader, up_writer, n, target, state, rec),
                                      self.pump(up_reader, writer, n, target, None, None, state, client))
@@ -93,6 +93,7 @@ class Relay:
                         state["purpose"] = purpose_of(state["first"])
                         if state["purpose"] is not None:
                             say(event="open", conn=n, target=f"{target[0]}:{target[1]}", purpose=state["purpose"])
+                (state or down_state)["bytes"] += len(data)
                 going_to = target[0] if state is not None else client
                 if self._tampers(state or down_state, len(data), upstream=state is not None):
                     cut = len(data) - 256
@@ -107,7 +108,7 @@ class Relay:
             reset = True
         finally:
             if state is not None:
-                say(event="close", conn=n, purpose=state["purpose"], reset=reset)
+                say(event="close", conn=n, purpose=state["purpose"], reset=reset, bytes=state["bytes"])
             if reset:
                 _reset(writer)
             else:

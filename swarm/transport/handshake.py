@@ -49,7 +49,7 @@ Withdraw = Callable[[str, str], None]  # a link that was taken is not used after
 def note_refusal(where: str, exc: HandshakeRejected, dialed: bool, refusals: LogLimiter) -> None:
     """Log why a handshake failed: once per address and kind at WARNING (later ones at DEBUG)."""
     if exc.kind == "duplicate":  # two nodes dialing each other at once: links.py keeps one, nothing is wrong
-        log.debug("%s a second connection %s %s: %s", "refused by" if dialed else "refused", "to" if dialed
+        log.info("%s a second connection %s %s: %s", "refused by" if dialed else "refused", "to" if dialed
                   else "from", where, exc.message)
         return
     host = where.rpartition(":")[0] if ":" in where else where
