@@ -234,7 +234,10 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
         await coordinator.replan()
 
     def measured_peers() -> list[str]:
-        return [p.node_id for p in discovery.view() if p.profile.model_fingerprint == model.fingerprint]
+        """Peers that could be planned: a record that only claims our model (never proved its layers) is
+        not measured, or a crowd of such records would have every node dial each of them."""
+        return [p.node_id for p in discovery.view() if p.profile.model_fingerprint == model.fingerprint
+                and coordinator.gate.plannable(p.profile, coordinator.plan, coordinator.before)]
 
     link_meter = LinkMeter(node_id, lane, worker, loop, measured_peers, publish_links)
     speed = None

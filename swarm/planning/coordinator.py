@@ -273,6 +273,14 @@ class Coordinator:
             if len(nodes) > ours:
                 for node in nodes:
                     self.deadlines.take_back(node)
+        if ours == 1 and self.plan is not None and len(self.plan.stages) == 1 and \
+                sum(map(len, serving.values())) == len(out):
+            # Alone, and every node we left out serves a plan without us: each of them may be alone too
+            # (they timed out on each other at different moments), and each retry would meet the others'
+            # time outs. Alone, we take them all back at once (once per series), as they do.
+            for nodes in serving.values():
+                for node in nodes:
+                    self.deadlines.take_back(node)
 
     def _plan_id(self, left_out: set[str]) -> str | None:
         try:
