@@ -1,6 +1,7 @@
 """Measure this node's links to its peers over the data lane, and advertise them with its profile.
 
-Every peer in the view that serves our model could be handed our activations, so each is pinged
+Every peer in the view that serves our model and could be planned (its layers proved, where they are
+checked) could be handed our activations, so each is pinged
 (transport/ping_messages.py) on the data link the lane holds to it (the one activations take: sealed in
 a closed swarm, and held by the frame-hold switch like any frame), about every PING_EVERY_S; pings 4-6
 and every BW_EVERY-th carry PAD_BYTES of padding, which gives the link's bandwidth (a bounded probe:
