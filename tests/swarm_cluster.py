@@ -132,6 +132,18 @@ class SwarmCluster:
                 node.start()
         return self.wait_serving(stages=len(self.nodes), timeout=timeout)
 
+    def wait_for(self, what: str, check, timeout: float, every: float = 1.0, detail=lambda: ""):
+        """`check()`'s first true answer, asked every `every` s; past `timeout` a failure that shows the
+        last answer, `detail()` and the nodes' log tails."""
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            last = check()
+            if last:
+                return last
+            time.sleep(every)
+        raise AssertionError(f"{what} not within {timeout:.0f} s; last: {last}\n{detail()}{self.log_tails(tail=30)}")
+
     def log_tails(self, nodes: list[SwarmNode] | None = None, tail: int = 80) -> str:
         """The last `tail` lines each given node (default: every one) logged, its process's state first."""
         return "\n".join(f"=== node{n.index} (pid {n.proc.pid}, rc {n.proc.popen.poll()})\n{n.proc.logs(tail)}"

@@ -35,17 +35,6 @@ def view(node) -> dict[str, dict]:
     return {n["id"]: n for n in top.get("nodes", [])}
 
 
-def wait_for(what: str, check, timeout: float, cluster):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(1.0)
-    raise AssertionError(f"{what} not within {timeout:.0f} s; last: {last}\n{cluster.log_tails(tail=30)}")
-
-
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory, llama):
     cluster = SwarmCluster(tmp_path_factory.mktemp("links"), 3, ["--model", str(llama), "--strategy", "memory"],
@@ -72,7 +61,7 @@ def test_links_are_measured_and_advertised_and_a_held_node_pays_its_delay(swarm,
             return links
         return None
 
-    links = wait_for("every node's links to both others advertised", measured, 90, cluster)
+    links = cluster.wait_for("every node's links to both others advertised", measured, 90)
     print("\nadvertised round trips (ms): " + "; ".join(
         f"{ids.index(a)}->{ids.index(b)} {rtt * 1e3:.2f}" for a in ids for b, rtt in sorted(links[a].items())))
     for a in ids:

@@ -15,7 +15,6 @@ probes' alike), so LAN 0 is the slow path. Both nodes state equal speeds (two eq
 
 from __future__ import annotations
 
-import time
 
 import pytest
 from helpers import chat_body, reply_text
@@ -68,18 +67,6 @@ def links_on(cluster, ids, lan: int) -> dict | None:
     return seen
 
 
-def wait_for(what: str, check, timeout: float, cluster):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"{what} not within {timeout:.0f} s; last: {last}\n"
-                         f"{[paths(n) for n in cluster.nodes]}\n{cluster.log_tails(tail=30)}")
-
-
 def test_activations_take_the_fast_path_and_fall_back_when_it_is_cut(swarm, llama):
     cluster, ids = swarm
     a, b = cluster.nodes
@@ -90,8 +77,8 @@ def test_activations_take_the_fast_path_and_fall_back_when_it_is_cut(swarm, llam
             return seen
         return None
 
-    seen = wait_for("both links on the fast LAN, both paths measured", on_fast_path_measured, MOVE_TIMEOUT_S,
-                    cluster)
+    seen = cluster.wait_for("both links on the fast LAN, both paths measured", on_fast_path_measured,
+                            MOVE_TIMEOUT_S, 0.5, lambda: f"{[paths(n) for n in cluster.nodes]}\n")
     print(f"\npaths: {seen}")
     for i, entry in seen.items():
         other = cluster.nodes[1 - i].host
@@ -109,8 +96,8 @@ def test_activations_take_the_fast_path_and_fall_back_when_it_is_cut(swarm, llam
     b.host.link_down(FAST)
     assert stream.finish() == story
 
-    wait_for("both links on the slow LAN after the cut", lambda: links_on(cluster, ids, SLOW), MOVE_TIMEOUT_S,
-             cluster)
+    cluster.wait_for("both links on the slow LAN after the cut", lambda: links_on(cluster, ids, SLOW),
+                     MOVE_TIMEOUT_S, 0.5, lambda: f"{[paths(n) for n in cluster.nodes]}\n")
     status, reply = a.post("/v1/chat/completions", chat_body(QUESTION, TOKENS), timeout=180)
     assert status == 200, reply
     assert reply_text(reply) == expected
