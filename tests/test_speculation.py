@@ -14,7 +14,7 @@ from swarm.engine.shard import load_shard
 from swarm.engine.shard_runner import ShardRunner
 from swarm.engine.worker import MlxWorker
 from swarm.entry.generate import GenerationJob, generate_tokens
-from swarm.entry.speculation import PromptLookup, Speculation, SpeculationCounts
+from swarm.entry.speculation import PromptLookup, Speculation, SpeculationCounts, word_start_tokens
 from local_pipeline import LocalPipeline, Stages, ranges
 from helpers import TINY_FAMILIES, TINY_SHAPE
 from reference import reference_tokens
@@ -102,10 +102,38 @@ def test_seeded_sampling_and_logprobs_are_the_same_with_drafts(llama):
 
 
 def test_prompt_lookup_proposes_what_followed_the_latest_occurrence():
+    assert PromptLookup().drafts([1, 2, 3, 4, 5, 1, 2], 3) == [3, 4, 5]
+    assert PromptLookup().drafts([1, 2, 3, 4, 5, 1, 2, 3, 9, 2, 3], 2) == [9, 2], "the latest occurrence of [2, 3]"
+    assert PromptLookup().drafts([1, 2, 3, 4, 5, 1, 2, 3, 9, 2, 3, 7], 2) == []
+
+
+def test_prompt_lookup_reads_a_quote_in_order():
+    """Once guesses came from a place, the next come from the occurrence nearest after it, not the latest."""
+    text = [10, 11, 12, 13, 14, 12, 15, 16, 17, 12, 18]  # token 12 three times
     lookup = PromptLookup()
-    assert lookup.drafts([1, 2, 3, 4, 5, 1, 2], 3) == [3, 4, 5]
-    assert lookup.drafts([1, 2, 3, 4, 5, 1, 2, 3, 9, 2, 3], 2) == [9, 2], "the latest occurrence of [2, 3]"
-    assert lookup.drafts([1, 2, 3, 4, 5, 1, 2, 3, 9, 2, 3, 7], 2) == []
+    history = text + [10]
+    assert lookup.drafts(history, 2) == [11, 12]
+    history += [11, 12]  # accepted
+    assert lookup.drafts(history, 3) == [13, 14, 12], "the quote goes on"
+    history += [13, 14, 12]
+    assert lookup.drafts(history, 2) == [15, 16], "the 12 nearest after the quote, not the latest (before 18)"
+    assert PromptLookup().drafts(text + [12], 1) == [18], "without a quote under way: the latest"
+
+
+def test_prompt_lookup_takes_up_a_quote_after_a_changed_word():
+    """The answer fixes a word (its own tokens, never seen): the guesses go on from the quote's next word; a
+    changed token that begins no word (a digit) skips as many tokens of the quote."""
+    W = frozenset({20, 21, 22, 23, 24, 30})  # tokens that begin a word
+    text = [20, 1, 2, 21, 22, 5, 6, 23, 24]  # "20 1 2" is a misspelled word of three tokens
+    lookup = PromptLookup(word_starts=W)
+    history = text + [9, 20]
+    assert lookup.drafts(history, 3) == [1, 2, 21]
+    history += [30]  # the fixed word: one token of its own in place of [1, 2]
+    assert lookup.drafts(history, 3) == [21, 22, 5], "the quote's next word"
+    history += [21, 22, 5, 7]  # 7 in place of 6: not a word start, so one token on
+    assert lookup.drafts(history, 2) == [23, 24]
+    assert PromptLookup().drafts(text + [9, 20, 30], 3) == [], "without word starts nothing to take up"
+    assert word_start_tokens({"Ġthe": 1, "the": 2, "Ċ": 3, "▁a": 4, ".": 5}) == {1, 3, 4}
 
 
 def test_the_prompt_cache_is_reused_after_a_speculative_turn(llama, expected):

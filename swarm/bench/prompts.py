@@ -44,13 +44,13 @@ def _function() -> str:
 EDIT = ("Rename the variable `totals` to `per_customer` in this function and change nothing else.\n\n"
         + _function() + "\n\nThe function with `totals` renamed to `per_customer`:\n\n")
 
-TYPOS = ("Fix the spelling mistakes in this paragraph and change nothing else.\n\n"
+TYPOS = ("Fix the spelling mistakes in this paragraph and change nothing else.\n\nOriginal:\n"
          "The comittee met on wendesday to dicsuss the new libary budjet. Most membres agreed that the "
          "reading room needs beter lighting and that the childrens section should recieve more books. "
          "The treasurer explaned that the grant from the city will be payed in two parts, the first in "
          "Febuary and the secound in Agust. Several neighbours wrote letters in suport of longer opening "
          "ours on the weekend, and the comittee promissed to anwser each of them before the next meeting.\n\n"
-         "The paragraph with the spelling fixed:\n\n")
+         "Corrected:\n")
 
 NAMES = ("List every person named in this text, one per line, in the order they appear.\n\n"
          "When Maria Okafor opened the bakery on Elm Street, her cousin Daniel Reyes lent her the first oven. "

@@ -16,7 +16,7 @@ from ..engine.sampling import SamplingParams
 from ..engine.token_logprobs import TokenLogprobs
 from .chat_prompt import ChatPrompt
 from .generate import GenerationJob, PipelineSource, default_prefill_step, generate_tokens
-from .speculation import DraftModels, SpeculationCounts, drafts_allowed, request_speculation
+from .speculation import DraftModels, SpeculationCounts, drafts_allowed, request_speculation, word_start_tokens
 from .stats import RequestStats
 from .text_output import TextOutput
 from .tool_call_output import ToolCallOutput
@@ -102,6 +102,7 @@ class InferenceService:
         self.chat_prompt = ChatPrompt(tokenizer)
         vocab_entries = tokenizer.get_vocab()
         self.vocab_size = len(vocab_entries)
+        self.word_starts = word_start_tokens(vocab_entries) if speculate != "off" else frozenset()
         # No token decodes to more characters than its vocabulary entry has, so a text longer than
         # context x this cannot fit: it is refused before the tokenizer spends memory on it.
         self._max_chars_per_token = max(map(len, vocab_entries), default=1) or 1
@@ -161,7 +162,8 @@ class InferenceService:
         job = GenerationJob(uuid.uuid4().hex, prompt, sampling, max_tokens, self.eos_ids,
                             rules=replace(rules, prompt_len=len(prompt)) if rules is not None else None,
                             prefill_step=self.prefill_step,
-                            speculation=request_speculation(self.speculate, self.speculation, self.draft_model)
+                            speculation=request_speculation(self.speculate, self.speculation, self.draft_model,
+                                                             self.word_starts)
                             if drafting else None)
         out = TextOutput(self.tokenizer, stop)
         scores: list[TokenScore] = []  # of tokens whose text has not gone out yet

@@ -7,8 +7,11 @@ what steps of one token give. This module is the one place that knows where gues
 to make, and what came of them; the stages and the wire only carry and check them.
 
 Guesses come from prompt lookup (llama.cpp's lookup decoding, vLLM's n-gram proposer): the last 3 (then
-2, then 1) tokens of the prompt and answer so far, their latest earlier occurrence, and the tokens that
-followed it. Strong where answers quote their input (rewrites, edits, extraction), idle on free text.
+2, then 1) tokens of the prompt and answer so far, an earlier occurrence of them, and the tokens that
+followed it. Strong where answers quote their input (rewrites, edits, extraction), idle on free text. A
+quote is read in order, so the occurrence taken is the one nearest after where the last guesses came
+from, and after a word the answer changed (a typo fixed, a name replaced) the guesses go on from the
+quote's next word (PromptLookup).
 Or from a draft model (`--draft-model`, draft_model.py): a small model of the same tokenizer, whose greedy
 tokens are the guesses, on free text too. `auto` with a draft model asks lookup first and takes its guesses
 when the last NGRAM tokens occurred before (a quote under way: free, and often long), the draft model
@@ -31,6 +34,7 @@ passes at the stages (one position each), which a step with drafts would leave, 
 
 from __future__ import annotations
 
+import bisect
 import inspect
 import logging
 from dataclasses import dataclass
@@ -92,15 +96,22 @@ def speculation_mode(asked: str, checks_drafts: bool, draft_model: bool = False)
     return "draft" if asked == "draft" else "lookup+draft"
 
 
-def request_speculation(mode: str, counts: SpeculationCounts, draft_model: DraftModels | None = None
-                        ) -> Speculation | None:
-    """A request's drafting for the node's `mode` (speculation_mode's); None: it drafts nothing."""
+def request_speculation(mode: str, counts: SpeculationCounts, draft_model: DraftModels | None = None,
+                        word_starts: frozenset[int] = frozenset()) -> Speculation | None:
+    """A request's drafting for the node's `mode` (speculation_mode's); None: it drafts nothing.
+    `word_starts`: the vocabulary's tokens that begin a word (word_start_tokens), for prompt lookup."""
     if mode == "off":
         return None
     if mode == "lookup":
-        return Speculation(counts)
+        return Speculation(counts, PromptLookup(word_starts=word_starts).drafts)
     source = draft_model.for_request()
     return Speculation(counts, LookupFirst(source) if mode == "lookup+draft" else source)
+
+
+def word_start_tokens(vocab: dict[str, int]) -> frozenset[int]:
+    """The ids of a vocabulary's tokens that begin with a space or a line break, as byte-level BPE ('Ġ', 'Ċ')
+    and SentencePiece ('▁') spell them: where a word begins."""
+    return frozenset(i for piece, i in vocab.items() if piece[:1] in ("Ġ", "Ċ", "▁"))
 
 
 def drafts_allowed(rules) -> bool:
@@ -110,26 +121,88 @@ def drafts_allowed(rules) -> bool:
 
 
 class PromptLookup:
-    """The latest earlier occurrence of every run of 1..NGRAM tokens in a growing history, found in O(1)."""
+    """Where the history's last tokens occurred before, and what followed: every run of 1..NGRAM tokens indexed
+    as the history grows.
 
-    def __init__(self, shortest: int = 1) -> None:
-        """`shortest`: the shortest run of last tokens that counts as found."""
+    A quote is read in order: once drafts came from some place, the next ones most likely come from just after
+    it, even where the answer changed a word there (a fixed typo, a renamed variable). So the lookup keeps a
+    cursor (where the last drafts came from, moved past what the answer repeated of it since) and takes the
+    occurrence nearest after it within NEAR tokens; the latest occurrence anywhere only where none is near."""
+
+    NEAR = 64  # tokens after the cursor an occurrence may lie and still count as the quote going on
+    STRAY = 4  # tokens the answer may write of its own before the quote is taken up again after them
+
+    def __init__(self, shortest: int = 1, word_starts: frozenset[int] = frozenset()) -> None:
+        """`shortest`: the shortest run of last tokens that counts as found; `word_starts`: the tokens that
+        begin a word (a space or a line break first), where a quote is taken up again after a changed word."""
         self.shortest = shortest
-        self._seen: list[dict[tuple, int]] = [{} for _ in range(NGRAM + 1)]  # n -> run -> where its successor is
+        self.word_starts = word_starts
+        self._seen: list[dict[tuple, list[int]]] = [{} for _ in range(NGRAM + 1)]  # n -> run -> successors' places
         self._indexed = 0  # runs ending before this position are in _seen
+        self._cursor: int | None = None  # the quote's next place in the history
+        self._read = 0  # history before this was compared with the quote
+        self._stray = 0  # tokens the answer wrote since it last repeated the quote
 
     def drafts(self, history: list[int], k: int) -> list[int]:
-        """Up to k tokens that followed the latest earlier occurrence of the history's last tokens."""
+        """Up to k tokens that followed an earlier occurrence of the history's last tokens."""
         end = len(history)
         for e in range(max(self._indexed, 1), end):  # runs that end at e (exclusive) and have a successor
             for n in range(1, min(NGRAM, e) + 1):
-                self._seen[n][tuple(history[e - n:e])] = e
+                self._seen[n].setdefault(tuple(history[e - n:e]), []).append(e)
         self._indexed = max(self._indexed, end)
+        self._follow(history)
+        at = self._near(history) if self._cursor is not None else None
+        if at is None:
+            at = self._latest(history)
+        if at is None:
+            at = self._after_changed_word(history)
+        if at is None:
+            return []
+        self._cursor, self._read, self._stray = at, end, 0
+        return history[at:at + k]
+
+    def _follow(self, history: list[int]) -> None:
+        """Move the cursor past the new tokens that repeat the quote (accepted drafts and what came after)."""
+        c = self._cursor
+        if c is None:
+            return
+        for t in history[self._read:]:
+            if self._stray or c >= self._read or history[c] != t:
+                self._stray += 1
+            else:
+                c += 1
+        self._cursor, self._read = c, len(history)
+
+    def _near(self, history: list[int]) -> int | None:
+        end = len(history)
         for n in range(min(NGRAM, end), self.shortest - 1, -1):
-            at = self._seen[n].get(tuple(history[end - n:]))
-            if at is not None:
-                return history[at:at + k]
-        return []
+            places = self._seen[n].get(tuple(history[end - n:]), ())
+            i = bisect.bisect_left(places, self._cursor)
+            if i < len(places) and places[i] - self._cursor <= self.NEAR and places[i] < end:
+                return places[i]
+        return None
+
+    def _after_changed_word(self, history: list[int]) -> int | None:
+        """Where the quote goes on after the few tokens the answer just wrote of its own in place of its next
+        ones: after the quote's next word where the answer wrote a word (a word fixed or renamed), else as many
+        tokens on (a digit or a mark changed)."""
+        c, stray = self._cursor, self._stray
+        if c is None or not self.word_starts or not 0 < stray <= self.STRAY:
+            return None
+        if history[-stray] not in self.word_starts:
+            return c + stray if c + stray < len(history) - stray else None
+        for p in range(c + 1, min(c + 1 + 2 * self.STRAY, len(history) - stray)):
+            if history[p] in self.word_starts:
+                return p
+        return None
+
+    def _latest(self, history: list[int]) -> int | None:
+        end = len(history)
+        for n in range(min(NGRAM, end), self.shortest - 1, -1):
+            places = self._seen[n].get(tuple(history[end - n:]))
+            if places:
+                return places[-1]
+        return None
 
 
 class LookupFirst:
