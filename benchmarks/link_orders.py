@@ -255,7 +255,7 @@ def main() -> int:
         if args.part in ("a", "both"):
             small = build_random_model(root / "llama", "llama", n_layers=8, hidden=512, heads=8, kv_heads=2,
                                        intermediate=1024, seed=3)
-            print(f"(a)'s model: random llama, 8 layers, hidden 512")
+            print("(a)'s model: random llama, 8 layers, hidden 512")
             held &= part_a(root, small, args)
         if args.part in ("b", "both"):
             wide = build_random_model(root / "wide", "llama", n_layers=4, hidden=args.hidden, heads=16, kv_heads=4,
