@@ -79,11 +79,18 @@ class Swarm:
 
     def plan(self, settle: float) -> tuple[list[tuple[int, int]], str]:
         self.cluster.wait_serving(nodes=self.started, timeout=240)
-        if settle:
-            time.sleep(settle)  # links measured and advertised, and any re-plan they bring agreed
+        if settle:  # every node's links to the others measured and advertised, and the re-plan they bring agreed
+            self.cluster.wait_for("every link advertised", self.links_advertised, timeout=300, every=2.0)
+            time.sleep(settle)
         top = self.cluster.wait_serving(nodes=self.started, timeout=240)
         stages = [(self.ids.index(s["node_id"]), s["end"] - s["start"]) for s in top["plan"]["stages"]]
         return stages, top["plan"]["id"]
+
+    def links_advertised(self) -> bool:
+        top = self.entry().topology()
+        ids = {self.ids[n.index] for n in self.started}
+        seen = {n["id"]: set(n["measured_links"]) for n in (top or {}).get("nodes", [])}
+        return all(ids - {i} <= seen.get(i, set()) for i in ids)
 
     def entry(self):
         return self.cluster.nodes[0]
@@ -168,7 +175,7 @@ def part_a(root: Path, model: Path, args) -> bool:
 
     swarm = Swarm(root / "a-chosen", model, blind_ids, envs(blind_ids, {}))
     try:
-        stages, _ = swarm.plan(settle=20)
+        stages, _ = swarm.plan(settle=10)
         rate = decode_rate(swarm.entry(), args.tokens, args.runs)
     finally:
         swarm.close()
@@ -194,7 +201,7 @@ def part_a(root: Path, model: Path, args) -> bool:
     for name, extra in (("links measured", {}), ("SWARM_PLAN_LINKS=off", {"SWARM_PLAN_LINKS": "off"})):
         swarm = Swarm(root / f"a-equal-{len(plans)}", model, blind_ids, [extra] * 4)
         try:
-            plans[name] = swarm.plan(settle=20 if not extra else 0)
+            plans[name] = swarm.plan(settle=10 if not extra else 0)
         finally:
             swarm.close()
     same = plans["links measured"] == plans["SWARM_PLAN_LINKS=off"]
@@ -211,7 +218,7 @@ def part_b(root: Path, model: Path, args) -> bool:
     ids = ids_for([0, SLOW, 1, 2])  # network-blind: node 3 in the middle
     swarm = Swarm(root / "b-chosen", model, ids, [{}] * 4, shape_slow=True)
     try:
-        stages, _ = swarm.plan(settle=20)
+        stages, _ = swarm.plan(settle=10)
         took, tokens = prefill_time(swarm.entry(), args.prompt_words, args.runs)
     finally:
         swarm.close()
