@@ -57,6 +57,7 @@ SUSPICION_RECHECK_S = 0.25  # how often a request waiting out a probe of its bro
 # Plans remembered with their stages, so that a lost stage breaks every request through it, on whichever
 # plan (plan ids recur as members come and go: a swarm makes few distinct plans).
 PLANS_KEPT = 256
+MADE_PLANS_KEPT = 64  # the partitioner's answers remembered by their inputs (_make_plan)
 
 
 async def _always_answers(_node: str, _timeout: float) -> bool:
@@ -82,6 +83,7 @@ class Coordinator:
         self.proofs = proofs  # None: every peer's claims are believed (tests of planning alone)
         self.gate = ProofGate(node_id, spec.n_layers, fingerprint, discovery, proofs, weights)
         self.plan: Plan | None = None
+        self._plans: dict[tuple, Plan] = {}  # _make_plan's, by members, strategy and links
         self.before: Plan | None = None  # the last plan seen whole: used while the newest is fetched for
         # Every plan made, newest last (plan id -> its stages): requests may still run on one that is
         # neither of those two, as agreement moves on without breaking them.
@@ -135,7 +137,17 @@ class Coordinator:
     def _make_plan(self, members: list[NodeCapacity]) -> Plan:
         links = members_links(((p.node_id, p.profile) for p in self.discovery.view(include_self=True)),
                               {m.node_id for m in members})
-        return make_plan(self.spec, members, self.strategy, links=links)
+        # The same members and links make the same plan (the partitioner is pure): each peer event and
+        # each wake of the deadline watch asks again, for every node left out, and at 32 nodes a plan
+        # with links that differ costs tens of milliseconds.
+        key = (tuple(members), self.strategy, tuple(sorted(links.items())))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = make_plan(self.spec, members, self.strategy, links=links)
+            if len(self._plans) >= MADE_PLANS_KEPT:
+                self._plans.clear()
+            self._plans[key] = plan
+        return plan
 
     def moves_layers(self, speed: float) -> bool:
         """Whether this node advertising `speed` would change how many layers a node holds (not only
