@@ -23,25 +23,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from netns import Network, netns_unavailable_reason  # noqa: E402
+from traffic import counters, cpu_seconds, per_second  # noqa: E402
 
 PEER_PORT = 7946
-
-
-def counters(host) -> dict[str, int]:
-    """This host's namespace's UDP datagrams and TCP segments, sent and received."""
-    lines = host.exec("cat", "/proc/net/snmp").stdout.splitlines()
-    out = {}
-    for names, values in zip(lines[::2], lines[1::2]):
-        kind, *keys = names.split()
-        for key, value in zip(keys, values.split()[1:]):
-            out[f"{kind}{key}"] = int(value)
-    return {"udp_out": out["Udp:OutDatagrams"], "udp_in": out["Udp:InDatagrams"],
-            "tcp_out": out["Tcp:OutSegs"], "tcp_in": out["Tcp:InSegs"]}
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / 100.0  # utime + stime, in clock ticks of 1/100 s
 
 
 def measure(size: int, window: float, root: Path) -> dict[str, float]:
@@ -68,7 +52,7 @@ def measure(size: int, window: float, root: Path) -> dict[str, float]:
         took = time.monotonic() - t0
         after = [counters(h) for h in hosts]
         cpu1 = [cpu_seconds(p.pid) for p in procs]
-        per = {k: statistics.mean((a[k] - b[k]) / took for a, b in zip(after, before)) for k in before[0]}
+        per = per_second(before, after, took)
         per["cpu"] = statistics.mean((c1 - c0) / took for c0, c1 in zip(cpu0, cpu1))
         return per
     finally:

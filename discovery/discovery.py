@@ -43,7 +43,7 @@ from .mdns import MdnsAgent, local_ipv4_addresses, resolve_interfaces
 from .node_id import must_remint, remint_node_id
 from .probe_backoff import ProbeBackoff
 from .profile import NodeProfile
-from .profile_exchange import OwnResourcesExhausted, ProfileExchangeError, fetch_profile
+from .profile_exchange import LateAnswer, OwnResourcesExhausted, ProfileExchangeError, fetch_profile
 from .static_peers import Endpoint, ProfileFetcher, poll_endpoints
 from .view import PeerEvent, PeerInfo, PeerTable
 
@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 EventSink = Union[Callable[[PeerEvent], Union[None, Awaitable[None]]], "asyncio.Queue[PeerEvent]"]
 # (our profile, the other node's, its addresses): called when we are the one that must move
 OnDuplicate = Callable[[NodeProfile, NodeProfile, tuple[str, ...]], None]
+
+LATE = "late"  # _check: the probe found a process that did not answer in time
 
 
 class Discovery:
@@ -259,9 +261,9 @@ class Discovery:
                     continue  # replaced or removed while we probed, or we could not probe at all
                 key = (peer.node_id, peer.profile.instance)
                 counter = self._failures.setdefault(key, liveness.FailureCounter(self._failure_limit))
-                if alive:
+                if alive is True:
                     self._table.touch(peer.node_id)
-                if counter.record(alive):
+                if counter.record(alive is True, late=alive == LATE):
                     log.info("peer %s (%s) failed %d probes: gone", peer.node_id, peer.endpoint, counter.failures)
                     self._gone_instances.add(peer.profile.instance)
                     self._emit(self._table.mark_gone(*key))
@@ -270,8 +272,8 @@ class Discovery:
                 del self._failures[key]
             await asyncio.sleep(max(0.0, self._interval - (loop.time() - started)))
 
-    async def _check(self, peer: PeerInfo) -> bool | None:
-        """Alive, gone, or None: this node is out of descriptors or memory, which says nothing of the peer
+    async def _check(self, peer: PeerInfo) -> bool | str | None:
+        """Alive, gone, LATE (a process took the connection but did not answer in time), or None: this node is out of descriptors or memory, which says nothing of the peer
         (a node under a flood must not declare its peers dead and split the swarm)."""
         # The probe fetches the profile itself (SWPF), not just a TCP connect: it is the
         # only way to see a static peer's changes, and it repairs a lost mDNS update
@@ -286,6 +288,8 @@ class Discovery:
                 log.warning("cannot probe peers: this node is out of resources (%s); nobody is declared gone "
                             "for it", exc)
             return None
+        except LateAnswer:
+            return LATE
         except ProfileExchangeError:
             return False
         # A restarted node at the same endpoint shows up here as a newer instance,
@@ -299,11 +303,18 @@ class Discovery:
         """The profile from the first of the peer's addresses that answers: a peer with several (Wi-Fi and
         a cable) is there while any of them answers; the data lane moves off one that stopped
         (swarm/node/path_choice.py). ProfileExchangeError from the last when none does."""
+        late = None
         for i, address in enumerate(peer.addresses):
             try:
                 return await self._fetch(address, peer.profile.peer_port, self._timeout)
+            except LateAnswer as exc:
+                late = exc  # (a process was there: on the last address's failure, it was only late)
+                if i == len(peer.addresses) - 1:
+                    raise
             except ProfileExchangeError:
                 if i == len(peer.addresses) - 1:
+                    if late is not None:
+                        raise late from None
                     raise
         raise ProfileExchangeError("no address")
 

@@ -22,19 +22,33 @@ from .profile_exchange import MAGIC, answer_profile_request
 PROBE_INTERVAL = 0.75
 PROBE_TIMEOUT = 0.5
 PROBE_FAILURES = 3
+# A probe whose connection was taken but whose answer came late (profile_exchange.LateAnswer) found a
+# process there, only a slow one: on a machine whose cores are all busy (32 nodes on 2 cores) answers
+# come late by the second, and counting them as deaths declared live nodes gone by the thousand, each
+# verdict a re-plan that loaded the machine more. A node answering late is gone only after this many
+# probes in a row without an answer (~12 s); a dead one (refused) or a lost link (no connection) after
+# PROBE_FAILURES as before.
+LATE_PROBE_FAILURES = 16
 
 
 class FailureCounter:
-    """Counts consecutive failed probes; `dead` after `limit` in a row."""
+    """Counts consecutive failed probes; `dead` after `limit` in a row, or after `late_limit` in a row
+    of which some only came late."""
 
-    def __init__(self, limit: int = PROBE_FAILURES) -> None:
-        self.limit = limit
-        self.failures = 0
+    def __init__(self, limit: int = PROBE_FAILURES, late_limit: int = LATE_PROBE_FAILURES) -> None:
+        self.limit, self.late_limit = limit, max(limit, late_limit)
+        self.failures = 0  # probes in a row without an answer
+        self.missed = 0  # the last of those in a row that found no process to answer (refused, no connection)
 
-    def record(self, alive: bool) -> bool:
-        """Record a probe result; returns True when the peer is now considered dead."""
-        self.failures = 0 if alive else self.failures + 1
-        return self.failures >= self.limit
+    def record(self, alive: bool, late: bool = False) -> bool:
+        """Record a probe result (`late`: failed, though the connection was taken); returns True when the
+        peer is now considered dead."""
+        if alive:
+            self.failures = self.missed = 0
+            return False
+        self.failures += 1
+        self.missed = 0 if late else self.missed + 1
+        return self.missed >= self.limit or self.failures >= self.late_limit
 
 
 async def serve_liveness_port(

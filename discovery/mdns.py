@@ -58,6 +58,8 @@ def local_ipv4_addresses() -> list[str]:
     return found or ["127.0.0.1"]
 
 
+STARTUP_WAIT_S = 60.0  # how long zeroconf may take to start on a loaded machine
+
 class MdnsAgent:
     def __init__(self, interfaces: list[str] | None, on_found: FoundCallback, on_lost: LostCallback) -> None:
         self.interfaces = interfaces
@@ -77,6 +79,9 @@ class MdnsAgent:
             interfaces=self.interfaces if self.interfaces else InterfaceChoice.All,
             ip_version=IPVersion.V4Only,
         )
+        # zeroconf gives its own start 9 s, then registering raises NotRunningException: on a machine
+        # with every core busy (32 nodes started at once on 2 cores) two nodes died of it at start.
+        await self._azc.zeroconf.async_wait_for_start(timeout=STARTUP_WAIT_S)
         self._browser = AsyncServiceBrowser(self._azc.zeroconf, [SERVICE_TYPE], handlers=[self._on_change])
         self._info = self._service_info(profile)
         try:

@@ -34,12 +34,23 @@ class OwnResourcesExhausted(ProfileExchangeError):
     """This node could not even try: it is out of descriptors, buffers or memory (says nothing of the peer)."""
 
 
+class LateAnswer(ProfileExchangeError):
+    """The peer's host took the connection but no answer came in time: a process is listening there, only
+    slow (a machine whose cores are all busy). Not the refusal or silence of a dead node or a lost link."""
+
+
 OWN_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
-def exchange_error(host: str, port: int, exc: BaseException) -> ProfileExchangeError:
-    """The ProfileExchangeError for a failed fetch: OwnResourcesExhausted where the failure was ours."""
-    kind = OwnResourcesExhausted if getattr(exc, "errno", None) in OWN_RESOURCE_ERRNOS else ProfileExchangeError
+def exchange_error(host: str, port: int, exc: BaseException, connected: bool = False) -> ProfileExchangeError:
+    """The ProfileExchangeError for a failed fetch: OwnResourcesExhausted where the failure was ours,
+    LateAnswer where the time ran out after the connection was made."""
+    if getattr(exc, "errno", None) in OWN_RESOURCE_ERRNOS:
+        kind = OwnResourcesExhausted
+    elif connected and isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+        kind = LateAnswer
+    else:
+        kind = ProfileExchangeError
     return kind(f"{host}:{port}: {type(exc).__name__}: {exc}")
 
 
@@ -60,16 +71,18 @@ async def answer_profile_request(
 
 async def fetch_profile(host: str, port: int, timeout: float = 1.0) -> NodeProfile:
     """Connect to host:port, request the profile, return it (ProfileExchangeError otherwise)."""
+    connected: list[bool] = []
     try:
-        return await asyncio.wait_for(_fetch(host, port), timeout)
+        return await asyncio.wait_for(_fetch(host, port, connected), timeout)
     except ProfileExchangeError:
         raise
     except (asyncio.TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
-        raise exchange_error(host, port, exc) from exc
+        raise exchange_error(host, port, exc, bool(connected)) from exc
 
 
-async def _fetch(host: str, port: int) -> NodeProfile:
+async def _fetch(host: str, port: int, connected: list[bool]) -> NodeProfile:
     reader, writer = await asyncio.open_connection(host, port)
+    connected.append(True)
     try:
         writer.write(MAGIC)
         await writer.drain()

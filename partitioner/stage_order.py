@@ -11,9 +11,12 @@ The trip weighs one decoded token and one prompt position alike: a hop's cost is
 one-position step plus 1/PROMPT_CHUNK of its cost for a PROMPT_CHUNK-position prompt pass. A slow
 link's latency then counts mostly through decoding, its bandwidth mostly through prompts.
 
-Search: every order for up to EXACT_MAX stages (7! = 5,040 orders); beyond, the best of today's
-order and a nearest-neighbour order from every first stage, each improved by segment reversals and
-moves until none helps or IMPROVE_ROUNDS rounds have passed. Orders that put a node where its
+Search: every order for up to EXACT_MAX stages (7! = 5,040 orders); beyond, today's order and the
+IMPROVED_STARTS best of the nearest-neighbour orders from every first stage, each improved by segment
+reversals and moves until none helps or IMPROVE_ROUNDS rounds have passed. (Improving every start
+made one plan cost N^5 key terms: 2.3 s of CPU at 32 stages, and every node plans on every peer's
+update, so a 32-node swarm on a small machine did nothing else.) A hop's cost is computed once per
+pair and direction. Orders that put a node where its
 memory cannot hold the embedding (first) or the head (last) are never taken. Ties keep the order
 that comes first in the search, which starts from today's order: with equal links, plans are
 today's.
@@ -31,6 +34,7 @@ PROMPT_CHUNK = 256
 TOKEN_BYTES = 8  # what goes back to the entry: a token id and its position
 EXACT_MAX = 7
 IMPROVE_ROUNDS = 32
+IMPROVED_STARTS = 3
 # A node is left out for its links only when they cost a token at least this much more than typical ones.
 MIN_GAIN_S = 0.001
 
@@ -46,9 +50,23 @@ class TripCosts:
         self.hops = hops
         self.step_bytes = model.activation_bytes
         self.chunk_bytes = model.activation_bytes * PROMPT_CHUNK
+        self._hops: dict[tuple[str, str, bool], float] = {}
+        self._outs: dict[tuple[str, str, bool], float] = {}
 
     def hop(self, a: str, b: str, to_entry: bool = False) -> float:
-        return self._cost(self.hops.link(a, b), to_entry)
+        key = (a, b, to_entry)
+        cost = self._hops.get(key)
+        if cost is None:
+            cost = self._hops[key] = self._cost(self.hops.link(a, b), to_entry)
+        return cost
+
+    def _out(self, a: str, b: str, back: bool) -> float:
+        """The bottleneck's hop out of a stage: the step's activations, or the token back to the entry."""
+        key = (a, b, back)
+        cost = self._outs.get(key)
+        if cost is None:
+            cost = self._outs[key] = self.hops.seconds(a, b, TOKEN_BYTES if back else self.step_bytes)
+        return cost
 
     def typical_hop(self, to_entry: bool = False) -> float:
         return self._cost(self.hops.typical, to_entry)
@@ -77,8 +95,7 @@ class TripCosts:
         if len(split) < 2:
             return self.compute(*split[0])
         outs = [(split[i][0], split[(i + 1) % len(split)][0], i == len(split) - 1) for i in range(len(split))]
-        return max(self.compute(n, x) + self.hops.seconds(a, b, TOKEN_BYTES if back else self.step_bytes)
-                   for (n, x), (a, b, back) in zip(split, outs))
+        return max(self.compute(n, x) + self._out(a, b, back) for (n, x), (a, b, back) in zip(split, outs))
 
     def fits(self, split: Split) -> bool:
         last = len(split) - 1
@@ -107,7 +124,9 @@ def _exact(split: Split, costs: TripCosts) -> Split:
 
 
 def _bounded(split: Split, costs: TripCosts) -> Split:
-    starts = [list(split)] + [_nearest_neighbour(split, first, costs) for first in range(len(split))]
+    neighbours = [_nearest_neighbour(split, first, costs) for first in range(len(split))]
+    ranked = sorted(range(len(neighbours)), key=lambda i: (costs.key(neighbours[i]), i))  # (ties: first first)
+    starts = [list(split)] + [neighbours[i] for i in ranked[:IMPROVED_STARTS]]
     best, best_key = list(split), costs.key(split)
     for start in starts:
         if not costs.fits(start):
@@ -139,7 +158,10 @@ def _improve(order: Split, costs: TripCosts) -> Split:
             for j in range(i + 1, n):
                 for candidate in (order[:i] + order[i:j + 1][::-1] + order[j + 1:],
                                   order[:i] + order[i + 1:j + 1] + [order[i]] + order[j + 1:]):
-                    cand_key = costs.key(candidate)
+                    ring = costs.ring_hops([node for node, _ in candidate])
+                    if ring > key[0]:
+                        continue  # a longer trip loses whatever its bottleneck (the key's second term)
+                    cand_key = (ring, costs.bottleneck(candidate))
                     if cand_key < key and costs.fits(candidate):
                         order, key, improved = candidate, cand_key, True
         if not improved:

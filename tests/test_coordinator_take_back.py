@@ -67,3 +67,20 @@ def test_nodes_alone_after_leaving_each_other_out_take_each_other_back():
     coord.deadlines.leave_out(["b", "c"])  # the next series: taken back early once only
     coord._take_back_caught_up()
     assert coord.deadlines.left_out() == {"b", "c"}
+
+
+def test_the_same_members_and_links_are_planned_once(monkeypatch):
+    """Every peer event and every wake of the deadline watch plans again, for each node left out: the same
+    members and links make the same plan (the partitioner is pure), computed once."""
+    from swarm.planning import coordinator as coordinator_module
+    made = []
+    make_plan = coordinator_module.make_plan
+    monkeypatch.setattr(coordinator_module, "make_plan", lambda *a, **k: made.append(1) or make_plan(*a, **k))
+    links = {"a": {"b": (0.001, 0.0), "c": (0.009, 0.0)}, "b": {"a": (0.001, 0.0), "c": (0.001, 0.0)}}
+    view = FixedView("a", {"a": {}, "b": {}, "c": {}}, links=links)
+    coord = coordinator(view)
+    plans = {coord._plan_id(set()) for _ in range(5)} | {coord._plan_id({"c"}) for _ in range(5)}
+    assert len(plans) == 2 and len(made) == 2
+    links["a"]["c"] = (0.002, 0.0)  # a link measured anew: planned again
+    coord._plan_id(set())
+    assert len(made) == 3

@@ -15,7 +15,8 @@ from discovery import Discovery, NodeProfile, PeerEvent, fetch_profile, serve_li
 from discovery.memory import measure_memory, parse_size
 from discovery.node_id import load_or_mint_node_id, must_remint
 from discovery.profile import MAX_TXT_ENTRY, MalformedProfile, belongs_to_swarm
-from discovery.profile_exchange import MAGIC, ProfileExchangeError
+from discovery.liveness import LATE_PROBE_FAILURES, FailureCounter
+from discovery.profile_exchange import MAGIC, LateAnswer, ProfileExchangeError
 from discovery.static_peers import parse_peer_address
 from discovery.view import PeerTable
 from helpers import eventually, free_ports, start_static_discovery
@@ -346,5 +347,57 @@ async def test_an_open_node_treats_a_hint_record_as_an_endpoint_to_ask():
         assert d.view() == []
         d._on_mdns_found("o._swarm._tcp.local.", make_profile("o", peer_port=7003), ("127.0.0.1",))
         assert [p.node_id for p in d.view()] == ["o"]  # an open record is still a profile, as before
+    finally:
+        await d.stop()
+
+
+def test_a_late_answer_counts_toward_a_longer_limit_than_a_refusal():
+    counter = FailureCounter(3)
+    assert [counter.record(False) for _ in range(3)] == [False, False, True]  # refused thrice: gone
+    counter = FailureCounter(3)
+    assert not any(counter.record(False, late=True) for _ in range(LATE_PROBE_FAILURES - 1))
+    assert counter.record(False, late=True)  # a process there, but silent for ~12 s: gone too
+    counter = FailureCounter(3)
+    for _ in range(5):
+        counter.record(False, late=True)
+    assert [counter.record(False) for _ in range(3)] == [False, False, True]  # slow, then killed: 3 refusals
+    assert not counter.record(True) and counter.failures == counter.missed == 0
+
+
+async def test_fetch_profile_says_late_only_where_a_process_took_the_connection():
+    async def silent(reader, writer):
+        await asyncio.sleep(5)  # takes the connection, never answers (a node on a machine with no core free)
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        with pytest.raises(LateAnswer):
+            await fetch_profile("127.0.0.1", port, timeout=0.3)
+    finally:
+        server.close()
+    closed = free_ports(1)[0]
+    with pytest.raises(ProfileExchangeError) as refused:
+        await fetch_profile("127.0.0.1", closed, timeout=0.3)
+    assert not isinstance(refused.value, LateAnswer)
+
+
+async def test_a_peer_answering_late_stays_in_the_view_longer_than_a_dead_one():
+    late = {"b": True}
+
+    async def fetch(host: str, port: int, timeout: float) -> NodeProfile:
+        if late["b"]:
+            raise LateAnswer(f"{host}:{port}: no answer in time")
+        raise ProfileExchangeError(f"{host}:{port}: refused")
+
+    d = Discovery(make_profile("a"), mdns=False, fetch_profile=fetch, probe_interval=0.02)
+    await d.start()
+    try:
+        d._on_mdns_found("b._swarm._tcp.local.", make_profile("b", peer_port=7003), ("127.0.0.1",))
+        assert [p.node_id for p in d.view()] == ["b"]
+        await asyncio.sleep(0.02 * 8)  # well past 3 probes, short of LATE_PROBE_FAILURES
+        assert [p.node_id for p in d.view()] == ["b"]
+        late["b"] = False  # now refused: gone after 3 more
+        await eventually(lambda: d.view() == [], timeout=5)
     finally:
         await d.stop()

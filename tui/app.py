@@ -96,6 +96,10 @@ class SwarmTUI(App):
         self.topology = Topology.parse(raw)
         self.query_one(SwarmHeader).set_topology(self.topology)
         self.query_one(NodeTable).set_topology(self.topology)
+        # How many there are, where only a few rows fit (a 32-node swarm at 80x24: the rest by scrolling).
+        stages, idle = len(self.topology.pipeline()), len(self.topology.others())
+        self.query_one("#nodes-box").border_title = \
+            f"{stages + idle} nodes: {stages} stages, {idle} idle (pipeline order)"
 
     def _on_event(self, kind: str, data: dict) -> None:
         name_of = self.topology.name_of if self.topology else (lambda i: i[:8])

@@ -21,6 +21,7 @@ import logging
 import mmap
 import os
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Iterable
 
@@ -63,8 +64,10 @@ class Manifest:
     files: tuple[ModelFile, ...]
     chunks: tuple[Chunk, ...]
 
-    @property
+    @cached_property
     def fingerprint(self) -> str:
+        # Kept (the manifest is frozen): every node compares it with each peer's on every profile and
+        # link-meter tick, and serializing the whole manifest each time grew with peers times chunks.
         return hashlib.sha256(self.to_json().encode()).hexdigest()[:32]
 
     @property

@@ -57,6 +57,8 @@ SUSPICION_RECHECK_S = 0.25  # how often a request waiting out a probe of its bro
 # Plans remembered with their stages, so that a lost stage breaks every request through it, on whichever
 # plan (plan ids recur as members come and go: a swarm makes few distinct plans).
 PLANS_KEPT = 256
+MADE_PLANS_KEPT = 64
+TAKE_BACK_EVERY_S = 0.5  # how often the deadline watch looks for nodes left out that caught up  # the partitioner's answers remembered by their inputs (_make_plan)
 
 
 async def _always_answers(_node: str, _timeout: float) -> bool:
@@ -82,6 +84,7 @@ class Coordinator:
         self.proofs = proofs  # None: every peer's claims are believed (tests of planning alone)
         self.gate = ProofGate(node_id, spec.n_layers, fingerprint, discovery, proofs, weights)
         self.plan: Plan | None = None
+        self._plans: dict[tuple, Plan] = {}  # _make_plan's, by members, strategy and links
         self.before: Plan | None = None  # the last plan seen whole: used while the newest is fetched for
         # Every plan made, newest last (plan id -> its stages): requests may still run on one that is
         # neither of those two, as agreement moves on without breaking them.
@@ -111,7 +114,9 @@ class Coordinator:
                 await self._watch_task
         await self.loader.stop()
 
-    async def on_peer_event(self, event: PeerEvent) -> None:
+    async def on_peer_event(self, event: PeerEvent, replan: bool = True) -> None:
+        """`replan` False: more events follow at once (node.py hands over a burst), and `settle()` after
+        the last plans once for them all."""
         if event.kind in ("join", "leave"):
             self.loader.membership_changed()
             self.events.emit(event.kind, {"node_id": event.node_id, "name": event.profile.name})
@@ -122,6 +127,11 @@ class Coordinator:
         elif event.kind in ("join", "update"):
             self.slow.heard(event.node_id, event.profile.extra.get(PROFILE_FIELD),
                             {p.node_id for p in self.discovery.view()})
+        if replan:
+            await self.settle()
+
+    async def settle(self) -> None:
+        """Plan for the view as it is now, after peer events."""
         await self.replan()
         await self._notify()  # an update may be a peer announcing the plan it now serves
 
@@ -135,7 +145,17 @@ class Coordinator:
     def _make_plan(self, members: list[NodeCapacity]) -> Plan:
         links = members_links(((p.node_id, p.profile) for p in self.discovery.view(include_self=True)),
                               {m.node_id for m in members})
-        return make_plan(self.spec, members, self.strategy, links=links)
+        # The same members and links make the same plan (the partitioner is pure): each peer event and
+        # each wake of the deadline watch asks again, for every node left out, and at 32 nodes a plan
+        # with links that differ costs tens of milliseconds.
+        key = (tuple(members), self.strategy, tuple(sorted(links.items())))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = make_plan(self.spec, members, self.strategy, links=links)
+            if len(self._plans) >= MADE_PLANS_KEPT:
+                self._plans.clear()
+            self._plans[key] = plan
+        return plan
 
     def moves_layers(self, speed: float) -> bool:
         """Whether this node advertising `speed` would change how many layers a node holds (not only
@@ -290,6 +310,7 @@ class Coordinator:
 
     async def _watch_loads(self) -> None:
         """Leave out stages that miss their deadline, and take them back when their time out ends."""
+        taken_at = -TAKE_BACK_EVERY_S
         while True:
             if self.loader.fetching:  # our peers plan us once we hold our layers: until then they are not late
                 self.deadlines.restart_clocks()
@@ -305,6 +326,10 @@ class Coordinator:
                     await asyncio.wait_for(self._changed.wait(), timeout)
                 except asyncio.TimeoutError:
                     pass
+            # At most every TAKE_BACK_EVERY_S: each look plans once per node left out, and a swarm of 32
+            # announces changes many times a second (what changed meanwhile is read after the pause).
+            await asyncio.sleep(max(0.0, taken_at + TAKE_BACK_EVERY_S - time.monotonic()))
+            taken_at = time.monotonic()
             self._take_back_caught_up()
             if self.deadlines.left_out() != was_out:  # a time out ended: try that node again
                 await self.replan()

@@ -42,6 +42,12 @@ class NodeStatus:
         self.api_key = api_key
         self.prompt_chunk = prompt_chunk  # positions per chunk of the prompts this entry sends
         self.speculation = speculation or (lambda: {"mode": "off"})  # what this entry's requests drafted
+        self._blas: str | None = None  # (read once: the process's BLAS does not change, and reading it is not free)
+
+    def blas(self) -> str:
+        if self._blas is None:
+            self._blas = blas_in_use()
+        return self._blas
 
     def can_serve(self) -> tuple[bool, str]:
         return self.coordinator.status()
@@ -58,7 +64,7 @@ class NodeStatus:
         runner, plan, service = self.host.runner, self.coordinator.plan, self.stage_service
         return {"status": "ok" if ok else reason, "security": self.security(), "node_id": self.discovery.node_id,
                 "model": self.model.model_id,
-                "backend": self.backend.kind, "device": self._device(), "blas": blas_in_use(), "plan_id": plan.plan_id if plan else None,
+                "backend": self.backend.kind, "device": self._device(), "blas": self.blas(), "plan_id": plan.plan_id if plan else None,
                 "layers": [runner.range.start, runner.range.end] if runner else None,
                 "weights": runner.shard.weights_run_as if runner else None,
                 "cached_requests": runner.active_requests if runner else 0,
@@ -90,6 +96,7 @@ class NodeStatus:
         return {"max_bytes": runner.prompts.max_bytes, **runner.prompt_stats().to_dict()}
 
     def topology(self) -> dict:
+        self.peer_stats.watched()
         coordinator, discovery, model = self.coordinator, self.discovery, self.model
         plan = coordinator.plan
         can_serve, status = coordinator.status()

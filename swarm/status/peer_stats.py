@@ -3,6 +3,10 @@
 These counters stay in /health for callers without the API key (node_status.py): the poll
 sends no key, since a peer's address may be a stranger's (in a swarm without a secret, anyone
 can put one in the view) and a key sent there would be the stranger's to use.
+
+They are polled only while someone reads the topology (WATCHED_S after its last reading): every node
+polling every peer each second is a request per peer per second per node, which nobody needs when no
+one looks (at 32 nodes, a thousand HTTP requests a second among them).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import aiohttp
 
 log = logging.getLogger(__name__)
 
+WATCHED_S = 10.0
 STAT_KEYS = ("active_requests", "prefilling", "tokens_per_second", "total_requests", "total_tokens", "prompt_cache")  # open in /health
 
 
@@ -23,6 +28,13 @@ class PeerStats:
         self.discovery, self.interval = discovery, interval
         self._stats: dict[str, dict] = {}
         self._task: asyncio.Task | None = None
+        self._asked_at: float | None = None  # the topology's last reading (loop time)
+        self._asked = asyncio.Event()
+
+    def watched(self) -> None:
+        """The topology is being read: poll for the next WATCHED_S (at once, if the polls had stopped)."""
+        self._asked_at = asyncio.get_running_loop().time()
+        self._asked.set()
 
     def get(self, node_id: str) -> dict | None:
         return self._stats.get(node_id)
@@ -39,7 +51,12 @@ class PeerStats:
     async def _loop(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self.interval)
         async with aiohttp.ClientSession(timeout=timeout) as session:
+            loop = asyncio.get_running_loop()
             while True:
+                if self._asked_at is None or loop.time() - self._asked_at > WATCHED_S:
+                    self._stats = {}  # (old counters would show as now's when the next reader comes)
+                    self._asked.clear()
+                    await self._asked.wait()
                 peers = self.discovery.view()
                 results = await asyncio.gather(*(self._poll(session, p) for p in peers))
                 self._stats = {p.node_id: r for p, r in zip(peers, results) if r is not None}

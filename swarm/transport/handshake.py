@@ -118,10 +118,14 @@ def _receive_one(sock: socket.socket, parser: FrameParser | SealedFrameParser, d
 
 # -- outgoing, asyncio: links for a purpose (event loop) --------------------------------------------
 async def dial_stream(address: tuple[str, int], auth: LinkAuth, purpose: str, *, expected_peer: str | None = None,
-                      timeout: float = HANDSHAKE_TIMEOUT, max_payload: int) -> StreamFrameLink:
-    """A link to the node at `address` for `purpose`, authenticated (and sealed) as the lane's are."""
+                      timeout: float = HANDSHAKE_TIMEOUT, max_payload: int,
+                      connected: Callable[[], None] | None = None) -> StreamFrameLink:
+    """A link to the node at `address` for `purpose`, authenticated (and sealed) as the lane's are.
+    `connected`: called once the connection is made (before the handshake)."""
     where = f"{address[0]}:{address[1]}"
     reader, writer = await asyncio.wait_for(asyncio.open_connection(*address), timeout)
+    if connected is not None:
+        connected()
     try:
         steps = DialerHandshake(auth, purpose, expected_peer)
         writer.write(steps.hello())

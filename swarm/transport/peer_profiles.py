@@ -39,16 +39,17 @@ class ProfileFetcher:
         self.auth = auth
 
     async def __call__(self, host: str, port: int, timeout: float) -> NodeProfile:
+        connected: list[bool] = []
         try:
-            return await asyncio.wait_for(self._fetch(host, port, timeout), timeout)
+            return await asyncio.wait_for(self._fetch(host, port, timeout, connected), timeout)
         except ProfileExchangeError:
             raise
         except (asyncio.TimeoutError, OSError, ProtocolError) as exc:
-            raise exchange_error(host, port, exc) from None
+            raise exchange_error(host, port, exc, bool(connected)) from None
 
-    async def _fetch(self, host: str, port: int, timeout: float) -> NodeProfile:
+    async def _fetch(self, host: str, port: int, timeout: float, connected: list[bool]) -> NodeProfile:
         link = await dial_stream((host, port), self.auth, PROFILE_PURPOSE, timeout=timeout,
-                                 max_payload=MAX_PROFILE_BYTES)
+                                 max_payload=MAX_PROFILE_BYTES, connected=lambda: connected.append(True))
         try:
             frame = await link.receive()
         finally:
