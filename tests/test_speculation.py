@@ -108,16 +108,19 @@ def test_prompt_lookup_proposes_what_followed_the_latest_occurrence():
 
 
 def test_prompt_lookup_reads_a_quote_in_order():
-    """Once guesses came from a place, the next come from the occurrence nearest after it, not the latest."""
-    text = [10, 11, 12, 13, 14, 12, 15, 16, 17, 12, 18]  # token 12 three times
+    """Once guesses came from a place, the next come from the nearest occurrence after it, not the latest (of a
+    run of two tokens or more: a lone token is mostly chance)."""
+    text = [10, 11, 12, 13, 14, 20, 12, 15, 16, 17, 20, 12, 18]  # [20, 12] twice, 12 three times
     lookup = PromptLookup()
     history = text + [10]
     assert lookup.drafts(history, 2) == [11, 12]
     history += [11, 12]  # accepted
-    assert lookup.drafts(history, 3) == [13, 14, 12], "the quote goes on"
-    history += [13, 14, 12]
-    assert lookup.drafts(history, 2) == [15, 16], "the 12 nearest after the quote, not the latest (before 18)"
-    assert PromptLookup().drafts(text + [12], 1) == [18], "without a quote under way: the latest"
+    assert lookup.drafts(history, 3) == [13, 14, 20], "the quote goes on"
+    history += [13, 14, 20, 12]
+    assert lookup.drafts(history, 2) == [15, 16], "the [20, 12] nearest after the quote, not the latest"
+    assert PromptLookup().drafts(text + [20, 12], 1) == [18], "without a quote under way: the latest"
+    history += [99, 12]
+    assert lookup.drafts(history, 1) == [99], "a lone token: its latest occurrence (the answer's own 12, then 99)"
 
 
 def test_prompt_lookup_takes_up_a_quote_after_a_changed_word():

@@ -127,7 +127,7 @@ class PromptLookup:
     A quote is read in order: once drafts came from some place, the next ones most likely come from just after
     it, even where the answer changed a word there (a fixed typo, a renamed variable). So the lookup keeps a
     cursor (where the last drafts came from, moved past what the answer repeated of it since) and takes the
-    occurrence nearest after it within NEAR tokens; the latest occurrence anywhere only where none is near."""
+    occurrence nearest after it within NEAR tokens (of a run of two tokens or more; else the latest)."""
 
     NEAR = 64  # tokens after the cursor an occurrence may lie and still count as the quote going on
     STRAY = 4  # tokens the answer may write of its own before the quote is taken up again after them
@@ -151,9 +151,7 @@ class PromptLookup:
                 self._seen[n].setdefault(tuple(history[e - n:e]), []).append(e)
         self._indexed = max(self._indexed, end)
         self._follow(history)
-        at = self._near(history) if self._cursor is not None else None
-        if at is None:
-            at = self._latest(history)
+        at = self._found(history)
         if at is None:
             at = self._after_changed_word(history)
         if at is None:
@@ -173,13 +171,19 @@ class PromptLookup:
                 c += 1
         self._cursor, self._read = c, len(history)
 
-    def _near(self, history: list[int]) -> int | None:
+    def _found(self, history: list[int]) -> int | None:
+        """The place after an earlier occurrence of the longest run of last tokens that occurred: of its
+        occurrences, the nearest after the cursor (a run of two or more), else the latest."""
         end = len(history)
         for n in range(min(NGRAM, end), self.shortest - 1, -1):
-            places = self._seen[n].get(tuple(history[end - n:]), ())
-            i = bisect.bisect_left(places, self._cursor)
-            if i < len(places) and places[i] - self._cursor <= self.NEAR and places[i] < end:
-                return places[i]
+            places = self._seen[n].get(tuple(history[end - n:]))
+            if not places:
+                continue
+            if self._cursor is not None and n >= 2:  # (a lone token is common: a near one is mostly chance)
+                i = bisect.bisect_left(places, self._cursor)
+                if i < len(places) and places[i] - self._cursor <= self.NEAR:
+                    return places[i]
+            return places[-1]
         return None
 
     def _after_changed_word(self, history: list[int]) -> int | None:
@@ -194,14 +198,6 @@ class PromptLookup:
         for p in range(c + 1, min(c + 1 + 2 * self.STRAY, len(history) - stray)):
             if history[p] in self.word_starts:
                 return p
-        return None
-
-    def _latest(self, history: list[int]) -> int | None:
-        end = len(history)
-        for n in range(min(NGRAM, end), self.shortest - 1, -1):
-            places = self._seen[n].get(tuple(history[end - n:]))
-            if places:
-                return places[-1]
         return None
 
 
