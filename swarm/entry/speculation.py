@@ -6,11 +6,11 @@ guesses it drew itself (engine/draft_check.py), so each accepted guess saves a t
 what steps of one token give. This module is the one place that knows where guesses come from, how many
 to make, and what came of them; the stages and the wire only carry and check them.
 
-Guesses come from prompt lookup (llama.cpp's lookup decoding, vLLM's n-gram proposer): the last 3 (then
-2, then 1) tokens of the prompt and answer so far, an earlier occurrence of them, and the tokens that
-followed it. Strong where answers quote their input (rewrites, edits, extraction), idle on free text. A
-quote is read in order, so the occurrence taken is the one nearest after where the last guesses came
-from, and after a word the answer changed (a typo fixed, a name replaced) the guesses go on from the
+Guesses come from prompt lookup (llama.cpp's lookup decoding, vLLM's n-gram proposer): the last 3 (then 2,
+then 1) tokens of the prompt and answer so far, an earlier occurrence of them, and the tokens that followed
+it. Strong where answers quote their input (rewrites, edits, extraction), idle on free text. A quote is read
+in order, so the occurrence of a run of two or more taken is the one nearest after where the last guesses
+came from, and after a word the answer changed (a typo fixed, a name replaced) the guesses go on from the
 quote's next word (PromptLookup).
 Or from a draft model (`--draft-model`, draft_model.py): a small model of the same tokenizer, whose greedy
 tokens are the guesses, on free text too. `auto` with a draft model asks lookup first and takes its guesses
