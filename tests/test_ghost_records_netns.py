@@ -161,7 +161,8 @@ def test_a_node_that_fetches_its_layers_during_a_flood_of_ghosts_is_planned_once
         print(f"\nthe fetching node was planned {time.monotonic() - started:.0f} s after it started, beside "
               f"{len(top['nodes']) - 3} ghosts in the view")
         joined = next(n for n in cluster.nodes[2].topology()["nodes"] if n["self"])
-        assert joined["fetch"]["state"] == "done" and joined["holds"], joined
+        # (it holds what it fetched; a re-plan after the one checked may have it fetching more layers already)
+        assert joined["fetch"]["state"] in ("done", "fetching") and joined["holds"], joined
         status, reply = cluster.nodes[2].post("/v1/chat/completions", SAMPLE_QUESTION, timeout=120)
         assert status == 200, reply
         status, before = cluster.nodes[0].post("/v1/chat/completions", SAMPLE_QUESTION, timeout=120)
