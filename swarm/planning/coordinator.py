@@ -57,8 +57,8 @@ SUSPICION_RECHECK_S = 0.25  # how often a request waiting out a probe of its bro
 # Plans remembered with their stages, so that a lost stage breaks every request through it, on whichever
 # plan (plan ids recur as members come and go: a swarm makes few distinct plans).
 PLANS_KEPT = 256
-MADE_PLANS_KEPT = 64
-TAKE_BACK_EVERY_S = 0.5  # how often the deadline watch looks for nodes left out that caught up  # the partitioner's answers remembered by their inputs (_make_plan)
+MADE_PLANS_KEPT = 64  # the partitioner's answers remembered by their inputs (_make_plan)
+TAKE_BACK_EVERY_S = 0.5  # how often the deadline watch looks for nodes left out that caught up
 
 
 async def _always_answers(_node: str, _timeout: float) -> bool:
