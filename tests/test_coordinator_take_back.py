@@ -54,7 +54,7 @@ def test_the_odd_one_out_takes_back_the_nodes_that_agree_on_a_plan_without_it():
 def test_nodes_alone_after_leaving_each_other_out_take_each_other_back():
     """Three nodes that timed out on each other at different moments each serve a plan of their own: no
     plan has more nodes than another, and each retry met another's time out. A node alone takes back every
-    node it left out that serves a plan, once per series."""
+    node it left out that serves a plan, at most once per first time out."""
     view = FixedView("a", {"a": {}, "b": {}, "c": {}})
     coord = coordinator(view)
     coord.plan = coord._make_plan(coord.members({"b", "c"}))
@@ -64,7 +64,7 @@ def test_nodes_alone_after_leaving_each_other_out_take_each_other_back():
     view.extras["b"], view.extras["c"] = {"plan": "b-alone"}, {"plan": "c-alone"}
     coord._take_back_caught_up()
     assert coord.deadlines.left_out() == set()
-    coord.deadlines.leave_out(["b", "c"])  # the next series: taken back early once only
+    coord.deadlines.leave_out(["b", "c"])  # again at once: not taken back early twice in a first time out
     coord._take_back_caught_up()
     assert coord.deadlines.left_out() == {"b", "c"}
 

@@ -191,6 +191,56 @@ async def test_claims_seen_together_are_asked_in_no_order_their_ids_choose():
         await proofs.stop()
 
 
+async def test_a_finished_challenge_frees_its_place_for_the_next_at_once():
+    """With every place in flight taken, the end of one challenge starts the next: nothing else need
+    wake the loop (its place was freed only after the loop had looked, and the queue stalled until
+    the view changed)."""
+    asked: list[str] = []
+
+    async def challenge_(claim: Claim) -> None:
+        asked.append(claim.node_id)
+        raise ProofFailed("refused")
+
+    async def on_change() -> None:
+        pass
+
+    proofs = LayerProofs(challenge_, on_change, rate_per_s=200.0, max_in_flight=1)
+    proofs.start()
+    try:
+        proofs.consider([Claim(f"c{i}", "i", (0, 6)) for i in range(5)])
+        await asyncio.wait_for(_until(lambda: len(asked) == 5), TIMEOUT)
+    finally:
+        await proofs.stop()
+
+
+async def test_peers_that_served_us_checked_weights_are_asked_before_a_flood_seen_with_them():
+    """A node that fetched its layers meets its swarm together with 200 records claiming the model: the
+    peers whose chunks passed its checks are asked first, so it plans with them at once and is not left
+    out by them while it works through the flood."""
+    asked: list[str] = []
+
+    async def challenge_(claim: Claim) -> None:
+        asked.append(claim.node_id)
+        if not claim.node_id.startswith("honest"):
+            raise ProofFailed("refused")
+
+    async def on_change() -> None:
+        pass
+
+    proofs = LayerProofs(challenge_, on_change, rate_per_s=200.0, max_in_flight=1)
+    proofs.start()
+    try:
+        claims = [Claim("honest-0", "i", (0, 6)), Claim("honest-1", "i", (0, 6))]
+        claims += [Claim(f"ghost-{i:03d}", "i", (0, 6)) for i in range(200)]
+        proofs.prefer(["honest-0", "honest-1"])
+        proofs.consider(claims)
+        await asyncio.wait_for(_until(lambda: len(asked) >= 4), TIMEOUT)
+        assert set(asked[:2]) == {"honest-0", "honest-1"}, asked[:4]
+        assert proofs.proven("honest-0", "i") and proofs.proven("honest-1", "i")
+    finally:
+        await proofs.stop()
+
+
 async def test_a_new_claim_is_proved_while_the_proof_before_keeps_the_node_planned():
     results: dict[tuple[int, int], bool] = {(0, 3): True, (0, 6): False}
     asked: list[tuple[int, int]] = []

@@ -211,6 +211,7 @@ def build_serving(cfg: NodeConfig, peers: PeerSide, worker: MlxWorker, model: Lo
         await coordinator.replan()
 
     proofs = LayerProofs(peers.prove, proofs_changed)
+    peers.weights.served_us = proofs.prefer  # peers whose chunks passed our checks are asked first
     coordinator = Coordinator(node_id, spec, model.fingerprint, discovery, host, events, strategy=cfg.strategy,
                               recovery_timeout=cfg.recovery_timeout, weights=peers.weights, proofs=proofs,
                               probe=probes.probe)

@@ -297,7 +297,7 @@ class Coordinator:
                 sum(map(len, serving.values())) == len(out):
             # Alone, and every node we left out serves a plan without us: each of them may be alone too
             # (they timed out on each other at different moments), and each retry would meet the others'
-            # time outs. Alone, we take them all back at once (once per series), as they do.
+            # time outs. Alone, we take them all back at once (at most once a first time out), as they do.
             for nodes in serving.values():
                 for node in nodes:
                     self.deadlines.take_back(node)

@@ -13,6 +13,10 @@ Bounded work whatever the number of claimants: challenges start at most RATE_PER
 MAX_BACKOFF_S, and the order is renewals first, then candidates by fewest failures, newest first
 (a node that just joined is not queued behind a flood of records that keep failing), and those seen
 together in a random order (a record cannot buy an earlier challenge with the node id it picks).
+Peers whose weight chunks passed this node's checks go before the others with as few failures
+(`prefer`): a node that fetched its layers meets the swarm and any flood of records at once, and
+its peers, which plan it as soon as it proves itself to them, leave it out if it takes the flood's
+time to plan them back.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ class LayerProofs:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._in_flight: set[asyncio.Task] = set()
+        self._preferred: set[str] = set()
         self.started = self.passed = self.failed = 0
 
     # -- what planning asks ------------------------------------------------------------------------
@@ -103,6 +108,12 @@ class LayerProofs:
         if due:
             self._wake.set()
 
+    def prefer(self, node_ids: list[str]) -> None:
+        """These peers served us weight chunks that passed our checks: ask them before unknown claims."""
+        if not set(node_ids) <= self._preferred:
+            self._preferred.update(node_ids)
+            self._wake.set()
+
     def status(self) -> dict:
         now = self.clock()
         return {"proven": sum(r.proven_until > now for r in self._records.values()),
@@ -131,8 +142,10 @@ class LayerProofs:
         due = [r for r in self._records.values() if self._needs_asking(r, now) and now - r.last_seen < FORGET_AFTER_S]
         if not due:
             return None
-        # Renewals of nodes planned now first, then the fewest failures, the newest first.
-        return min(due, key=lambda r: (r.proven_until <= now, r.failures, -r.first_seen, r.draw))
+        # Renewals of nodes planned now first, then the fewest failures, peers that served us checked
+        # weights, the newest first.
+        return min(due, key=lambda r: (r.proven_until <= now, r.failures, r.claim.node_id not in self._preferred,
+                                       -r.first_seen, r.draw))
 
     def _next_wake(self, now: float) -> float | None:
         times = []
@@ -194,6 +207,8 @@ class LayerProofs:
                 log.info("node %s proved it holds layers [%d, %d)", claim.node_id, *claim.holds)
         finally:
             record.in_flight = False
+            # Out of the in-flight set before the wake: a done callback runs only after the loop looked.
+            self._in_flight.discard(asyncio.current_task())
             self._wake.set()
         if self.proven(claim.node_id, claim.instance) != was:
             await self.on_change()

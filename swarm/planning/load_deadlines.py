@@ -17,8 +17,11 @@ record. This node never leaves itself out.
 Each node keeps its own records, so on a loaded machine two nodes could leave each other out at
 different times and then never agree again (each sees the other serve a plan without it; seen in
 a CI run at load 13). So a node left out that announces the very plan we would make with it back
-in has caught up with our view: the coordinator takes it back at once (`take_back`), once per
-series of time outs, since a liar that knows our plan's id could announce it too.
+in has caught up with our view: the coordinator takes it back at once (`take_back`). At most once
+per FIRST_OUT_S, since a liar that knows our plan's id could announce it too: it costs one short
+deadline in that time. Once per series of time outs was not enough: two nodes whose time outs of
+each other had grown apart each took the other back once, then met only when both ended, which
+they no longer did together (seen in a CI run with a node joining beside 200 ghost records).
 
 Event loop only (planning/coordinator.py). Time is the monotonic clock.
 """
@@ -44,7 +47,7 @@ MAX_OUT_S = 600.0
 class _Record:
     strikes: int = 0
     out_until: float = 0.0
-    taken_back: bool = False  # its time out was ended early once: never again until it serves our plan
+    taken_back_at: float = float("-inf")  # when its time out was last ended early
 
 
 @dataclass(frozen=True)
@@ -127,11 +130,11 @@ class LoadDeadlines:
 
     def take_back(self, node: str) -> bool:
         """End `node`'s time out now (it announces the plan we would make with it in); False if it is not
-        out, or was taken back early before without serving our plan since."""
+        out, or was taken back early less than a first time out ago without serving our plan since."""
         record, now = self._records.get(node), self.clock()
-        if record is None or record.out_until <= now or record.taken_back:
+        if record is None or record.out_until <= now or now - record.taken_back_at < self.first_out_s:
             return False
-        record.out_until, record.taken_back = now, True
+        record.out_until, record.taken_back_at = now, now
         log.info("node %s announces the plan we would make with it: taken back before its time out ends", node)
         return True
 

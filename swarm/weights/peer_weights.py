@@ -73,11 +73,13 @@ Publish = Callable[[FetchStatus], Awaitable[None]]
 
 class PeerWeights:
     def __init__(self, worker: MlxWorker, open_link: OpenLink, holders_of: Callable[[str], list[str]],
-                 publish: Publish | None = None, store: ChunkStore | None = None) -> None:
+                 publish: Publish | None = None, store: ChunkStore | None = None,
+                 served_us: Callable[[list[str]], None] | None = None) -> None:
         """`holders_of(fingerprint)`: the peers whose profile names that model; `store`: what this node
-        holds, None until it knows its model (a fetching node learns it from peers: `hold`)."""
+        holds, None until it knows its model (a fetching node learns it from peers: `hold`);
+        `served_us(peers)`: after a fetch, the peers whose chunks passed the checks."""
         self.worker, self.open_link, self.holders_of = worker, open_link, holders_of
-        self.publish = publish
+        self.publish, self.served_us = publish, served_us
         self.store = store
         self.status = FetchStatus()
         self._received_before = 0
@@ -152,6 +154,8 @@ class PeerWeights:
             raise
         self._on_progress(report.progress)
         self.status.state, self.status.error = "done", ""
+        if self.served_us is not None:
+            self.served_us([holder for holder, n in report.per_holder.items() if n > 0])
         log.info("fetched %s: %.1f MB in %.1f s (%.0f MB/s) from %s", what, report.progress.done_bytes / 1e6,
                  report.seconds, report.progress.done_bytes / 1e6 / max(report.seconds, 1e-9),
                  ", ".join(f"{h} {b / 1e6:.0f} MB" for h, b in sorted(report.per_holder.items())) or "nobody")
