@@ -20,8 +20,8 @@ a CI run at load 13). So a node left out that announces the very plan we would m
 in has caught up with our view: the coordinator takes it back at once (`take_back`). At most once
 per FIRST_OUT_S, since a liar that knows our plan's id could announce it too: it costs one short
 deadline in that time. Once per series of time outs was not enough: two nodes whose time outs of
-each other had grown apart each took the other back once, then met only when both ended, which
-they no longer did together (seen in a CI run with a node joining beside 200 ghost records).
+each other had grown apart (a node that joined beside a flood of records proved its peers late)
+each took the other back once, then could meet only where both time outs ended together.
 
 Event loop only (planning/coordinator.py). Time is the monotonic clock.
 """

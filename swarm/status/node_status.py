@@ -8,6 +8,7 @@ layers and connections are for those with the key.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Callable
 
@@ -42,12 +43,11 @@ class NodeStatus:
         self.api_key = api_key
         self.prompt_chunk = prompt_chunk  # positions per chunk of the prompts this entry sends
         self.speculation = speculation or (lambda: {"mode": "off"})  # what this entry's requests drafted
-        self._blas: str | None = None  # (read once: the process's BLAS does not change, and reading it is not free)
 
+    @functools.cached_property
     def blas(self) -> str:
-        if self._blas is None:
-            self._blas = blas_in_use()
-        return self._blas
+        """Read once: the process's BLAS does not change, and reading it is not free."""
+        return blas_in_use()
 
     def can_serve(self) -> tuple[bool, str]:
         return self.coordinator.status()
@@ -64,7 +64,7 @@ class NodeStatus:
         runner, plan, service = self.host.runner, self.coordinator.plan, self.stage_service
         return {"status": "ok" if ok else reason, "security": self.security(), "node_id": self.discovery.node_id,
                 "model": self.model.model_id,
-                "backend": self.backend.kind, "device": self._device(), "blas": self.blas(), "plan_id": plan.plan_id if plan else None,
+                "backend": self.backend.kind, "device": self._device(), "blas": self.blas, "plan_id": plan.plan_id if plan else None,
                 "layers": [runner.range.start, runner.range.end] if runner else None,
                 "weights": runner.shard.weights_run_as if runner else None,
                 "cached_requests": runner.active_requests if runner else 0,
