@@ -22,11 +22,9 @@ drew itself at that position (from the request's own (seed, position) key), so w
 target's draws whatever the guesses, and a sampled guess would only match less often. (The min(1, p/q)
 rule of speculative sampling is for drafts drawn at random from the draft model; these are not.)
 
-How many: a step carries 1, 3 or 7 drafts, so a pass computes 2, 4 or 8 positions: the widths matrix
-kernels tile by (on this CPU's OpenBLAS a pass of 4 positions costs what a pass of one does, one of 3
-costs 1.29x: benchmarks/verify_pass_cost.py). Each request starts at START_DRAFTS, goes to the next
-width after a step whose drafts were all accepted (up to MAX_DRAFTS), to the one before after a step
-whose first draft was not. Where guessing does not pay (nothing to
+How many: each request starts at START_DRAFTS, doubles after a step whose drafts were all accepted (up to
+MAX_DRAFTS: a quote under way, or an answer that repeats itself, is mostly long), halves after one whose
+first draft was not. Where guessing does not pay (nothing to
 look up, or nothing accepted, MISSES steps in a row) a request stops guessing for a while (QUIET_STEPS,
 doubling up to MAX_QUIET_STEPS while it keeps missing): its steps then run ahead as plain steps do
 (run_ahead.py), which a step with drafts does not (its next position depends on what was accepted).
@@ -58,9 +56,9 @@ class DraftModels(Protocol):
 
 log = logging.getLogger(__name__)
 
-DRAFT_COUNTS = (1, 3, 7)  # drafts a step carries: passes of 2, 4 or 8 positions
-START_DRAFTS = 3
-MAX_DRAFTS = DRAFT_COUNTS[-1]
+START_DRAFTS = 4
+MAX_DRAFTS = 8
+MIN_DRAFTS = 1
 NGRAM = 3  # longest run of last tokens looked up
 MISSES = 4  # steps in a row without an accepted draft before a pause
 QUIET_STEPS = 8
@@ -261,11 +259,10 @@ class Speculation:
         c = self.counts
         c.steps, c.proposed, c.accepted, c.tokens = c.steps + 1, c.proposed + drafted, c.accepted + accepted, \
             c.tokens + accepted + 1
-        i = DRAFT_COUNTS.index(self.k)
         if accepted == drafted:
-            self.k = DRAFT_COUNTS[min(i + 1, len(DRAFT_COUNTS) - 1)]
+            self.k = min(MAX_DRAFTS, 2 * self.k)
         elif accepted == 0:
-            self.k = DRAFT_COUNTS[max(i - 1, 0)]
+            self.k = max(MIN_DRAFTS, self.k // 2)
         if accepted:
             self._misses, self._quiet_next = 0, QUIET_STEPS
         else:
