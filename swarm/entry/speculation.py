@@ -22,9 +22,8 @@ drew itself at that position (from the request's own (seed, position) key), so w
 target's draws whatever the guesses, and a sampled guess would only match less often. (The min(1, p/q)
 rule of speculative sampling is for drafts drawn at random from the draft model; these are not.)
 
-How many: each request starts at START_DRAFTS, doubles after a step whose drafts were all accepted (up to
-MAX_DRAFTS: a quote under way, or an answer that repeats itself, is mostly long), halves after one whose
-first draft was not. Where guessing does not pay (nothing to
+How many: each request starts at START_DRAFTS, grows by two after a step whose drafts were all accepted
+(up to MAX_DRAFTS), halves after one whose first draft was not. Where guessing does not pay (nothing to
 look up, or nothing accepted, MISSES steps in a row) a request stops guessing for a while (QUIET_STEPS,
 doubling up to MAX_QUIET_STEPS while it keeps missing): its steps then run ahead as plain steps do
 (run_ahead.py), which a step with drafts does not (its next position depends on what was accepted).
@@ -260,7 +259,7 @@ class Speculation:
         c.steps, c.proposed, c.accepted, c.tokens = c.steps + 1, c.proposed + drafted, c.accepted + accepted, \
             c.tokens + accepted + 1
         if accepted == drafted:
-            self.k = min(MAX_DRAFTS, 2 * self.k)
+            self.k = min(MAX_DRAFTS, self.k + 2)
         elif accepted == 0:
             self.k = max(MIN_DRAFTS, self.k // 2)
         if accepted:
