@@ -136,20 +136,28 @@ def test_holds_is_a_layer_range_of_the_model():
         assert parse_holds(bad, 6) is None, bad
 
 
+def recording(asked: list[str], honest: str | None = None):
+    """A challenge that notes whom it asked; only node ids starting with `honest` prove."""
+    async def challenge_(claim: Claim) -> None:
+        asked.append(claim.node_id)
+        if honest is None or not claim.node_id.startswith(honest):
+            raise ProofFailed("refused")
+    return challenge_
+
+
+async def no_change() -> None:
+    pass
+
+
 async def test_proofs_pass_fail_back_off_and_start_at_a_capped_rate(monkeypatch):
     monkeypatch.setattr(layer_proofs, "FIRST_BACKOFF_S", 60.0)
     asked: list[str] = []
     changed = asyncio.Event()
 
-    async def challenge_(claim: Claim) -> None:
-        asked.append(claim.node_id)
-        if not claim.node_id.startswith("honest"):
-            raise ProofFailed("refused")
-
     async def on_change() -> None:
         changed.set()
 
-    proofs = LayerProofs(challenge_, on_change, rate_per_s=20.0)
+    proofs = LayerProofs(recording(asked, "honest"), on_change, rate_per_s=20.0)
     proofs.start()
     try:
         ghosts = [Claim(f"ghost{i}", "i", (0, 6)) for i in range(100)]
@@ -172,15 +180,7 @@ async def test_proofs_pass_fail_back_off_and_start_at_a_capped_rate(monkeypatch)
 async def test_claims_seen_together_are_asked_in_no_order_their_ids_choose():
     """The view lists records by node id; a flood whose ids sort low must not go before the rest."""
     asked: list[str] = []
-
-    async def challenge_(claim: Claim) -> None:
-        asked.append(claim.node_id)
-        raise ProofFailed("refused")
-
-    async def on_change() -> None:
-        pass
-
-    proofs = LayerProofs(challenge_, on_change, rate_per_s=200.0)
+    proofs = LayerProofs(recording(asked), no_change, rate_per_s=200.0)
     proofs.start()
     try:
         claims = [Claim(f"{i:04d}", "i", (0, 6)) for i in range(30)]
@@ -196,15 +196,7 @@ async def test_a_finished_challenge_frees_its_place_for_the_next_at_once():
     wake the loop (its place was freed only after the loop had looked, and the queue stalled until
     the view changed)."""
     asked: list[str] = []
-
-    async def challenge_(claim: Claim) -> None:
-        asked.append(claim.node_id)
-        raise ProofFailed("refused")
-
-    async def on_change() -> None:
-        pass
-
-    proofs = LayerProofs(challenge_, on_change, rate_per_s=200.0, max_in_flight=1)
+    proofs = LayerProofs(recording(asked), no_change, rate_per_s=200.0, max_in_flight=1)
     proofs.start()
     try:
         proofs.consider([Claim(f"c{i}", "i", (0, 6)) for i in range(5)])
@@ -218,16 +210,7 @@ async def test_peers_that_served_us_checked_weights_are_asked_before_a_flood_see
     peers whose chunks passed its checks are asked first, so it plans with them at once and is not left
     out by them while it works through the flood."""
     asked: list[str] = []
-
-    async def challenge_(claim: Claim) -> None:
-        asked.append(claim.node_id)
-        if not claim.node_id.startswith("honest"):
-            raise ProofFailed("refused")
-
-    async def on_change() -> None:
-        pass
-
-    proofs = LayerProofs(challenge_, on_change, rate_per_s=200.0, max_in_flight=1)
+    proofs = LayerProofs(recording(asked, "honest"), no_change, rate_per_s=200.0, max_in_flight=1)
     proofs.start()
     try:
         claims = [Claim("honest-0", "i", (0, 6)), Claim("honest-1", "i", (0, 6))]
