@@ -46,30 +46,45 @@ def balanced_split(
 ) -> Optional[list[tuple[str, int]]]:
     """(node_id, n_layers) in stage order, or None if the nodes cannot hold the model."""
     order = sorted(nodes, key=fastest_first)
-    budget = _least_bottleneck(model, order, clock)
+    caps = _MemoryCaps(model, order)
+    budget = _least_bottleneck(model, order, clock, caps)
     if budget is None:
         return None
-    return pipeline_order(_best_assignment(model, order, clock, budget))
+    return pipeline_order(_best_assignment(model, order, clock, budget, caps))
 
 
-def _cap(model: ModelSpec, node: NodeCapacity, role: Role, clock: Clock, budget: Optional[int]) -> int:
+class _MemoryCaps:
+    """Most layers each node can hold in each role, by memory alone (computed once per split: the
+    searches below ask for them once per node, role and candidate budget)."""
+
+    def __init__(self, model: ModelSpec, order: Sequence[NodeCapacity]):
+        self._caps = {(node.node_id, role): min(max_layers_in_memory(model, node, role.is_first, role.is_last),
+                                                model.n_layers)
+                      for node in order for role in PLACING_ROLES}
+
+    def of(self, node: NodeCapacity, role: Role) -> int:
+        return self._caps[node.node_id, role]
+
+
+def _cap(node: NodeCapacity, role: Role, clock: Clock, budget: Optional[int], caps: _MemoryCaps) -> int:
     """Most layers `node` can take in `role` without breaking memory or the time budget."""
-    cap = min(max_layers_in_memory(model, node, role.is_first, role.is_last), model.n_layers)
+    cap = caps.of(node, role)
     if budget is not None:
         cap = min(cap, clock.max_layers_within(node.node_id, budget, alone=role is Role.ALONE))
     return cap
 
 
-def _feasible(model: ModelSpec, order: Sequence[NodeCapacity], clock: Clock, budget: Optional[int]) -> bool:
+def _feasible(model: ModelSpec, order: Sequence[NodeCapacity], clock: Clock, budget: Optional[int],
+              caps: _MemoryCaps) -> bool:
     """Can every stage finish within `budget` ticks (None: no time limit)?"""
     n = model.n_layers
-    if any(_cap(model, node, Role.ALONE, clock, budget) >= n for node in order):
+    if any(_cap(node, Role.ALONE, clock, budget, caps) >= n for node in order):
         return True
     if n < 2:  # a first and a last stage take a layer each
         return False
-    middle = [max(_cap(model, node, Role.MIDDLE, clock, budget), 0) for node in order]
-    first = [_cap(model, node, Role.FIRST, clock, budget) for node in order]
-    last = [_cap(model, node, Role.LAST, clock, budget) for node in order]
+    middle = [max(_cap(node, Role.MIDDLE, clock, budget, caps), 0) for node in order]
+    first = [_cap(node, Role.FIRST, clock, budget, caps) for node in order]
+    last = [_cap(node, Role.LAST, clock, budget, caps) for node in order]
     total_middle = sum(middle)
     for f in range(len(order)):
         if first[f] < 1:
@@ -82,8 +97,9 @@ def _feasible(model: ModelSpec, order: Sequence[NodeCapacity], clock: Clock, bud
     return False
 
 
-def _least_bottleneck(model: ModelSpec, order: Sequence[NodeCapacity], clock: Clock) -> Optional[int]:
-    if not _feasible(model, order, clock, None):
+def _least_bottleneck(model: ModelSpec, order: Sequence[NodeCapacity], clock: Clock,
+                      caps: _MemoryCaps) -> Optional[int]:
+    if not _feasible(model, order, clock, None, caps):
         return None
     # The optimum is the time of some stage: some node running some layer count.
     candidates = sorted(
@@ -97,7 +113,7 @@ def _least_bottleneck(model: ModelSpec, order: Sequence[NodeCapacity], clock: Cl
     lo, hi = 0, len(candidates) - 1  # candidates[hi] covers every stage, so it is feasible
     while lo < hi:
         mid = (lo + hi) // 2
-        if _feasible(model, order, clock, candidates[mid]):
+        if _feasible(model, order, clock, candidates[mid], caps):
             hi = mid
         else:
             lo = mid + 1
@@ -105,24 +121,28 @@ def _least_bottleneck(model: ModelSpec, order: Sequence[NodeCapacity], clock: Cl
 
 
 State = tuple[int, bool, bool]  # layers placed so far, first taken, last taken
+# (role, layers, stage ticks, takes the first place, takes the last, alone): a role's flags read once,
+# not once per state of the search below.
+Option = tuple[Role, int, int, bool, bool, bool]
 
 
-def _options(model: ModelSpec, node: NodeCapacity, clock: Clock, budget: int) -> list[tuple[Role, int, int]]:
-    """Every (role, layers, stage ticks) the node may take within memory and the budget."""
-    options = [(Role.IDLE, 0, 0)]
+def _options(model: ModelSpec, node: NodeCapacity, clock: Clock, budget: int, caps: _MemoryCaps) -> list[Option]:
+    """Every (role, layers, stage ticks, ...) the node may take within memory and the budget."""
+    options: list[Option] = [(Role.IDLE, 0, 0, False, False, False)]
     for role in PLACING_ROLES:
         alone = role is Role.ALONE
-        for x in range(1, _cap(model, node, role, clock, budget) + 1):
+        for x in range(1, _cap(node, role, clock, budget, caps) + 1):
             if not alone or x == model.n_layers:
-                options.append((role, x, clock.stage_ticks(node.node_id, x, alone=alone)))
+                options.append((role, x, clock.stage_ticks(node.node_id, x, alone=alone),
+                                role.is_first, role.is_last, alone))
     return options
 
 
 def _best_assignment(
-    model: ModelSpec, order: Sequence[NodeCapacity], clock: Clock, budget: int
+    model: ModelSpec, order: Sequence[NodeCapacity], clock: Clock, budget: int, caps: _MemoryCaps
 ) -> list[tuple[str, Role, int]]:
     n = model.n_layers
-    options = [_options(model, node, clock, budget) for node in order]
+    options = [_options(model, node, clock, budget, caps) for node in order]
 
     # Ideal share of node i is n * w[i] / w_sum, w[i] proportional to 1/speed;
     # scaled by w_sum, its distance from x layers is an exact integer.
@@ -135,23 +155,22 @@ def _best_assignment(
     choice: list[dict[State, tuple[Role, int]]] = [{} for _ in order]
     for i in reversed(range(len(order))):
         here: dict[State, tuple[int, int]] = {}
+        share = n * w[i]
         for placed in range(n + 1):
             for has_first in (False, True):
                 for has_last in (False, True):
                     best = None
-                    for role, x, ticks in options[i]:
+                    for role, x, ticks, is_first, is_last, alone in options[i]:
                         if placed + x > n:
                             continue
-                        if (role.is_first and has_first) or (role.is_last and has_last):
+                        if (is_first and has_first) or (is_last and has_last):
                             continue
-                        if role is Role.ALONE and placed != 0:
+                        if alone and placed != 0:
                             continue
-                        after = (placed + x, has_first or role.is_first, has_last or role.is_last)
-                        rest = value.get(after)
+                        rest = value.get((placed + x, has_first or is_first, has_last or is_last))
                         if rest is None:
                             continue
-                        deviation = abs(x * w_sum - n * w[i])
-                        key = (rest[0] + deviation, rest[1] + ticks, role, -x)
+                        key = (rest[0] + abs(x * w_sum - share), rest[1] + ticks, role, -x)
                         if best is None or key < best:
                             best = key
                     if best is not None:

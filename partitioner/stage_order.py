@@ -116,8 +116,11 @@ def best_order(split: Split, costs: TripCosts) -> Split:
 def _exact(split: Split, costs: TripCosts) -> Split:
     best, best_key = list(split), costs.key(split)
     for order in permutations(split):
+        ring = costs.ring_hops([node for node, _ in order])
+        if ring > best_key[0]:
+            continue  # a longer trip loses whatever its bottleneck (the key's second term)
         candidate = list(order)
-        key = costs.key(candidate)
+        key = (ring, costs.bottleneck(candidate))
         if key < best_key and costs.fits(candidate):
             best, best_key = candidate, key
     return best
