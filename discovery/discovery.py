@@ -4,7 +4,8 @@ Sources of knowledge, all funnelled into one PeerTable:
   * mDNS (unless mdns=False): announcements and TXT updates of other nodes;
     an mDNS goodbye is an immediate leave.
   * liveness: every admitted peer is asked for its profile every
-    `probe_interval`; `probe_failures` failures in a row is a leave (< 3 s).
+    `probe_interval` (rounds space out beyond 15 peers: liveness.PROBES_PER_S);
+    `probe_failures` failures in a row is a leave (< 3 s up to 15 peers).
   * endpoint polling: static peers, and mDNS peers declared gone, are asked
     for their profile every `probe_interval` until they answer; one that keeps
     failing is asked less and less often, and only so many per round
@@ -270,7 +271,8 @@ class Discovery:
             live_keys = {(p.node_id, p.profile.instance) for p in self._table.peers.values()}
             for key in set(self._failures) - live_keys:
                 del self._failures[key]
-            await asyncio.sleep(max(0.0, self._interval - (loop.time() - started)))
+            await asyncio.sleep(max(0.0, liveness.round_interval(self._interval, len(peers))
+                                    - (loop.time() - started)))
 
     async def _check(self, peer: PeerInfo) -> bool | str | None:
         """Alive, gone, LATE (a process took the connection but did not answer in time), or None: this node is out of descriptors or memory, which says nothing of the peer

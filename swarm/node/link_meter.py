@@ -3,11 +3,16 @@
 Every peer in the view that serves our model and could be planned (its layers proved, where they are
 checked) could be handed our activations, so each is pinged
 (transport/ping_messages.py) on the data link the lane holds to it (the one activations take: sealed in
-a closed swarm, and held by the frame-hold switch like any frame), about every PING_EVERY_S; pings 4-6
+a closed swarm, and held by the frame-hold switch like any frame), about every PING_EVERY_S, or less often
+with more peers than PINGS_PER_S * PING_EVERY_S: a node sends at most about PINGS_PER_S pings a second
+whatever the swarm's size (every node pinging every peer costs the machines of a large swarm a share
+of their cores that grows with it, and a link changes slowly); pings 4-6
 and every BW_EVERY-th carry PAD_BYTES of padding, which gives the link's bandwidth (a bounded probe:
 link_estimate.py). A peer that does not answer within PONG_TIMEOUT_S is asked less and less often
 (up to MAX_EVERY_S apart). What link_estimate.py makes of the samples is published in the profile's
-`links` when it changes (discovery/link_costs.py).
+`links` when it changes, at most once in PUBLISH_GAP_S (discovery/link_costs.py): each publication
+changes every peer's view, and every node plans again for it, so the first estimates of a swarm's
+links, which come in one by one, are published a few at a time.
 
 The ping is sent and its Pong read on the MLX thread, which also runs the passes, and so does the
 peer's: a ping or a Pong that arrives during a pass is read after it, and its round trip times the
@@ -42,6 +47,8 @@ log = logging.getLogger(__name__)
 
 TICK_S = 0.5
 PING_EVERY_S = 2.0
+PINGS_PER_S = 4.0
+PUBLISH_GAP_S = 10.0
 MAX_EVERY_S = 30.0
 PONG_TIMEOUT_S = 10.0
 PAD_BYTES = 256 * 1024
@@ -51,9 +58,9 @@ MAX_IN_FLIGHT = 4096
 
 
 class _Peer:
-    def __init__(self, due: float) -> None:
+    def __init__(self, due: float, every: float) -> None:
         self.due = due
-        self.every = PING_EVERY_S
+        self.every = every
         self.sent = 0
         self.waiting: dict[int, float] = {}  # nonce -> when sent (event loop clock), unanswered
         self.estimate = LinkEstimate()
@@ -71,6 +78,7 @@ class LinkMeter:
         # link was being opened)
         self._sent: dict[int, tuple[str, float, float, int, bool]] = {}
         self.published: dict[str, tuple[float, float]] = {}
+        self._published_at: float | None = None
         self._task: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -101,30 +109,35 @@ class LinkMeter:
         current = set(self._peers_now()) - {self.own_id}
         for gone in set(self._peers) - current:
             del self._peers[gone]
+        pace = self._pace(len(current))
         for peer in sorted(current):
-            state = self._peers.setdefault(peer, _Peer(now + random.random() * PING_EVERY_S))
+            state = self._peers.setdefault(peer, _Peer(now + random.random() * pace, pace))
             for nonce, sent in list(state.waiting.items()):
                 if now - sent > PONG_TIMEOUT_S:  # no answer: ask less often
                     del state.waiting[nonce]
-                    state.every = min(MAX_EVERY_S, state.every * 2)
+                    state.every = min(max(MAX_EVERY_S, pace), state.every * 2)
             if now >= state.due:
                 state.sent += 1
                 padded = state.sent in FIRST_PADDED or state.sent % BW_EVERY == 0
                 nonce = secrets.randbits(63)
                 state.waiting[nonce] = now
-                state.due = now + state.every * (0.75 + 0.5 * random.random())
+                state.due = now + max(state.every, pace) * (0.75 + 0.5 * random.random())
                 self.worker.post(self._mlx_ping, peer, nonce, PAD_BYTES if padded else 0)
             state.estimate.check(now)
         links = advertised({peer: p.estimate for peer, p in self._peers.items()}, self.own_id)
-        if links != self.published:
-            self.published = links
+        if links != self.published and (self._published_at is None or now - self._published_at >= PUBLISH_GAP_S):
+            self.published, self._published_at = links, now
             await self._publish(links)
+
+    def _pace(self, n_peers: int) -> float:
+        """Seconds between two pings to one peer: PING_EVERY_S, or what keeps this node at PINGS_PER_S."""
+        return max(PING_EVERY_S, n_peers / PINGS_PER_S)
 
     def _sampled(self, peer: str, nonce: int, seconds: float | None, pad: int) -> None:
         state = self._peers.get(peer)
         if state is None or state.waiting.pop(nonce, None) is None:
             return  # a peer gone from the view, or an answer after we gave up on it
-        state.every = PING_EVERY_S
+        state.every = self._pace(len(self._peers))
         if seconds is None:
             return  # it answered, but its round trip counted a dial, or may have waited behind work
         if pad:
