@@ -42,13 +42,17 @@ TOKENS = 200  # (the tiny llama runs past 200 tokens here: the requests are stil
 ENTRIES = 3  # in-flight requests: through two idle nodes and a stage holder (never killed)
 
 
-def agreed(nodes, stages: int, other_than: str | None = None, serving: bool = True) -> str | None:
-    """The one plan id every node has (of `stages` stages, not `other_than`) and, if `serving`, can serve;
-    else None."""
+def agreed(nodes, stages: int, other_than: str | None = None, serving: bool = True,
+           among: set[str] | None = None) -> str | None:
+    """The one plan id every node has (of `stages` stages, every one on a node of `among` if given, not
+    `other_than`) and, if `serving`, can serve; else None. (A plan with a stage on a killed node not yet
+    noticed gone is no new plan: the survivors move past it once they notice.)"""
     ids = set()
     for node in nodes:
         top = node.topology()
         if not (top and top["plan"] and (top["can_serve"] or not serving)) or len(top["plan"]["stages"]) != stages:
+            return None
+        if among is not None and not {s["node_id"] for s in top["plan"]["stages"]} <= among:
             return None
         ids.add(top["plan"]["id"])
     plan_id = ids.pop() if len(ids) == 1 else None
@@ -111,14 +115,15 @@ def test_32_nodes_agree_serve_and_survive_eight_deaths(tmp_path, llama):
         for node in victims:
             node.proc.popen.wait(timeout=10)
         survivors = [n for n in cluster.nodes if n not in victims]
-        new_id = cluster.wait_for("one new plan agreed by the survivors",
-                                  lambda: agreed(survivors, stages, other_than=plan_id, serving=False),
+        alive = {ids[n.index] for n in survivors}
+        new_id = cluster.wait_for("one new plan of survivors agreed by the survivors",
+                                  lambda: agreed(survivors, stages, other_than=plan_id, serving=False, among=alive),
                                   timeout=REPLAN_S, every=0.3, detail=lambda: f"{plans_seen(survivors)}\n")
         replan = time.monotonic() - killed_at
         print(f"killed {[f'node{n.index}' for n in victims]} ({STAGES_KILLED} of them stages): one new plan "
               f"({stages} stages, {new_id}) agreed by all {len(survivors)} survivors {replan:.1f} s after the kill")
         # Served once its new stages loaded (what the requests in flight wait for; printed, not a deadline).
-        cluster.wait_for("the survivors serving the new plan", lambda: agreed(survivors, stages) == new_id,
+        cluster.wait_for("the survivors serving the new plan", lambda: agreed(survivors, stages, among=alive) == new_id,
                          timeout=SERVE_AGAIN_S, every=0.3, detail=lambda: f"{plans_seen(survivors)}\n")
         print(f"served by all {len(survivors)} survivors {time.monotonic() - killed_at:.1f} s after the kill")
         texts = [s.finish() for s in streams]
