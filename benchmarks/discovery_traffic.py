@@ -9,7 +9,8 @@ host's namespace (/proc/net/snmp) are read over `--window` seconds: UDP datagram
 TCP segments sent (the SWPF liveness probes: connect, ask, answer, close), and each process's CPU
 seconds, all per node per second. The last column is TCP segments sent per node per second per peer:
 every node probes every peer, so per node that grows linearly with N, and the column stays flat as
-long as it grows no worse.
+long as it grows no worse; beyond 15 peers a node's probe rounds space out (at most 20 probes a
+second: discovery/liveness.py), and the column falls.
 """
 
 from __future__ import annotations
