@@ -43,3 +43,22 @@ def test_with_swarm_plan_links_off_the_links_change_no_plan(monkeypatch):
     ids = "abcd"
     coord = coordinator(FixedView("a", {n: {} for n in ids}, {n: links(n, ids, {"d"}) for n in ids}))
     assert [s.node_id for s in coord._make_plan(coord.members(set())).stages] == list(ids)
+
+
+def test_a_member_behind_a_narrow_link_is_not_planned_where_activations_cross_it_twice(monkeypatch):
+    """Same round trips, one member at 100 Mbit among 10 Gbit links: it goes first or last (the hop
+    into the first stage carries a token, not activations) or is left out, by every node alike."""
+    monkeypatch.delenv("SWARM_PLAN_LINKS", raising=False)
+    ids = "abcd"
+    narrow, wide = (0.0005, 12.5e6), (0.0005, 1.25e9)
+    measured = {n: {p: (narrow if "b" in (n, p) else wide) for p in ids if p != n} for n in ids}
+    plans = set()
+    for own in ids:
+        coord = coordinator(FixedView(own, {n: {} for n in ids}, measured))
+        plan = coord._make_plan(coord.members(set()))
+        plans.add(plan.plan_id)
+        order = [s.node_id for s in plan.stages]
+        assert "b" not in order[1:-1], order
+    assert len(plans) == 1
+    blind = coordinator(FixedView("a", {n: {} for n in ids}))
+    assert [s.node_id for s in blind._make_plan(blind.members(set())).stages] == list(ids)  # (b second)
