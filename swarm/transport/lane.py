@@ -25,7 +25,7 @@ without waking another thread (benchmarks/lean_pipeline.py measures the floor).
   connection with one log line, and nobody else notices.
 - A send never waits on a slow peer: what its socket does not take at once waits in that
   link's own bounded queue (connection.py) and leaves when the socket has room (the MLX
-  thread's selector says so: `writes`), in order. A link whose queue took no bytes for
+  thread's selector says so: `writes`, write_backlog.py), in order. A link whose queue took no bytes for
   `stall_timeout`, or outgrows its bound, is broken like a dead one, and `on_stalled` is
   told too: planning leaves that peer out (planning/slow_members.py).
 - With a swarm secret every link was proved in its hello and every frame on it is
@@ -61,7 +61,7 @@ import logging
 import socket
 import time
 from concurrent.futures import Future
-from typing import Callable, Protocol
+from typing import Callable
 
 from ..engine.busy_spans import SLIGHT_S
 from . import hop_trace
@@ -75,6 +75,7 @@ from .links import PeerLinks
 from .handshake_messages import HANDSHAKE_MESSAGES, Rejection
 from .messages import Forward, Message, Token, decode
 from .ping_messages import Pong
+from .write_backlog import WriteBacklog, WriteWatch
 
 log = logging.getLogger("swarm.transport")
 _TRACING = hop_trace.enabled()  # read once: off, the hop pays one global lookup for it
@@ -90,18 +91,6 @@ RETIRED_GRACE_S = 10.0  # a retired link whose peer never closes its end is clos
 # A link moves to a faster address only after this long without a frame: frames on the old link and the
 # new one could otherwise be read out of order.
 MOVE_IDLE_S = 0.5
-
-
-class WriteWatch(Protocol):
-    """The MLX thread's selector for writes (engine/worker.py's MlxWorker)."""
-
-    def watch_writable(self, sock: socket.socket, on_writable: Callable[[], None] | None) -> None: ...
-
-    def mlx_recheck_at(self, deadline: float) -> None: ...
-
-    def after_events(self, fn: Callable[[], None]) -> None: ...
-
-    def mlx_worked_since(self, then: float) -> float: ...
 
 
 class DataLane:
@@ -128,11 +117,9 @@ class DataLane:
         self.max_payload = max_payload
         self.connect_timeout, self.stall_timeout, self.queue_limit = connect_timeout, stall_timeout, queue_limit
         self._writes = writes
-        self._backlogged: set[PeerConnection] = set()  # links with bytes waiting for their socket
+        self._backlog = WriteBacklog(writes, stall_timeout, self._close, self._stalled)
         self._opener = LinkOpener(links, self.auth, connect_timeout, max_payload, post)
         self._opening: dict[str, HeldFrames] = {}  # peers whose link is being opened, and what waits for it
-        if writes is not None:
-            writes.after_events(self._mlx_check_stalls)
         self._hold = hold if writes is not None else None
         if self._hold is not None:
             writes.after_events(self._mlx_release_held)
@@ -188,7 +175,7 @@ class DataLane:
             conn = self._link(node_id)
             if conn is None:
                 held = self._opening[node_id] = HeldFrames(self.queue_limit)
-        if type(message) is Pong and (held is not None or conn in self._backlogged):
+        if type(message) is Pong and (held is not None or conn in self._backlog):
             message = message.waited()
         header, payload = message.to_frame()
         if held is not None:
@@ -222,8 +209,8 @@ class DataLane:
             conn.cork(True)
             self._corked.append(conn)
         try:
-            if not conn.write_frame(header, payload) and conn not in self._backlogged:
-                self._wait_for_room(conn)
+            if not conn.write_frame(header, payload) and conn not in self._backlog:
+                self._backlog.wait_for_room(conn)
         except QueueFull as exc:
             problem = f"it does not keep up: {exc}"
             self._stalled(conn, problem)
@@ -238,37 +225,6 @@ class DataLane:
         for a sender that must know whether what it sent there left (lane_probe.py)."""
         held = self._opening.get(node_id)
         return held.opened if held is not None else None
-
-    def _wait_for_room(self, conn: PeerConnection) -> None:
-        """Bytes wait in `conn`'s queue: they leave when its socket has room (or it stalls: broken)."""
-        if self._writes is None:  # no selector of ours: wait here, as long as the peer takes bytes
-            conn.flush_within(self.stall_timeout)
-            return
-        self._backlogged.add(conn)
-        self._writes.watch_writable(conn.sock, functools.partial(self._mlx_writable, conn))
-        self._writes.mlx_recheck_at(time.monotonic() + self.stall_timeout)
-
-    def _mlx_writable(self, conn: PeerConnection) -> None:
-        try:
-            done = conn.flush()
-        except OSError as exc:
-            self._close(conn, f"connection broke: {type(exc).__name__}: {exc}")
-            return
-        if done:
-            self._backlogged.discard(conn)
-            self._writes.watch_writable(conn.sock, None)
-
-    def _mlx_check_stalls(self) -> None:
-        """After each round of the MLX thread's events: a link whose queue took no bytes for too long is broken."""
-        if not self._backlogged:
-            return
-        now = time.monotonic()
-        for conn in list(self._backlogged):
-            waited = conn.stalled_for(now)
-            if waited >= self.stall_timeout:
-                self._stalled(conn, f"it took no data for {waited:.1f} s ({conn.queued} bytes waiting)")
-            else:
-                self._writes.mlx_recheck_at(now + self.stall_timeout - waited)
 
     def _stalled(self, conn: PeerConnection, problem: str) -> None:
         """`conn`'s peer takes no data: the link is broken, and planning hears of it."""
@@ -316,7 +272,7 @@ class DataLane:
         dialed is its choice of our addresses, and stays."""
         conn = self.links.link(node_id)
         if (conn is not None and conn.dialed and conn.host != address
-                and time.monotonic() - conn.last_active > MOVE_IDLE_S and conn not in self._backlogged):
+                and time.monotonic() - conn.last_active > MOVE_IDLE_S and conn not in self._backlog):
             log.info("moving the link to %s from %s to %s", node_id, conn.host, address)
             self._retire(conn)
 
@@ -469,7 +425,7 @@ class DataLane:
                         conn.peer, problem)
         was_link = self.links.link(conn.peer) is conn
         self.links.remove(conn)
-        self._backlogged.discard(conn)
+        self._backlog.discard(conn)
         if conn in self._watched:
             self._watched.discard(conn)
             try:
