@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 # swarm/'s packages (and top-level modules), lowest first: each may import only those before it.
-LAYERS = ["environment", "events", "backend", "mlx_build", "models", "engine", "transport", "weights", "stage", "planning",
+LAYERS = ["environment", "tasks", "events", "backend", "mlx_build", "models", "engine", "transport", "weights", "stage", "planning",
           "entry", "status", "api", "node", "bench", "cli"]
 NO_ENTRY = ("stage", "planning", "transport", "engine")
 

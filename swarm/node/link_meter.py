@@ -38,6 +38,7 @@ from typing import Awaitable, Callable
 
 from ..engine.busy_spans import SLIGHT_S
 from ..engine.worker import MlxWorker
+from ..tasks import cancel_and_wait
 from ..transport.errors import PeerUnreachable
 from ..transport.lane import DataLane
 from ..transport.ping_messages import Ping, Pong
@@ -85,10 +86,7 @@ class LinkMeter:
         self._task = asyncio.create_task(self._run(), name="link-meter")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     def snapshot(self) -> dict[str, dict]:
         """What is measured of each peer now (for status and tests)."""

@@ -47,6 +47,7 @@ from ..models.resolve import (LocalModel, describe_model, is_local_spec, models_
                               where_not_found)
 from ..planning.coordinator import Coordinator
 from ..planning.errors import NoPipeline
+from ..tasks import cancel_and_wait
 from ..transport.link_crypto import stretch_secret
 from ..transport.log_limit import limit_loop_exceptions
 from ..weights.model_from_peers import model_files_from_peers
@@ -300,10 +301,10 @@ class Node:
             await self._start(serving.speed.start, serving.speed.stop)
         consumer = asyncio.create_task(_consume_peer_events(peers.peer_events, serving.inbox, coordinator),
                                        name="peer-events")
-        self._stops.append(lambda: _cancel(consumer))
+        self._stops.append(lambda: cancel_and_wait(consumer))
         urls = reachable_urls(cfg.api_host, runner.addresses[0][1])
         ready = asyncio.create_task(_say_ready(coordinator, urls), name="say-ready")
-        self._stops.append(lambda: _cancel(ready))
+        self._stops.append(lambda: cancel_and_wait(ready))
 
     async def _speculation(self, model: LocalModel, sizes: ModelBytes) -> tuple[str, DraftModel | None]:
         """What this node's requests draft with (speculation.py), and the draft model, loaded when used."""
@@ -406,9 +407,3 @@ async def _bound(kind: str, host: str, port: int, listen) -> None:
         await listen()
     except OSError as e:
         raise port_error(kind, host, port, e) from None
-
-
-async def _cancel(task: asyncio.Task) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task

@@ -19,12 +19,12 @@ Runs on the event loop, except `endpoints_of` (any thread: the lane calls it on 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Callable
 
 from discovery.view import PeerInfo
 
+from ..tasks import cancel_and_wait
 from ..transport.address_choice import AddressChoice
 from ..transport.frame_hold import FrameHold
 from ..transport.handshake import dial_stream
@@ -71,11 +71,7 @@ class PathChoice:
         self._task = asyncio.create_task(self._run(), name="path-choice")
 
     async def stop(self) -> None:
-        for task in [*([self._task] if self._task else []), *self._probes]:
-            task.cancel()
-        for task in [*([self._task] if self._task else []), *self._probes]:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._task, *self._probes)
 
     # -- any thread --------------------------------------------------------------------------
     def endpoints_of(self, peer: str, fallback: tuple[str, int] | None) -> list[tuple[str, int]]:

@@ -17,7 +17,6 @@ PROBE_EVERY_S, so it comes back when the machine does.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -25,6 +24,7 @@ from typing import Awaitable, Callable
 
 from ..engine.shard import LayerRange
 from ..engine.worker import MlxWorker
+from ..tasks import cancel_and_wait
 from .present_speed import PROBE_ALPHA, STALE_S, PresentSpeed
 
 log = logging.getLogger(__name__)
@@ -55,10 +55,7 @@ class SpeedFollower:
         self._task = asyncio.create_task(self._run(), name="speed-follower")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     def mlx_pass(self, layers: LayerRange, positions: int, rows: int, seconds: float) -> None:
         """A pass of the stage (MLX thread): only decode passes of one row are samples."""

@@ -12,10 +12,11 @@ one looks (at 32 nodes, a thousand HTTP requests a second among them).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import aiohttp
+
+from ..tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +44,7 @@ class PeerStats:
         self._task = asyncio.create_task(self._loop(), name="peer-stats")
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     async def _loop(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self.interval)
