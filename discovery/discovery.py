@@ -54,6 +54,7 @@ EventSink = Union[Callable[[PeerEvent], Union[None, Awaitable[None]]], "asyncio.
 # (our profile, the other node's, its addresses): called when we are the one that must move
 OnDuplicate = Callable[[NodeProfile, NodeProfile, tuple[str, ...]], None]
 
+MAX_ADDRESSES = 8  # of a peer admitted by a poll (a record may name many)
 LATE = "late"  # _check: the probe found a process that did not answer in time
 
 
@@ -89,8 +90,9 @@ class Discovery:
         self._static = [Endpoint(h, p, "static") for h, p in static_peers]
         self._fetch, self._mdns_is_hint = fetch_profile, mdns_is_hint
         self._poll_now = asyncio.Event()  # a new endpoint to ask: do not wait for the next round
-        # name -> (endpoint, node_id, instance, only a hint) of every mDNS record of our swarm
-        self._mdns_endpoints: dict[str, tuple[Endpoint, str, str, bool]] = {}
+        # name -> (endpoint, node_id, instance, only a hint, every address it gives) of every mDNS record of
+        # our swarm
+        self._mdns_endpoints: dict[str, tuple[Endpoint, str, str, bool, tuple[str, ...]]] = {}
         self._gone_instances: set[str] = set()  # ignore stale mDNS records of these
         self._failures: dict[tuple[str, str], liveness.FailureCounter] = {}
         self._on_event = on_event
@@ -138,7 +140,7 @@ class Discovery:
         in this poll round. Only at that address: records anyone publishes with its id elsewhere keep their
         back-off."""
         admitted = {p.endpoint for p in self._table.peers.values()}
-        ready = [endpoint for endpoint, record_id, _, _ in self._mdns_endpoints.values() if record_id == node_id]
+        ready = [endpoint for endpoint, record_id, *_ in self._mdns_endpoints.values() if record_id == node_id]
         ready += self._static
         ready = [e for e in ready if e.host == address and (e.host, e.port) not in admitted]
         for endpoint in ready:
@@ -194,7 +196,7 @@ class Discovery:
         hint = self._mdns_is_hint or profile.is_hint
         if profile.swarm == self.profile.swarm:
             self._mdns_endpoints[name] = (Endpoint(addresses[0], profile.peer_port, "mdns"),
-                                          profile.node_id, profile.instance, hint)
+                                          profile.node_id, profile.instance, hint, tuple(addresses))
             if hint:
                 self._poll_now.set()
         if hint:
@@ -207,7 +209,7 @@ class Discovery:
         known = self._mdns_endpoints.pop(name, None)
         if known is None:
             return
-        _, node_id, instance, hint = known
+        _, node_id, instance, hint, _ = known
         if not hint:
             self._emit(self._table.mark_gone(node_id, instance))
             return
@@ -335,9 +337,19 @@ class Discovery:
             for endpoint, profile in answered:
                 self._backoff.answered(endpoint)
                 self._gone_instances.discard(profile.instance)
-                self._observe(profile, (endpoint.host,), endpoint.source)
+                self._observe(profile, self._addresses_of(endpoint, profile), endpoint.source)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._poll_now.wait(), max(0.0, self._interval - (loop.time() - started)))
+
+    def _addresses_of(self, endpoint: Endpoint, profile: NodeProfile) -> tuple[str, ...]:
+        """Where a peer that answered at `endpoint` is: that address first, then the others of the mDNS
+        records that name it there (a closed swarm's records are hints, and its profile is proved at one
+        address only; every link's hello proves the secret again wherever it is dialed, so an address
+        that is not the peer's only fails there: path choice moves off it)."""
+        more = [address for e, node_id, instance, _, addresses in self._mdns_endpoints.values()
+                if node_id == profile.node_id and instance == profile.instance and e.port == endpoint.port
+                and endpoint.host in addresses for address in addresses]
+        return tuple(dict.fromkeys([endpoint.host, *more]))[:MAX_ADDRESSES]
 
     # -- events ---------------------------------------------------------
     def _emit(self, events: list[PeerEvent]) -> None:

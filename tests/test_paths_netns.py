@@ -10,7 +10,8 @@ probes' alike), so LAN 0 is the slow path. Both nodes state equal speeds (two eq
 - a chat gives mlx-lm's greedy text;
 - LAN 1 is cut (the bridge side of node 1's cable) while a chat streams: it completes with the same text,
   and the link moves to LAN 0 within the liveness window plus a loaded machine's margin; the next chat
-  goes over LAN 0 with the same text.
+  goes over LAN 0 with the same text;
+- all of it in an open swarm and in a closed one (a secret: its mDNS records are hints).
 """
 
 from __future__ import annotations
@@ -37,9 +38,13 @@ STORY_TOKENS = 200
 MOVE_TIMEOUT_S = 60
 
 
-@pytest.fixture(scope="module")
-def swarm(tmp_path_factory, llama):
-    cluster = SwarmCluster(tmp_path_factory.mktemp("paths"), 2, ["--model", str(llama)], start=False, lans=2)
+@pytest.fixture(scope="module", params=["open", "closed"])
+def swarm(request, tmp_path_factory, llama):
+    # A closed swarm's mDNS records are only hints, proved by the secret at one address: the others are
+    # dialed too, and each link's hello proves the secret again.
+    secret = "paths-secret" if request.param == "closed" else None
+    cluster = SwarmCluster(tmp_path_factory.mktemp("paths"), 2, ["--model", str(llama)], start=False, lans=2,
+                           secret=secret)
     try:
         a, b = cluster.nodes
         a.start(env={"SWARM_HOLD_FRAMES": f"{b.host.ips[SLOW]}:{HOLD_MS}"})
