@@ -16,7 +16,6 @@ second: discovery/liveness.py), and the column falls.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from netns import Network, netns_unavailable_reason  # noqa: E402
-from traffic import counters, cpu_seconds, per_second  # noqa: E402
+from traffic import quiet_window  # noqa: E402
 
 PEER_PORT = 7946
 
@@ -46,15 +45,7 @@ def measure(size: int, window: float, root: Path) -> dict[str, float]:
                     raise TimeoutError(f"size {size}: {proc.label} saw too few joins")
                 time.sleep(0.5)
         time.sleep(3)  # the joins' own burst of announcements over
-        before = [counters(h) for h in hosts]
-        cpu0 = [cpu_seconds(p.pid) for p in procs]
-        t0 = time.monotonic()
-        time.sleep(window)
-        took = time.monotonic() - t0
-        after = [counters(h) for h in hosts]
-        cpu1 = [cpu_seconds(p.pid) for p in procs]
-        per = per_second(before, after, took)
-        per["cpu"] = statistics.mean((c1 - c0) / took for c0, c1 in zip(cpu0, cpu1))
+        per = quiet_window(hosts, [p.pid for p in procs], window)
         return per
     finally:
         net.close()

@@ -14,7 +14,6 @@ benchmarks/discovery_traffic.py measures discovery alone.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
@@ -25,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from model_zoo import build_random_model  # noqa: E402
 from netns import netns_unavailable_reason  # noqa: E402
 from swarm_cluster import SwarmCluster  # noqa: E402
-from traffic import counters, cpu_seconds, per_second  # noqa: E402
+from traffic import quiet_window  # noqa: E402
 
 
 def one_plan(cluster: SwarmCluster) -> str | None:
@@ -47,13 +46,7 @@ def measure(size: int, model: Path, root: Path, settle: float, window: float) ->
         cluster.wait_for("one plan", lambda: one_plan(cluster), timeout=120 + 5 * size, every=1.0)
         agreed = time.monotonic() - started
         time.sleep(settle)
-        before = [counters(n.host) for n in cluster.nodes]
-        cpu0 = [cpu_seconds(n.proc.pid) for n in cluster.nodes]
-        t0 = time.monotonic()
-        time.sleep(window)
-        took = time.monotonic() - t0
-        per = per_second(before, [counters(n.host) for n in cluster.nodes], took)
-        per["cpu"] = statistics.mean((cpu_seconds(n.proc.pid) - c) / took for n, c in zip(cluster.nodes, cpu0))
+        per = quiet_window([n.host for n in cluster.nodes], [n.proc.pid for n in cluster.nodes], window)
         per["agreed"] = agreed
         return per
     finally:

@@ -20,7 +20,7 @@ from netns import netns_unavailable_reason
 from netns_client import Stream
 from reference import reference_chat
 from swarm_cluster import SwarmCluster
-from traffic import counters, cpu_seconds, per_second, rss_bytes
+from traffic import quiet_window, rss_bytes
 
 pytestmark = [pytest.mark.skipif(netns_unavailable_reason() is not None, reason=str(netns_unavailable_reason())),
               pytest.mark.timeout(900)]
@@ -82,12 +82,9 @@ def test_32_nodes_agree_serve_and_survive_eight_deaths(tmp_path, llama):
         rss = [rss_bytes(n.proc.pid) for n in cluster.nodes]
         print(f"resident memory: {sum(rss) / 2**30:.2f} GiB in all, {min(rss) / 2**20:.0f}-{max(rss) / 2**20:.0f} "
               f"MiB per node (mean {sum(rss) / len(rss) / 2**20:.0f} MiB)")
-        before, cpu0, t0 = [counters(n.host) for n in cluster.nodes], [cpu_seconds(n.proc.pid) for n in cluster.nodes], \
-            time.monotonic()
-        time.sleep(WINDOW_S)  # no request, no topology poll: the swarm's own traffic
-        took = time.monotonic() - t0
-        rates = per_second(before, [counters(n.host) for n in cluster.nodes], took)
-        cpu = sum(cpu_seconds(n.proc.pid) - c for n, c in zip(cluster.nodes, cpu0)) / NODES / took
+        # no request, no topology poll: the swarm's own traffic
+        rates = quiet_window([n.host for n in cluster.nodes], [n.proc.pid for n in cluster.nodes], WINDOW_S)
+        took, cpu = rates["seconds"], rates["cpu"]
         print(f"idle, per node per second over {took:.0f} s: UDP (mDNS) out {rates['udp_out']:.2f} in "
               f"{rates['udp_in']:.2f}, TCP segments out {rates['tcp_out']:.1f} in {rates['tcp_in']:.1f}, "
               f"CPU {cpu * 100:.1f} %")

@@ -3,11 +3,13 @@ inside the host's network namespace), and a process's CPU seconds and resident m
 
     before = counters(host); ...; after = counters(host)
     per_node = per_second([before...], [after...], seconds)   # mean over hosts, per second
+    per_node = quiet_window(hosts, pids, seconds)             # the same over a window it waits out, and "cpu"
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from pathlib import Path
 
 from netns import Host
@@ -28,6 +30,18 @@ def counters(host: Host) -> dict[str, int]:
 def per_second(before: list[dict[str, int]], after: list[dict[str, int]], seconds: float) -> dict[str, float]:
     """Each counter's mean over the hosts, per host per second."""
     return {k: statistics.mean((a[k] - b[k]) / seconds for a, b in zip(after, before)) for k in before[0]}
+
+
+def quiet_window(hosts: list[Host], pids: list[int], seconds: float) -> dict[str, float]:
+    """Each counter's mean over the hosts per second, and "cpu": the processes' mean CPU share, over a
+    window of `seconds` that this waits out (what the hosts do meanwhile is theirs alone)."""
+    before, cpu0, t0 = [counters(h) for h in hosts], [cpu_seconds(p) for p in pids], time.monotonic()
+    time.sleep(seconds)
+    took = time.monotonic() - t0
+    per = per_second(before, [counters(h) for h in hosts], took)
+    per["cpu"] = statistics.mean((cpu_seconds(p) - c) / took for p, c in zip(pids, cpu0))
+    per["seconds"] = took
+    return per
 
 
 def cpu_seconds(pid: int) -> float:
