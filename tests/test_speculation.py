@@ -196,6 +196,33 @@ def test_drafting_pauses_where_it_does_not_pay_and_lets_those_steps_run_ahead():
     assert always.k == (sp.START_DRAFTS + 2) // 2
 
 
+def test_a_quote_that_begins_in_a_pause_is_drafted_within_a_few_steps():
+    """A pause (drafting did not pay) lets steps run ahead, but every PEEK_EVERY-th step waits for its token and
+    looks for a quote: the last QUOTE tokens found together earlier. Once one is found the pause ends."""
+    from swarm.entry import speculation as sp
+    from swarm.entry.speculation import request_speculation
+
+    quoted = list(range(100, 140))  # the prompt: a text the answer will quote
+    history = quoted + [1]
+    spec = request_speculation("lookup", SpeculationCounts())
+
+    def step() -> tuple[list[int], bool]:
+        drafts = asyncio.run(spec.next_drafts(history, 50, crowded=False))
+        return drafts, spec.may_run_ahead(crowded=False)
+    pause = []
+    for token in range(200, 200 + sp.MISSES + 2):  # the answer's own tokens, never seen: no drafts, then a pause
+        pause.append(step())
+        history.append(token)
+    assert not any(drafts for drafts, _ in pause) and any(ahead for _, ahead in pause), "paused, running ahead"
+    for i, token in enumerate(quoted):  # the answer quotes the prompt
+        history.append(token)
+        drafts, _ = step()
+        if drafts:
+            break
+    assert drafts == quoted[i + 1:i + 1 + len(drafts)], "the quote's next tokens"
+    assert i + 1 <= sp.QUOTE + sp.PEEK_EVERY, "found within a few steps of the quote's start"
+
+
 def test_a_pipeline_broken_mid_draft_replays_the_accepted_history_only(llama, expected):
     """The stage holding the drafts dies while a step with drafts is out: the request replays on new stages
     what was accepted, and its tokens are mlx-lm's."""

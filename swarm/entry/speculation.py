@@ -26,7 +26,10 @@ How many: each request starts at START_DRAFTS, grows by two after a step whose d
 (up to MAX_DRAFTS), halves after one whose first draft was not. Where guessing does not pay (nothing to
 look up, or nothing accepted, MISSES steps in a row) a request stops guessing for a while (QUIET_STEPS,
 doubling up to MAX_QUIET_STEPS while it keeps missing): its steps then run ahead as plain steps do
-(run_ahead.py), which a step with drafts does not (its next position depends on what was accepted).
+(run_ahead.py), which a step with drafts does not (its next position depends on what was accepted). One
+step in PEEK_EVERY of such a pause still waits for its token and looks for a quote under way (the last
+QUOTE tokens found together before, as where an answer starts to repeat its input): if there is one, the
+pause ends there (`draft_replay.py`: free text and code edits gain most, nothing lost).
 
 Beside other requests decoding at this entry a request guesses nothing: their steps share batched
 passes at the stages (one position each), which a step with drafts would leave, costing them all.
@@ -59,6 +62,8 @@ START_DRAFTS = 4
 MAX_DRAFTS = 8
 MIN_DRAFTS = 1
 NGRAM = 3  # longest run of last tokens looked up
+QUOTE = 2  # last tokens found together that draft even in a pause (a quote under way)
+PEEK_EVERY = 2  # in a pause, one step in this many waits for its token to look for a quote
 MISSES = 4  # steps in a row without an accepted draft before a pause
 QUIET_STEPS = 8
 MAX_QUIET_STEPS = 64
@@ -103,7 +108,8 @@ def request_speculation(mode: str, counts: SpeculationCounts, draft_model: Draft
     if mode == "off":
         return None
     if mode == "lookup":
-        return Speculation(counts, PromptLookup(word_starts=word_starts).drafts)
+        lookup = PromptLookup(word_starts=word_starts)
+        return Speculation(counts, lookup.drafts, lookup.quote)
     source = draft_model.for_request()
     return Speculation(counts, LookupFirst(source) if mode == "lookup+draft" else source)
 
@@ -143,21 +149,27 @@ class PromptLookup:
         self._read = 0  # history before this was compared with the quote
         self._stray = 0  # tokens the answer wrote since it last repeated the quote
 
-    def drafts(self, history: list[int], k: int) -> list[int]:
-        """Up to k tokens that followed an earlier occurrence of the history's last tokens."""
+    def drafts(self, history: list[int], k: int, least: int | None = None) -> list[int]:
+        """Up to k tokens that followed an earlier occurrence of the history's last tokens (of `least` of them
+        or more, and then only there, if given)."""
         end = len(history)
         for e in range(max(self._indexed, 1), end):  # runs that end at e (exclusive) and have a successor
             for n in range(1, min(NGRAM, e) + 1):
                 self._seen[n].setdefault(tuple(history[e - n:e]), []).append(e)
         self._indexed = max(self._indexed, end)
         self._follow(history)
-        at = self._found(history)
-        if at is None:
+        at = self._found(history, least or self.shortest)
+        if at is None and least is None:
             at = self._after_changed_word(history)
         if at is None:
             return []
         self._cursor, self._read, self._stray = at, end, 0
         return history[at:at + k]
+
+    def quote(self, history: list[int], k: int) -> list[int]:
+        """As drafts, but only where a run of QUOTE or more last tokens occurred before: a quote under way,
+        worth drafting even where guessing has not paid lately."""
+        return self.drafts(history, k, least=QUOTE)
 
     def _follow(self, history: list[int]) -> None:
         """Move the cursor past the new tokens that repeat the quote (accepted drafts and what came after)."""
@@ -171,11 +183,11 @@ class PromptLookup:
                 c += 1
         self._cursor, self._read = c, len(history)
 
-    def _found(self, history: list[int]) -> int | None:
-        """The place after an earlier occurrence of the longest run of last tokens that occurred: of its
-        occurrences, the nearest after the cursor (a run of two or more), else the latest."""
+    def _found(self, history: list[int], shortest: int) -> int | None:
+        """The place after an earlier occurrence of the longest run of last tokens (`shortest` or more) that
+        occurred: of its occurrences, the nearest after the cursor (a run of two or more), else the latest."""
         end = len(history)
-        for n in range(min(NGRAM, end), self.shortest - 1, -1):
+        for n in range(min(NGRAM, end), shortest - 1, -1):
             places = self._seen[n].get(tuple(history[end - n:]))
             if not places:
                 continue
@@ -218,10 +230,15 @@ class LookupFirst:
 class Speculation:
     """One request's drafting (the generation loop's, entry/generate.py)."""
 
-    def __init__(self, counts: SpeculationCounts | None = None, source: DraftSource | None = None):
+    def __init__(self, counts: SpeculationCounts | None = None, source: DraftSource | None = None,
+                 quote: DraftSource | None = None):
         """`source`: where drafts come from (prompt lookup unless given); its close(), if any, is called when
-        the request ends (close below)."""
-        self.source = source or PromptLookup().drafts
+        the request ends (close below). `quote`: drafts only where a quote is under way, asked during a pause
+        (PromptLookup.quote; none: a pause drafts nothing)."""
+        if source is None:
+            lookup = PromptLookup()
+            source, quote = lookup.drafts, lookup.quote
+        self.source, self.quote = source, quote
         self.k = START_DRAFTS
         self.counts = counts or SpeculationCounts()
         self._misses = 0
@@ -233,11 +250,15 @@ class Speculation:
         """Drafts for the step of history's last token. `room`: tokens the request may still take after that
         step's own; `crowded`: other requests decode beside it at this entry."""
         armed, self._armed = self._armed, False
+        if armed or crowded or room <= 0:
+            self._quiet = max(0, self._quiet - 1)
+            return []
         if self._quiet:
             self._quiet -= 1
-            return []
-        if armed or crowded or room <= 0:
-            return []
+            drafts = self.quote(history, min(self.k, room)) if self.quote is not None else []
+            if drafts:
+                self._quiet = 0
+            return drafts
         drafts = self.source(history, min(self.k, room))
         if inspect.isawaitable(drafts):
             drafts = await drafts
@@ -248,7 +269,7 @@ class Speculation:
     def may_run_ahead(self, crowded: bool) -> bool:
         """Whether the step after the one just sent may leave without drafts, before its token is known here
         (run_ahead.py): when it would carry none anyway. Call after next_drafts, once per step."""
-        self._armed = crowded or self._quiet > 0
+        self._armed = crowded or (self._quiet > 0 and (self.quote is None or self._quiet % PEEK_EVERY != 0))
         return self._armed
 
     def checked(self, drafted: int, accepted: int) -> None:

@@ -1,0 +1,153 @@
+"""How far drafting can take each prompt: the entry's drafting rule replayed on mlx-lm's greedy answers, beside
+what a perfect lookup would bring, each step costed by how much a pass of its width costs.
+
+    python benchmarks/draft_replay.py [--model DIR] [--prompts free,edit,typos,names] [--tokens 64]
+                                      [--costs 1.24,1.41,1.56,1.58,1.62,1.66,1.73,1.84]
+
+No node runs: mlx-lm writes each prompt's greedy answer (swarm-bench's prompts, cold, plain completion), then
+each step of a request is replayed without the model, since under greedy decoding a step brings its accepted
+drafts and the token after them whatever the drafts were. A step with k drafts costs `--costs`[k - 1] passes of
+one position (default: this repository's 2-core CPU, `verify_pass_cost.py`; on a backend where a few more
+positions cost nothing, pass 1,1,...). For each prompt:
+
+- the rule: speculation.py's PromptLookup and Speculation, as a node runs them (tokens per pass, and the
+  tokens per unit of cost against steps of one position: the speed-up it can bring at best, with the
+  pipeline's fixed cost per trip left out);
+- aligned: a lookup that always finds the place the answer goes on from (the longest run of the answer's next
+  tokens that occurred before), with the rule's draft counts (and the best fixed count), but no more foresight
+  than the rule: it drafts as many tokens as its count says, and a pass pays for all of them;
+- oracle: as aligned, drafting exactly the tokens that will be accepted (nothing a drafter can know).
+
+The gap between the rule and aligned is what a better lookup could win; between aligned and oracle, what the
+cost of drafts that are not accepted takes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+CPU_COSTS = "1.24,1.41,1.56,1.58,1.62,1.66,1.73,1.84"  # drafts 1..8, this machine (docs/performance.md)
+
+
+def greedy_answer(model, prompt: list[int], tokens: int, eos: set[int]) -> list[int]:
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    out = []
+    for (token, _), _ in zip(generate_step(mx.array(prompt), model), range(tokens)):
+        out.append(int(token))
+        if int(token) in eos:
+            break
+    return out
+
+
+def longest_run(history: list[int], ahead: list[int], most: int) -> int:
+    """How many of `ahead`'s first tokens (up to `most`) occur together somewhere in `history`."""
+    n = 0
+    while n < min(most, len(ahead)) and _occurs(history, ahead[:n + 1]):
+        n += 1
+    return n
+
+
+def _occurs(seq: list[int], run: list[int]) -> bool:
+    n = len(run)
+    return any(seq[j:j + n] == run for j in range(len(seq) - n + 1))
+
+
+def replay_rule(prompt: list[int], answer: list[int], word_starts, cost, steps: list | None = None) -> tuple[int, float]:
+    """(passes, cost) of the answer's tokens after its first, drafted by the entry's own rule; each step's
+    (drafts, accepted, tokens) appended to `steps` if given."""
+    from swarm.entry.speculation import SpeculationCounts, request_speculation
+
+    spec = request_speculation("lookup", SpeculationCounts(), word_starts=word_starts)
+    history, i, passes, spent = list(prompt) + answer[:1], 1, 0, 0.0
+    while i < len(answer):
+        drafts = asyncio.run(spec.next_drafts(history, len(answer) - i - 1, False))
+        accepted = 0
+        while accepted < len(drafts) and drafts[accepted] == answer[i + accepted]:
+            accepted += 1
+        spec.checked(len(drafts), accepted)
+        spec.may_run_ahead(False)
+        history += answer[i:i + accepted + 1]
+        if steps is not None:
+            steps.append((len(drafts), accepted, answer[i:i + accepted + 1]))
+        i, passes, spent = i + accepted + 1, passes + 1, spent + cost(len(drafts))
+    return passes, spent
+
+
+def replay_aligned(prompt: list[int], answer: list[int], cost, count: int | None, oracle: bool = False) -> float:
+    """The cost of the answer's tokens after its first, drafted from the right place: `count` drafts a step
+    (None: the rule's counts), or with `oracle` exactly those that will be accepted."""
+    from swarm.entry import speculation as rule
+
+    k, i, spent = rule.START_DRAFTS, 1, 0.0
+    while i < len(answer):
+        room = len(answer) - i - 1
+        run = longest_run(list(prompt) + answer[:i], answer[i:], rule.MAX_DRAFTS)
+        drafted = min(run if oracle else (count or k), room)
+        accepted = min(run, drafted)
+        if count is None and not oracle:
+            k = min(rule.MAX_DRAFTS, k + 2) if accepted == drafted else max(rule.MIN_DRAFTS, k // 2) if not accepted \
+                else k
+        i, spent = i + accepted + 1, spent + cost(drafted)
+    return spent
+
+
+def main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", type=Path, default=None, help="an mlx-lm model dir (default: the default model)")
+    p.add_argument("--prompts", default="free,edit,typos,names")
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--costs", default=CPU_COSTS, help="cost of a pass with 1, 2, ... drafts, in passes of one")
+    p.add_argument("--trace", action="store_true", help="also print each answer's steps: drafts/accepted:text")
+    args = p.parse_args(argv)
+
+    from mlx_lm.utils import load
+
+    from swarm.bench.prompts import PROMPTS, cold
+    from swarm.entry.speculation import MAX_DRAFTS, word_start_tokens
+    from swarm.models.resolve import resolve_model
+
+    widths = [float(c) for c in args.costs.split(",")]
+    if len(widths) < MAX_DRAFTS:
+        p.error(f"--costs needs {MAX_DRAFTS} figures (1 to {MAX_DRAFTS} drafts)")
+
+    def cost(drafts: int) -> float:
+        return 1.0 if drafts == 0 else widths[drafts - 1]
+
+    model, tokenizer = load(str(args.model or resolve_model(None).path))
+    word_starts = word_start_tokens(tokenizer.vocab)
+    eos = set(tokenizer.eos_token_ids)
+    print(f"\ngreedy answers of {args.tokens} tokens; a pass with 1..{MAX_DRAFTS} drafts costs {args.costs} passes "
+          f"of one position\n")
+    print("| prompt | tokens | rule: tokens per pass | rule | aligned (rule's counts) | aligned (best fixed count) "
+          "| oracle |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    traces: list[str] = []
+    for kind in args.prompts.split(","):
+        prompt = list(tokenizer.encode(cold(PROMPTS[kind], 0)))
+        answer = greedy_answer(model, prompt, args.tokens, eos)
+        n = len(answer) - 1  # the tokens after the first (the first comes with the prompt)
+        if n < 1:
+            print(f"| {kind} | {len(answer)} | - | - | - | - | - |")
+            continue
+        steps: list = []
+        passes, spent = replay_rule(prompt, answer, word_starts, cost, steps)
+        if args.trace:
+            traces.append(f"{kind}: " + " | ".join(f"{d}/{a}:{tokenizer.decode(t)!r}" for d, a, t in steps))
+        aligned = n / replay_aligned(prompt, answer, cost, None)
+        fixed = max((n / replay_aligned(prompt, answer, cost, c), c) for c in range(1, MAX_DRAFTS + 1))
+        oracle = n / replay_aligned(prompt, answer, cost, None, oracle=True)
+        print(f"| {kind} | {len(answer)} | {n / passes:.2f} | {n / spent:.2f}x | {aligned:.2f}x | "
+              f"{fixed[0]:.2f}x ({fixed[1]}) | {oracle:.2f}x |")
+    for trace in traces:
+        print(f"\n{trace}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
