@@ -2,9 +2,11 @@
 what a perfect lookup would bring, each step costed by how much a pass of its width costs.
 
     python benchmarks/draft_replay.py [--model DIR] [--prompts free,edit,typos,names] [--tokens 64]
-                                      [--costs 1.24,1.41,1.56,1.58,1.62,1.66,1.73,1.84]
+                                      [--variants 4] [--costs 1.24,1.41,1.56,1.58,1.62,1.66,1.73,1.84]
 
-No node runs: mlx-lm writes each prompt's greedy answer (swarm-bench's prompts, cold, plain completion), then
+No node runs: mlx-lm writes each prompt's greedy answer (swarm-bench's prompts, cold, plain completion; a
+small model answers each variant's distinct first line differently, so each figure is the median over
+`--variants` of them, as swarm-bench's single-stream runs 1, 2, ...), then
 each step of a request is replayed without the model, since under greedy decoding a step brings its accepted
 drafts and the token after them whatever the drafts were. A step with k drafts costs `--costs`[k - 1] passes of
 one position (default: this repository's 2-core CPU, `verify_pass_cost.py`; on a backend where a few more
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import sys
 from pathlib import Path
 
@@ -59,7 +62,8 @@ def _occurs(seq: list[int], run: list[int]) -> bool:
     return any(seq[j:j + n] == run for j in range(len(seq) - n + 1))
 
 
-def replay_rule(prompt: list[int], answer: list[int], word_starts, cost, steps: list | None = None) -> tuple[int, float]:
+def replay_rule(prompt: list[int], answer: list[int], word_starts, cost,
+                steps: list | None = None) -> tuple[int, float]:
     """(passes, cost) of the answer's tokens after its first, drafted by the entry's own rule; each step's
     (drafts, accepted, tokens) appended to `steps` if given."""
     from swarm.entry.speculation import SpeculationCounts, request_speculation
@@ -103,6 +107,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--model", type=Path, default=None, help="an mlx-lm model dir (default: the default model)")
     p.add_argument("--prompts", default="free,edit,typos,names")
     p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--variants", type=int, default=4)
     p.add_argument("--costs", default=CPU_COSTS, help="cost of a pass with 1, 2, ... drafts, in passes of one")
     p.add_argument("--trace", action="store_true", help="also print each answer's steps: drafts/accepted:text")
     args = p.parse_args(argv)
@@ -130,20 +135,28 @@ def main(argv: list[str]) -> None:
     print("|---|---:|---:|---:|---:|---:|---:|")
     traces: list[str] = []
     for kind in args.prompts.split(","):
-        prompt = list(tokenizer.encode(cold(PROMPTS[kind], 0)))
-        answer = greedy_answer(model, prompt, args.tokens, eos)
-        n = len(answer) - 1  # the tokens after the first (the first comes with the prompt)
-        if n < 1:
-            print(f"| {kind} | {len(answer)} | - | - | - | - | - |")
+        figures = []
+        for variant in range(1, args.variants + 1):  # (swarm-bench's single-stream runs: cold(text, 1), 2, ...)
+            prompt = list(tokenizer.encode(cold(PROMPTS[kind], variant)))
+            answer = greedy_answer(model, prompt, args.tokens, eos)
+            n = len(answer) - 1  # the tokens after the first (the first comes with the prompt)
+            if n < 1:
+                continue
+            steps: list = []
+            passes, spent = replay_rule(prompt, answer, word_starts, cost, steps)
+            if args.trace:
+                traces.append(f"{kind} {variant}: "
+                              + " | ".join(f"{d}/{a}:{tokenizer.decode(t)!r}" for d, a, t in steps))
+            fixed = max((n / replay_aligned(prompt, answer, cost, c), c) for c in range(1, MAX_DRAFTS + 1))
+            figures.append((len(answer), n / passes, n / spent, n / replay_aligned(prompt, answer, cost, None),
+                            fixed, n / replay_aligned(prompt, answer, cost, None, oracle=True)))
+        if not figures:
+            print(f"| {kind} | 0 | - | - | - | - | - |")
             continue
-        steps: list = []
-        passes, spent = replay_rule(prompt, answer, word_starts, cost, steps)
-        if args.trace:
-            traces.append(f"{kind}: " + " | ".join(f"{d}/{a}:{tokenizer.decode(t)!r}" for d, a, t in steps))
-        aligned = n / replay_aligned(prompt, answer, cost, None)
-        fixed = max((n / replay_aligned(prompt, answer, cost, c), c) for c in range(1, MAX_DRAFTS + 1))
-        oracle = n / replay_aligned(prompt, answer, cost, None, oracle=True)
-        print(f"| {kind} | {len(answer)} | {n / passes:.2f} | {n / spent:.2f}x | {aligned:.2f}x | "
+        columns = list(zip(*figures))
+        tokens, per_pass, rule, aligned, oracle = (statistics.median(columns[i]) for i in (0, 1, 2, 3, 5))
+        fixed = statistics.median_low(columns[4])  # (a figure and its count)
+        print(f"| {kind} | {tokens:.0f} | {per_pass:.2f} | {rule:.2f}x | {aligned:.2f}x | "
               f"{fixed[0]:.2f}x ({fixed[1]}) | {oracle:.2f}x |")
     for trace in traces:
         print(f"\n{trace}")
