@@ -101,9 +101,12 @@ def test_seeded_sampling_and_logprobs_are_the_same_with_drafts(llama):
         stages.close()
 
 
-def test_prompt_lookup_proposes_what_followed_the_latest_occurrence():
+def test_prompt_lookup_proposes_what_followed_the_latest_occurrence_as_far_as_the_earlier_ones_agree():
     assert PromptLookup().drafts([1, 2, 3, 4, 5, 1, 2], 3) == [3, 4, 5]
-    assert PromptLookup().drafts([1, 2, 3, 4, 5, 1, 2, 3, 9, 2, 3], 2) == [9, 2], "the latest occurrence of [2, 3]"
+    assert PromptLookup().drafts([1, 2, 3, 4, 5, 7, 2, 3, 4, 6, 2, 3], 3) == [4], \
+        "[2, 3] was followed by 4, 5 and by 4, 6: the latest's as far as they agree"
+    assert PromptLookup().drafts([1, 2, 3, 4, 5, 1, 2, 3, 9, 2, 3], 2) == [], \
+        "[2, 3] was followed by 4 and by 9 (a list's next number): a guess would be chance"
     assert PromptLookup().drafts([1, 2, 3, 4, 5, 1, 2, 3, 9, 2, 3, 7], 2) == []
 
 
@@ -118,9 +121,10 @@ def test_prompt_lookup_reads_a_quote_in_order():
     assert lookup.drafts(history, 3) == [13, 14, 20], "the quote goes on"
     history += [13, 14, 20, 12]
     assert lookup.drafts(history, 2) == [15, 16], "the [20, 12] nearest after the quote, not the latest"
-    assert PromptLookup().drafts(text + [20, 12], 1) == [18], "without a quote under way: the latest"
+    assert PromptLookup().drafts(text + [20, 12], 1) == [], \
+        "without a quote under way, [20, 12] was followed by 15 and by 18: no guess"
     history += [99, 12]
-    assert lookup.drafts(history, 1) == [99], "a lone token: its latest occurrence (the answer's own 12, then 99)"
+    assert lookup.drafts(history, 1) == [], "a lone 12, followed by 13, 15, 18 and 99: no guess, not even the near 13"
 
 
 def test_prompt_lookup_takes_up_a_quote_after_a_changed_word():

@@ -11,7 +11,9 @@ then 1) tokens of the prompt and answer so far, an earlier occurrence of them, a
 it. Strong where answers quote their input (rewrites, edits, extraction), idle on free text. A quote is read
 in order, so the occurrence of a run of two or more taken is the one nearest after where the last guesses
 came from, and after a word the answer changed (a typo fixed, a name replaced) the guesses go on from the
-quote's next word (PromptLookup).
+quote's next word (PromptLookup). Without a quote under way the latest occurrence is taken, as far as what
+followed the run's occurrences before it agrees (after a list's line break comes its next number: a guess
+there is chance, and a step of rejected guesses costs more than one without).
 Or from a draft model (`--draft-model`, draft_model.py): a small model of the same tokenizer, whose greedy
 tokens are the guesses, on free text too. `auto` with a draft model asks lookup first and takes its guesses
 when the last NGRAM tokens occurred before (a quote under way: free, and often long), the draft model
@@ -29,7 +31,7 @@ doubling up to MAX_QUIET_STEPS while it keeps missing): its steps then run ahead
 (run_ahead.py), which a step with drafts does not (its next position depends on what was accepted). One
 step in PEEK_EVERY of such a pause still waits for its token and looks for a quote under way (the last
 QUOTE tokens found together before, as where an answer starts to repeat its input): if there is one, the
-pause ends there (`draft_replay.py`: free text and code edits gain most, nothing lost).
+pause ends there rather than a few steps into the quote (benchmarks/draft_replay.py).
 
 Beside other requests decoding at this entry a request guesses nothing: their steps share batched
 passes at the stages (one position each), which a step with drafts would leave, costing them all.
@@ -62,6 +64,7 @@ START_DRAFTS = 4
 MAX_DRAFTS = 8
 MIN_DRAFTS = 1
 NGRAM = 3  # longest run of last tokens looked up
+RIVALS = 3  # earlier occurrences of a run whose successors must agree with the latest's to be drafted
 QUOTE = 2  # last tokens found together that draft even in a pause (a quote under way)
 PEEK_EVERY = 2  # in a pause, one step in this many waits for its token to look for a quote
 MISSES = 4  # steps in a row without an accepted draft before a pause
@@ -158,13 +161,13 @@ class PromptLookup:
                 self._seen[n].setdefault(tuple(history[e - n:e]), []).append(e)
         self._indexed = max(self._indexed, end)
         self._follow(history)
-        at = self._found(history, least or self.shortest)
+        at, rivals = self._found(history, least or self.shortest)
         if at is None and least is None:
             at = self._after_changed_word(history)
         if at is None:
             return []
         self._cursor, self._read, self._stray = at, end, 0
-        return history[at:at + k]
+        return history[at:at + self._agreed(history, at, rivals, k)]
 
     def quote(self, history: list[int], k: int) -> list[int]:
         """As drafts, but only where a run of QUOTE or more last tokens occurred before: a quote under way,
@@ -183,9 +186,11 @@ class PromptLookup:
                 c += 1
         self._cursor, self._read = c, len(history)
 
-    def _found(self, history: list[int], shortest: int) -> int | None:
+    def _found(self, history: list[int], shortest: int) -> tuple[int | None, list[int]]:
         """The place after an earlier occurrence of the longest run of last tokens (`shortest` or more) that
-        occurred: of its occurrences, the nearest after the cursor (a run of two or more), else the latest."""
+        occurred: of its occurrences, the nearest after the cursor (a run of two or more), else the latest.
+        Also, for the latest, the places after the run's RIVALS occurrences before it (a quote under way
+        has none: it is read in order)."""
         end = len(history)
         for n in range(min(NGRAM, end), shortest - 1, -1):
             places = self._seen[n].get(tuple(history[end - n:]))
@@ -194,9 +199,18 @@ class PromptLookup:
             if self._cursor is not None and n >= 2:  # (a lone token is common: a near one is mostly chance)
                 i = bisect.bisect_left(places, self._cursor)
                 if i < len(places) and places[i] - self._cursor <= self.NEAR:
-                    return places[i]
-            return places[-1]
-        return None
+                    return places[i], []
+            return places[-1], places[-1 - RIVALS:-1]
+        return None, []
+
+    @staticmethod
+    def _agreed(history: list[int], at: int, rivals: list[int], k: int) -> int:
+        """How many of the k tokens from `at` on also followed every rival occurrence: where the same run was
+        followed by different tokens (a list's next number, a name that changes), guessing one is chance."""
+        end, n = len(history), 0
+        while n < k and at + n < end and all(p + n < end and history[p + n] == history[at + n] for p in rivals):
+            n += 1
+        return n
 
     def _after_changed_word(self, history: list[int]) -> int | None:
         """Where the quote goes on after the few tokens the answer just wrote of its own in place of its next
