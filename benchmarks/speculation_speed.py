@@ -60,7 +60,7 @@ def main() -> None:
             for name in args.prompts.split(","):
                 on, off, same, passes = [], [], True, []
                 for r in range(args.runs):
-                    text = cold(PROMPTS[name], f"{name}-{r}")  # (a prompt new to the node, for both)
+                    text = cold(PROMPTS[name], r + 1)  # (new to the node; as swarm-bench's single runs, draft_replay's variants)
                     before = node.health()[1]["speculation"]
                     for speculate in ((True, False) if r % 2 == 0 else (False, True)):  # (the order alternates)
                         tps, out = decode_tps(node.url, text, args.tokens, speculate)
