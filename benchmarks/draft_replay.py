@@ -6,9 +6,10 @@ what a perfect lookup would bring, each step costed by how much a pass of its wi
 
 No node runs: mlx-lm writes each prompt's greedy answer (swarm-bench's prompts, cold, plain completion; a
 small model answers each variant's distinct first line differently, so each figure is the median over
-`--variants` of them, as swarm-bench's single-stream runs 1, 2, ...), then
-each step of a request is replayed without the model, since under greedy decoding a step brings its accepted
-drafts and the token after them whatever the drafts were. A step with k drafts costs `--costs`[k - 1] passes of
+`--variants` of them, as swarm-bench's single-stream runs 1, 2, ...). Then each step of a request is
+replayed without the model: under greedy decoding a step brings its accepted drafts and the token after
+them, whatever the drafts were. On one node of this machine the rule's figures came within 0.07x of
+`speculation_speed.py`'s (docs/performance.md). A step with k drafts costs `--costs`[k - 1] passes of
 one position (default: this repository's 2-core CPU, `verify_pass_cost.py`; on a backend where a few more
 positions cost nothing, pass 1,1,...). For each prompt:
 
