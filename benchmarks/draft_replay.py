@@ -4,7 +4,7 @@ what a perfect lookup would bring, each step costed by how much a pass of its wi
     python benchmarks/draft_replay.py [--model DIR] [--prompts free,edit,typos,names] [--tokens 64]
                                       [--variants 4] [--costs 1.24,1.41,1.56,1.58,1.62,1.66,1.73,1.84]
 
-No node runs: mlx-lm writes each prompt's greedy answer (swarm-bench's prompts, cold, plain completion; a
+No node runs: mlx-lm writes each prompt's greedy answer (swarm-bench's MlxLmAlone, its prompts, cold; a
 small model answers each variant's distinct first line differently, so each figure is the median over
 `--variants` of them, as swarm-bench's single-stream runs 1, 2, ...). Then each step of a request is
 replayed without the model: under greedy decoding a step brings its accepted drafts and the token after
@@ -36,18 +36,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 CPU_COSTS = "1.24,1.41,1.56,1.58,1.62,1.66,1.73,1.84"  # drafts 1..8, this machine (docs/performance.md)
-
-
-def greedy_answer(model, prompt: list[int], tokens: int, eos: set[int]) -> list[int]:
-    import mlx.core as mx
-    from mlx_lm.generate import generate_step
-
-    out = []
-    for (token, _), _ in zip(generate_step(mx.array(prompt), model), range(tokens)):
-        out.append(int(token))
-        if int(token) in eos:
-            break
-    return out
 
 
 def longest_run(history: list[int], ahead: list[int], most: int) -> int:
@@ -87,18 +75,17 @@ def replay_rule(prompt: list[int], answer: list[int], word_starts, cost,
 
 def replay_aligned(prompt: list[int], answer: list[int], cost, count: int | None, oracle: bool = False) -> float:
     """The cost of the answer's tokens after its first, drafted from the right place: `count` drafts a step
-    (None: the rule's counts), or with `oracle` exactly those that will be accepted."""
-    from swarm.entry import speculation as rule
+    (None: the rule's counts, kept by the entry's own Speculation), or with `oracle` exactly those that will
+    be accepted."""
+    from swarm.entry.speculation import MAX_DRAFTS, Speculation
 
-    k, i, spent = rule.START_DRAFTS, 1, 0.0
+    counts, i, spent = Speculation(source=lambda history, k: []), 1, 0.0
     while i < len(answer):
         room = len(answer) - i - 1
-        run = longest_run(list(prompt) + answer[:i], answer[i:], rule.MAX_DRAFTS)
-        drafted = min(run if oracle else (count or k), room)
+        run = longest_run(list(prompt) + answer[:i], answer[i:], MAX_DRAFTS)
+        drafted = min(run if oracle else (count or counts.k), room)
         accepted = min(run, drafted)
-        if count is None and not oracle:
-            k = min(rule.MAX_DRAFTS, k + 2) if accepted == drafted else max(rule.MIN_DRAFTS, k // 2) if not accepted \
-                else k
+        counts.checked(drafted, accepted)
         i, spent = i + accepted + 1, spent + cost(drafted)
     return spent
 
@@ -113,8 +100,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--trace", action="store_true", help="also print each answer's steps: drafts/accepted:text")
     args = p.parse_args(argv)
 
-    from mlx_lm.utils import load
-
+    from swarm.backend import this_backend
+    from swarm.bench.measure import MlxLmAlone
     from swarm.bench.prompts import PROMPTS, cold
     from swarm.entry.speculation import MAX_DRAFTS, word_start_tokens
     from swarm.models.resolve import resolve_model
@@ -126,9 +113,11 @@ def main(argv: list[str]) -> None:
     def cost(drafts: int) -> float:
         return 1.0 if drafts == 0 else widths[drafts - 1]
 
-    model, tokenizer = load(str(args.model or resolve_model(None).path))
+    backend = this_backend()  # (mlx-lm's answers in the weights' dtype a node of this backend runs)
+    alone = MlxLmAlone(args.model or resolve_model(None, backend=backend.kind).path,
+                       dtype=backend.weights_dtype("auto"))
+    tokenizer = alone.tokenizer
     word_starts = word_start_tokens(tokenizer.vocab)
-    eos = set(tokenizer.eos_token_ids)
     print(f"\ngreedy answers of {args.tokens} tokens; a pass with 1..{MAX_DRAFTS} drafts costs {args.costs} passes "
           f"of one position\n")
     print("| prompt | tokens | rule: tokens per pass | rule | aligned (rule's counts) | aligned (best fixed count) "
@@ -139,7 +128,7 @@ def main(argv: list[str]) -> None:
         figures = []
         for variant in range(1, args.variants + 1):  # (swarm-bench's single-stream runs: cold(text, 1), 2, ...)
             prompt = list(tokenizer.encode(cold(PROMPTS[kind], variant)))
-            answer = greedy_answer(model, prompt, args.tokens, eos)
+            answer = alone.generate(prompt, args.tokens)[0]
             n = len(answer) - 1  # the tokens after the first (the first comes with the prompt)
             if n < 1:
                 continue

@@ -8,7 +8,8 @@ One node, greedy plain completions over HTTP; each prompt (a distinct first line
 cold prompts) is sent with `"speculate": true` and `false` in turn (the node's own switch per request), so
 both meet the same load, which a table of separately started setups does not. Decode tok/s excludes the
 prompt: a run of n tokens against a run of 1 token of the same request, both after the prompt was read once
-(the prompt cache holds it for them). Also prints whether the texts are equal and the tokens per pass the node counted.
+(the prompt cache holds it for them). Also prints whether the texts are equal and the tokens per drafting
+step the node counted.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from node_process import running_node  # noqa: E402
 from swarm.bench.prompts import PROMPTS, cold  # noqa: E402
+
 
 def post(url: str, body: dict) -> dict:
     req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
@@ -60,7 +62,8 @@ def main() -> None:
             for name in args.prompts.split(","):
                 on, off, same, passes = [], [], True, []
                 for r in range(args.runs):
-                    text = cold(PROMPTS[name], r + 1)  # (new to the node; as swarm-bench's single runs, draft_replay's variants)
+                    # new to the node; as swarm-bench's single-stream runs and draft_replay's variants
+                    text = cold(PROMPTS[name], r + 1)
                     before = node.health()[1]["speculation"]
                     for speculate in ((True, False) if r % 2 == 0 else (False, True)):  # (the order alternates)
                         tps, out = decode_tps(node.url, text, args.tokens, speculate)
